@@ -1,0 +1,443 @@
+"""File ledger store: one append-only file per ledger, with group-commit fsync.
+
+The record format and the recovery scan live in ``ledger.storage.record``. This module owns
+the files' lifecycle and durability:
+
+* ``create`` bumps the id sequence file durably, then writes MAGIC and the META record and
+  fsyncs the file and the directory. Ids are never reused.
+* ``append`` frames the entry and, by ``SyncPolicy``: ALWAYS writes and fsyncs inline;
+  GROUP queues it for the flusher thread, which writes every queued record of every ledger,
+  fdatasyncs each file once, advances ``last_add_confirmed`` and resolves the futures in
+  order (group commit: while one sync runs, the next batch accumulates); NONE writes inline
+  without a sync.
+* A ledger is loaded lazily, on first use: its file is scanned, and in a writable store a
+  torn or corrupt tail is truncated (and synced) before anything is served.
+* ``close`` flushes what is pending, then writes and syncs the SEAL record.
+* ``read_only=True`` opens the directory without owning it (no lock, no truncation, no
+  writes): another process can read sealed ledgers, and the intact prefix of open ones,
+  while the owning broker keeps appending to other ledgers.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from ledger.errors import (
+    LedgerError,
+    LedgerFencedError,
+    LedgerIOError,
+    LedgerNotFoundError,
+    LedgerSealedError,
+)
+from ledger.storage.base import LedgerInfo, LedgerState, SyncPolicy, completed
+from ledger.storage.memory import _check_range
+from ledger.storage.record import (
+    HEADER,
+    RECORD_BYTES_MAX,
+    RecordKind,
+    ScanResult,
+    encode_meta,
+    encode_record,
+    encode_seal,
+    scan,
+)
+
+__all__ = ["FileLedgerStore"]
+
+log = logging.getLogger(__name__)
+
+_SUFFIX = ".ledger"
+_SEQUENCE_FILE = "LEDGER_ID_SEQUENCE"
+
+
+@dataclass
+class _FileLedger:
+    """One loaded ledger; every field is guarded by the store's ``_lock``."""
+
+    ledger_id: int
+    path: str
+    fd: int
+    scanned: ScanResult
+    end: int  # logical end of file: where the next record goes (pending bytes included)
+    last_add_confirmed: int
+    io_lock: threading.Lock = field(default_factory=threading.Lock)
+    pending: bytearray = field(default_factory=bytearray)
+    pending_futures: list[tuple[int, Future[int]]] = field(default_factory=list)
+    sealed: bool = False
+    failed: bool = False
+    deleted: bool = False
+    users: int = 0  # threads using ``fd`` outside the lock; the fd closes when this is 0
+
+
+class FileLedgerStore:
+    """A ``LedgerStore`` over files in ``root``; see the module docstring."""
+
+    def __init__(
+        self, root: str, *, sync: SyncPolicy = SyncPolicy.GROUP, read_only: bool = False
+    ) -> None:
+        self.root = os.path.abspath(root)
+        self.sync = sync
+        self.read_only = read_only
+        if not read_only:
+            os.makedirs(self.root, exist_ok=True)
+        self._lock = threading.Lock()
+        self._ledgers: dict[int, _FileLedger] = {}
+        self._dirty: dict[int, _FileLedger] = {}
+        self._wakeup = threading.Condition(self._lock)
+        self._stopping = False
+        self._flusher: threading.Thread | None = None
+        if sync is SyncPolicy.GROUP and not read_only:
+            self._flusher = threading.Thread(target=self._flush_loop, name="ledger-flusher")
+            self._flusher.daemon = True
+            self._flusher.start()
+
+    # -- the LedgerStore contract -------------------------------------------------------
+
+    def create(self, metadata: Mapping[str, str] | None = None) -> int:
+        self._check_writable()
+        with self._lock:
+            ledger_id = self._next_ledger_id()
+            path = self._path(ledger_id)
+            created_at_ms = int(time.time() * 1000)
+            header = encode_meta(ledger_id, created_at_ms, dict(metadata or {}))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _write_all(fd, header)
+                os.fsync(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            _fsync_dir(self.root)
+            scanned = ScanResult(
+                ledger_id=ledger_id,
+                created_at_ms=created_at_ms,
+                metadata=dict(metadata or {}),
+                intact_end=len(header),
+                file_size=len(header),
+            )
+            self._ledgers[ledger_id] = _FileLedger(ledger_id, path, fd, scanned, len(header), -1)
+            return ledger_id
+
+    def append(self, ledger_id: int, data: bytes) -> Future[int]:
+        self._check_writable()
+        if len(data) > RECORD_BYTES_MAX:
+            raise LedgerError(
+                f"entry of {len(data)} bytes exceeds {RECORD_BYTES_MAX}", ledger_id=ledger_id
+            )
+        record = encode_record(RecordKind.ENTRY, data)
+        with self._lock:
+            ledger = self._load(ledger_id)
+            self._check_appendable(ledger)
+            entry_id = len(ledger.scanned.entry_offsets)
+            ledger.scanned.entry_offsets.append(ledger.end)
+            ledger.scanned.entry_lengths.append(len(data))
+            ledger.scanned.size_bytes += len(data)
+            ledger.end += len(record)
+            if self.sync is SyncPolicy.GROUP:
+                future: Future[int] = Future()
+                ledger.pending += record
+                ledger.pending_futures.append((entry_id, future))
+                self._dirty[ledger_id] = ledger
+                self._wakeup.notify()
+                return future
+            ledger.users += 1
+        try:
+            with ledger.io_lock:
+                self._write_inline(ledger, record, entry_id)
+        finally:
+            self._release(ledger)
+        return completed(entry_id)
+
+    def last_add_confirmed(self, ledger_id: int) -> int:
+        with self._lock:
+            ledger = self._load(ledger_id, refresh=self.read_only)
+            return ledger.last_add_confirmed
+
+    def read(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> Sequence[bytes]:
+        with self._lock:
+            ledger = self._load(ledger_id, refresh=self.read_only)
+            _check_range(ledger_id, first_entry_id, last_entry_id, ledger.last_add_confirmed)
+            offsets = ledger.scanned.entry_offsets[first_entry_id : last_entry_id + 1]
+            lengths = ledger.scanned.entry_lengths[first_entry_id : last_entry_id + 1]
+            ledger.users += 1
+        try:
+            start = offsets[0]
+            stop = offsets[-1] + HEADER.size + lengths[-1]
+            block = os.pread(ledger.fd, stop - start, start)
+        finally:
+            self._release(ledger)
+        if len(block) != stop - start:
+            raise LedgerIOError(f"ledger {ledger_id}: short read", ledger_id=ledger_id)
+        view = memoryview(block)
+        return [
+            bytes(view[offset - start + HEADER.size : offset - start + HEADER.size + length])
+            for offset, length in zip(offsets, lengths, strict=True)
+        ]
+
+    def close(self, ledger_id: int) -> None:
+        self._check_writable()
+        with self._lock:
+            ledger = self._load(ledger_id)
+            if ledger.sealed:
+                return
+            if ledger.failed:
+                raise LedgerFencedError(f"ledger {ledger_id} failed", ledger_id=ledger_id)
+            ledger.users += 1
+        try:
+            with ledger.io_lock:
+                self._flush_pending(ledger)
+                with self._lock:
+                    if ledger.sealed:
+                        return
+                    seal = encode_seal(len(ledger.scanned.entry_offsets), ledger.scanned.size_bytes)
+                    ledger.sealed = True
+                try:
+                    _write_all(ledger.fd, seal, ledger.end)
+                    os.fsync(ledger.fd)
+                except OSError as error:
+                    self._fail(ledger, [], error)
+                    raise LedgerIOError(f"ledger {ledger_id}: seal failed: {error}") from error
+                with self._lock:
+                    ledger.end += len(seal)
+                    ledger.scanned.sealed = True
+        finally:
+            self._release(ledger)
+
+    def delete(self, ledger_id: int) -> None:
+        self._check_writable()
+        with self._lock:
+            ledger = self._ledgers.pop(ledger_id, None)
+            self._dirty.pop(ledger_id, None)
+            if ledger is not None:
+                ledger.deleted = True
+                futures = ledger.pending_futures
+                ledger.pending_futures = []
+                ledger.pending = bytearray()
+                self._close_fd_if_unused(ledger)
+            else:
+                futures = []
+        for _, future in futures:
+            future.set_exception(LedgerNotFoundError(f"ledger {ledger_id} was deleted"))
+        try:
+            os.unlink(self._path(ledger_id))
+        except FileNotFoundError:
+            return
+        _fsync_dir(self.root)
+
+    def list(self) -> list[int]:
+        ids = []
+        for name in os.listdir(self.root):
+            if name.endswith(_SUFFIX) and name[: -len(_SUFFIX)].isdigit():
+                ids.append(int(name[: -len(_SUFFIX)]))
+        return sorted(ids)
+
+    def info(self, ledger_id: int) -> LedgerInfo:
+        with self._lock:
+            ledger = self._load(ledger_id, refresh=self.read_only)
+            lac = ledger.last_add_confirmed
+            return LedgerInfo(
+                ledger_id=ledger_id,
+                state=LedgerState.CLOSED if ledger.sealed else LedgerState.OPEN,
+                last_add_confirmed=lac,
+                size_bytes=sum(ledger.scanned.entry_lengths[: lac + 1]),
+                created_at_ms=ledger.scanned.created_at_ms,
+                metadata=dict(ledger.scanned.metadata),
+            )
+
+    def shutdown(self) -> None:
+        """Make every pending append durable, stop the flusher, close every file."""
+        with self._lock:
+            self._stopping = True
+            self._wakeup.notify_all()
+        if self._flusher is not None:
+            self._flusher.join()
+        with self._lock:
+            ledgers = list(self._ledgers.values())
+            self._ledgers.clear()
+        for ledger in ledgers:
+            with ledger.io_lock:
+                self._flush_pending(ledger)
+            with self._lock:
+                ledger.deleted = True  # closes the fd once no reader holds it
+                self._close_fd_if_unused(ledger)
+
+    # -- group commit -------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        """The flusher thread: sync whatever is pending, until ``shutdown``."""
+        while True:
+            with self._lock:
+                while not self._dirty and not self._stopping:
+                    self._wakeup.wait()
+                if not self._dirty and self._stopping:
+                    return
+                batch = list(self._dirty.values())
+                self._dirty.clear()
+                for ledger in batch:
+                    ledger.users += 1
+            for ledger in batch:
+                try:
+                    with ledger.io_lock:
+                        self._flush_pending(ledger)
+                finally:
+                    self._release(ledger)
+
+    def _flush_pending(self, ledger: _FileLedger) -> None:
+        """Write and sync ``ledger``'s pending records; the caller holds ``io_lock``."""
+        with self._lock:
+            if not ledger.pending_futures:
+                return
+            data, futures = bytes(ledger.pending), ledger.pending_futures
+            ledger.pending, ledger.pending_futures = bytearray(), []
+            self._dirty.pop(ledger.ledger_id, None)
+            write_at = ledger.scanned.entry_offsets[futures[0][0]]
+        try:
+            _write_all(ledger.fd, data, write_at)
+            os.fdatasync(ledger.fd)
+        except OSError as error:
+            self._fail(ledger, futures, error)
+            return
+        with self._lock:
+            ledger.last_add_confirmed = futures[-1][0]
+        for entry_id, future in futures:
+            future.set_result(entry_id)
+
+    def _write_inline(self, ledger: _FileLedger, record: bytes, entry_id: int) -> None:
+        """ALWAYS/NONE: write (and for ALWAYS sync) one record; the caller holds io_lock."""
+        try:
+            _write_all(ledger.fd, record, ledger.scanned.entry_offsets[entry_id])
+            if self.sync is SyncPolicy.ALWAYS:
+                os.fdatasync(ledger.fd)
+        except OSError as error:
+            self._fail(ledger, [], error)
+            raise LedgerIOError(f"ledger {ledger.ledger_id}: {error}") from error
+        with self._lock:
+            ledger.last_add_confirmed = entry_id
+
+    def _fail(self, ledger: _FileLedger, futures: list[tuple[int, Future[int]]], error: OSError) -> None:
+        """A write or sync failed: fence the ledger and fail every unconfirmed append."""
+        log.error("ledger %d: write failed, fencing it: %s", ledger.ledger_id, error)
+        with self._lock:
+            ledger.failed = True
+            futures = futures + ledger.pending_futures
+            ledger.pending, ledger.pending_futures = bytearray(), []
+        failure = LedgerIOError(f"ledger {ledger.ledger_id}: {error}", ledger_id=ledger.ledger_id)
+        for _, future in futures:
+            future.set_exception(failure)
+
+    # -- loading and helpers ------------------------------------------------------------
+
+    def _load(self, ledger_id: int, *, refresh: bool = False) -> _FileLedger:
+        """The loaded ledger; scans (and in a writable store repairs) it on first use."""
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is not None and not (refresh and not ledger.sealed):
+            return ledger
+        path = self._path(ledger_id)
+        try:
+            fd = os.open(path, os.O_RDONLY if self.read_only else os.O_RDWR)
+        except FileNotFoundError:
+            raise LedgerNotFoundError(f"no ledger {ledger_id}", ledger_id=ledger_id) from None
+        scanned = _scan_fd(fd, path)
+        if not scanned.valid or scanned.ledger_id != ledger_id:
+            os.close(fd)
+            raise LedgerNotFoundError(f"{path} holds no intact ledger", ledger_id=ledger_id)
+        if scanned.has_tail and not self.read_only:
+            log.warning(
+                "ledger %d: truncating %d bytes of torn or corrupt tail at offset %d",
+                ledger_id, scanned.file_size - scanned.intact_end, scanned.intact_end,
+            )
+            os.ftruncate(fd, scanned.intact_end)
+            os.fsync(fd)
+        if ledger is not None:  # refresh of a read-only view: swap in the new scan
+            self._ledgers.pop(ledger_id)
+            ledger.deleted = True
+            self._close_fd_if_unused(ledger)
+        lac = len(scanned.entry_offsets) - 1
+        ledger = _FileLedger(ledger_id, path, fd, scanned, scanned.intact_end, lac)
+        ledger.sealed = scanned.sealed
+        self._ledgers[ledger_id] = ledger
+        return ledger
+
+    def _check_appendable(self, ledger: _FileLedger) -> None:
+        if ledger.sealed:
+            raise LedgerSealedError(f"ledger {ledger.ledger_id} is sealed", ledger_id=ledger.ledger_id)
+        if ledger.failed:
+            raise LedgerFencedError(
+                f"ledger {ledger.ledger_id} failed a write and is fenced", ledger_id=ledger.ledger_id
+            )
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise LedgerError(f"ledger store {self.root} is open read-only")
+        if self._stopping:
+            raise LedgerFencedError(f"ledger store {self.root} is shut down")
+
+    def _release(self, ledger: _FileLedger) -> None:
+        with self._lock:
+            ledger.users -= 1
+            self._close_fd_if_unused(ledger)
+
+    def _close_fd_if_unused(self, ledger: _FileLedger) -> None:
+        """Close a deleted ledger's fd once nobody uses it; the caller holds ``_lock``."""
+        if ledger.deleted and ledger.users == 0 and ledger.fd >= 0:
+            os.close(ledger.fd)
+            ledger.fd = -1
+
+    def _next_ledger_id(self) -> int:
+        """Allocate an id durably (sequence file, then the directory); caller holds _lock."""
+        sequence_path = os.path.join(self.root, _SEQUENCE_FILE)
+        try:
+            with open(sequence_path, encoding="ascii") as sequence:
+                next_id = int(sequence.read().strip() or "1")
+        except FileNotFoundError:
+            next_id = 1
+        existing = self.list()
+        next_id = max(next_id, existing[-1] + 1 if existing else 1)
+        temporary = sequence_path + ".tmp"
+        with open(temporary, "w", encoding="ascii") as sequence:
+            sequence.write(str(next_id + 1))
+            sequence.flush()
+            os.fsync(sequence.fileno())
+        os.replace(temporary, sequence_path)
+        return next_id
+
+    def _path(self, ledger_id: int) -> str:
+        return os.path.join(self.root, f"{ledger_id:020d}{_SUFFIX}")
+
+
+def _scan_fd(fd: int, path: str) -> ScanResult:
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return ScanResult()
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            return scan(view, path)
+        finally:
+            view.release()
+
+
+def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+    """Write every byte of ``data`` (at ``offset`` when given), retrying short writes."""
+    view = memoryview(data)
+    position = offset
+    while view:
+        written = os.write(fd, view) if position is None else os.pwrite(fd, view, position)
+        view = view[written:]
+        if position is not None:
+            position += written
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,190 @@
+"""The on-disk format of one ledger file, and the scan that recovers it.
+
+A ledger file is append-only::
+
+    file   := MAGIC record*
+    MAGIC  := b"CDLEDGR1"                          (8 bytes)
+    record := length:u32le crc:u32le kind:u8 payload[length]
+    crc    := crc32c(kind:u8 · length:u32le · payload)
+
+Kinds, in the order they appear:
+
+* ``META`` (1), exactly once, first: UTF-8 JSON ``{"ledger_id", "created_at_ms",
+  "metadata"}``; the ledger's custom metadata, never rewritten.
+* ``ENTRY`` (2), zero or more: the entry bytes, verbatim. Entry ids are their order, from 0.
+* ``SEAL`` (3), at most once, last: ``entries:u64le size_bytes:u64le``. A file with a SEAL
+  record is a sealed ledger: immutable, and safe to read from any process.
+
+Recovery (``scan``): records are read from the start; the first record that is cut short,
+whose length exceeds ``RECORD_BYTES_MAX`` or whose CRC does not match ends the intact
+prefix. Everything after it is a torn or corrupt tail: a writer truncates it, a reader
+ignores it, and neither ever serves it. Bytes after a SEAL record are a tail too.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from array import array
+from dataclasses import dataclass, field
+
+import crc32c
+
+from ledger.errors import CorruptLedgerError
+
+__all__ = [
+    "HEADER",
+    "MAGIC",
+    "RECORD_BYTES_MAX",
+    "RecordKind",
+    "ScanResult",
+    "encode_record",
+    "encode_meta",
+    "encode_seal",
+    "scan",
+]
+
+MAGIC = b"CDLEDGR1"
+HEADER = struct.Struct("<IIB")  # length, crc, kind
+_CRC_PREFIX = struct.Struct("<BI")  # kind, length: what the crc covers before the payload
+_SEAL = struct.Struct("<QQ")
+# Pulsar's default maxMessageSize is 5 MiB; a length above this bound can only be a corrupt
+# header, and refusing it keeps a damaged length field from making the scan allocate gigabytes.
+RECORD_BYTES_MAX = 64 * 1024 * 1024
+
+
+class RecordKind(enum.IntEnum):
+    """What a record holds; see the module docstring."""
+
+    META = 1
+    ENTRY = 2
+    SEAL = 3
+
+
+def encode_record(kind: RecordKind, payload: bytes) -> bytes:
+    """Frame ``payload`` as one record: header (length, crc, kind) then the payload."""
+    crc = crc32c.crc32c(payload, crc32c.crc32c(_CRC_PREFIX.pack(kind, len(payload))))
+    return HEADER.pack(len(payload), crc, kind) + payload
+
+
+def encode_meta(ledger_id: int, created_at_ms: int, metadata: dict[str, str]) -> bytes:
+    """The file's first bytes: MAGIC and the META record."""
+    body = {"ledger_id": ledger_id, "created_at_ms": created_at_ms, "metadata": metadata}
+    return MAGIC + encode_record(RecordKind.META, json.dumps(body, sort_keys=True).encode())
+
+
+def encode_seal(entries: int, size_bytes: int) -> bytes:
+    """The SEAL record closing a ledger of ``entries`` entries and ``size_bytes`` bytes."""
+    return encode_record(RecordKind.SEAL, _SEAL.pack(entries, size_bytes))
+
+
+@dataclass
+class ScanResult:
+    """What ``scan`` recovered from a file.
+
+    Attributes:
+        ledger_id, created_at_ms, metadata: from the META record (``ledger_id`` is -1 and
+            ``valid`` is False when the file has no intact META record).
+        entry_offsets: file offset of each ENTRY record's header, by entry id.
+        entry_lengths: payload length of each ENTRY record, by entry id.
+        size_bytes: sum of the entry lengths.
+        sealed: a SEAL record ends the intact prefix.
+        intact_end: offset just after the last intact record (where a writer appends).
+        file_size: size of the file as scanned; ``> intact_end`` means a tail was found.
+    """
+
+    ledger_id: int = -1
+    created_at_ms: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+    entry_offsets: array[int] = field(default_factory=lambda: array("q"))
+    entry_lengths: array[int] = field(default_factory=lambda: array("q"))
+    size_bytes: int = 0
+    sealed: bool = False
+    intact_end: int = 0
+    file_size: int = 0
+
+    @property
+    def valid(self) -> bool:
+        """The file starts with MAGIC and an intact META record."""
+        return self.ledger_id >= 0
+
+    @property
+    def has_tail(self) -> bool:
+        """Bytes past the intact prefix exist (torn write, corruption, or junk after SEAL)."""
+        return self.file_size > self.intact_end
+
+
+def scan(data: bytes | memoryview, path: str = "?") -> ScanResult:
+    """Recover the intact prefix of a ledger file's bytes ``data``; never raises on a tail.
+
+    Raises ``CorruptLedgerError`` only when the intact prefix contradicts itself (a SEAL
+    record whose counts differ from the entries before it), which no torn write can cause.
+    """
+    view = memoryview(data)
+    result = ScanResult(file_size=len(view))
+    if bytes(view[: len(MAGIC)]) != MAGIC:
+        return result
+    offset = len(MAGIC)
+    first = _read_record(view, offset)
+    if first is None or first[0] is not RecordKind.META:
+        return result
+    _apply_meta(result, first[1], path)
+    offset = first[2]
+    result.intact_end = offset
+    while (record := _read_record(view, offset)) is not None:
+        kind, payload, end = record
+        if kind is RecordKind.ENTRY:
+            result.entry_offsets.append(offset)
+            result.entry_lengths.append(len(payload))
+            result.size_bytes += len(payload)
+        elif kind is RecordKind.SEAL:
+            _check_seal(result, payload, path)
+            result.sealed = True
+            result.intact_end = end
+            break
+        else:  # a second META record cannot come from our writer: treat as the tail
+            break
+        offset = end
+        result.intact_end = offset
+    return result
+
+
+def _read_record(view: memoryview, offset: int) -> tuple[RecordKind, memoryview, int] | None:
+    """The intact record at ``offset`` as (kind, payload, end offset), or None."""
+    if offset + HEADER.size > len(view):
+        return None
+    length, crc, kind_byte = HEADER.unpack_from(view, offset)
+    end = offset + HEADER.size + length
+    if length > RECORD_BYTES_MAX or end > len(view):
+        return None
+    payload = view[offset + HEADER.size : end]
+    if crc32c.crc32c(payload, crc32c.crc32c(_CRC_PREFIX.pack(kind_byte, length))) != crc:
+        return None
+    try:
+        kind = RecordKind(kind_byte)
+    except ValueError:
+        return None
+    return kind, payload, end
+
+
+def _apply_meta(result: ScanResult, payload: memoryview, path: str) -> None:
+    try:
+        body = json.loads(bytes(payload))
+        result.ledger_id = int(body["ledger_id"])
+        result.created_at_ms = int(body["created_at_ms"])
+        result.metadata = {str(k): str(v) for k, v in body["metadata"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CorruptLedgerError(f"{path}: META record is not valid JSON: {error}") from None
+
+
+def _check_seal(result: ScanResult, payload: memoryview, path: str) -> None:
+    if len(payload) != _SEAL.size:
+        raise CorruptLedgerError(f"{path}: SEAL record of {len(payload)} bytes")
+    entries, size_bytes = _SEAL.unpack(payload)
+    if entries != len(result.entry_offsets) or size_bytes != result.size_bytes:
+        raise CorruptLedgerError(
+            f"{path}: sealed with {entries} entries / {size_bytes} bytes but holds "
+            f"{len(result.entry_offsets)} / {result.size_bytes}",
+            ledger_id=result.ledger_id,
+        )
