@@ -1,0 +1,67 @@
+"""Ledgers, managed ledgers (a topic's log) and the metadata store.
+
+Nothing in this package knows what a message is: entries are opaque bytes.
+"""
+
+from ledger.data_dir import DataDir
+from ledger.errors import (
+    CompactionServiceError,
+    CorruptLedgerError,
+    DataDirLockedError,
+    LedgerError,
+    LedgerFencedError,
+    LedgerIOError,
+    LedgerNotFoundError,
+    LedgerSealedError,
+    MetadataError,
+    PositionOutOfRangeError,
+    SchemaVersionError,
+)
+from ledger.lock import DataDirLock
+from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
+from ledger.metadata import CursorRecord, LedgerRecord, MetadataStore
+from ledger.position import EARLIEST, LATEST, MessageId, Position
+from ledger.storage import (
+    FaultyLedgerStore,
+    FileLedgerStore,
+    LedgerInfo,
+    LedgerState,
+    LedgerStore,
+    MemoryLedgerStore,
+    SimulatedCrash,
+    SyncPolicy,
+)
+
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "CompactionServiceError",
+    "CorruptLedgerError",
+    "CursorRecord",
+    "DataDir",
+    "DataDirLock",
+    "DataDirLockedError",
+    "Entry",
+    "FaultyLedgerStore",
+    "FileLedgerStore",
+    "LedgerError",
+    "LedgerFencedError",
+    "LedgerIOError",
+    "LedgerInfo",
+    "LedgerNotFoundError",
+    "LedgerRecord",
+    "LedgerSealedError",
+    "LedgerState",
+    "LedgerStore",
+    "ManagedLedger",
+    "ManagedLedgerConfig",
+    "MemoryLedgerStore",
+    "MessageId",
+    "MetadataError",
+    "MetadataStore",
+    "Position",
+    "PositionOutOfRangeError",
+    "SchemaVersionError",
+    "SimulatedCrash",
+    "SyncPolicy",
+]

@@ -1,0 +1,71 @@
+"""The embedded default storage under one ``--data-dir``: lock, metadata, ledger files.
+
+Layout::
+
+    DATA_DIR/LOCK           the data-dir lock (``ledger.lock``)
+    DATA_DIR/metadata.db    the SQLite metadata store (WAL; ``-wal``/``-shm`` beside it)
+    DATA_DIR/ledgers/       one file per ledger (``ledger.storage.file``)
+
+``DataDir.open`` takes the lock first and touches nothing else when it cannot; ``close``
+makes pending appends durable, closes the database and releases the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ledger.lock import DataDirLock
+from ledger.metadata import MetadataStore
+from ledger.storage.base import LedgerStore, SyncPolicy
+from ledger.storage.file import FileLedgerStore
+
+__all__ = ["DataDir"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DataDir:
+    """An opened, locked data dir."""
+
+    path: str
+    lock: DataDirLock
+    metadata: MetadataStore
+    ledgers: LedgerStore
+
+    @classmethod
+    def open(cls, path: str, *, sync: SyncPolicy = SyncPolicy.GROUP) -> DataDir:
+        """Lock ``path`` and open its stores; ``DataDirLockedError`` if another process has it."""
+        lock = DataDirLock.acquire(path)
+        try:
+            metadata = MetadataStore(os.path.join(lock.data_dir, "metadata.db"))
+            ledgers = FileLedgerStore(os.path.join(lock.data_dir, "ledgers"), sync=sync)
+        except BaseException:
+            lock.release()
+            raise
+        return cls(lock.data_dir, lock, metadata, ledgers)
+
+    def collect_orphans(self, also_live: Iterable[int] = ()) -> list[int]:
+        """Delete every ledger neither a topic nor ``also_live`` references; return their ids.
+
+        Call it at start, before any ledger is created: a ledger created by a run that
+        crashed before referencing it is garbage (Pulsar leaks these).
+        """
+        live = self.metadata.referenced_ledger_ids() | set(also_live)
+        orphans = [ledger_id for ledger_id in self.ledgers.list() if ledger_id not in live]
+        for ledger_id in orphans:
+            self.ledgers.delete(ledger_id)
+        if orphans:
+            log.info("collected orphan ledgers %s", orphans)
+        return orphans
+
+    def close(self) -> None:
+        """Sync and close everything, then release the lock."""
+        try:
+            self.ledgers.shutdown()
+            self.metadata.close()
+        finally:
+            self.lock.release()

@@ -1,0 +1,469 @@
+"""The managed ledger: one topic's log, a list of ledgers read as one sequence.
+
+Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`` §2):
+
+* **Open** (``ManagedLedger.open``, after a clean stop or a crash): the last ledger of the
+  list, if still open, is sealed at its last durable entry (the store truncates a torn
+  tail); every empty ledger leaves the list; a brand-new ledger is always created for
+  writing — an old ledger is never appended to again.
+* **Append** returns a future of the entry's ``Position`` that resolves once the entry is
+  durable. After an append that makes the current ledger hold ``max_entries_per_ledger``
+  entries or ``max_size_per_ledger_bytes`` bytes (and is older than
+  ``min_rollover_time_ms``), that ledger is sealed and a new one is created: a full ledger
+  holds exactly the entries up to and including the one that filled it.
+* **Last confirmed position**: the last durable entry of the current ledger, else the last
+  entry of the nearest non-empty earlier ledger, else ``(first ledger, -1)``.
+* **Reads** go forward from any position across ledgers, skipping missing (trimmed) and
+  empty ledgers, never past the last confirmed position.
+* **Trimming** deletes a prefix of closed ledgers that every durable cursor has consumed
+  (the slowest persisted mark-delete position bounds it; with no durable cursor every
+  closed ledger is a candidate), within the retention policy; the current ledger is never
+  deleted. References leave the metadata store before data leaves the ledger store.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from ledger.errors import LedgerError
+from ledger.metadata import LedgerRecord, MetadataStore
+from ledger.position import Position
+from ledger.storage.base import LedgerStore
+
+__all__ = ["Entry", "ManagedLedger", "ManagedLedgerConfig"]
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ManagedLedgerConfig:
+    """Roll-over and retention settings (Pulsar's broker.conf names in the comments).
+
+    Attributes:
+        max_entries_per_ledger: roll over after this many entries
+            (``managedLedgerMaxEntriesPerLedger``, 50000).
+        max_size_per_ledger_bytes: roll over after this many bytes
+            (``managedLedgerMaxSizePerLedgerMbytes``, 2048 MiB).
+        min_rollover_time_ms: a ledger younger than this is never rolled over
+            (``managedLedgerMinLedgerRolloverTimeMinutes``; Pulsar's 10 min keeps ledgers
+            large on busy topics, compactd's 0 keeps them bounded, which sealed-ledger
+            readers such as the Spark engine prefer).
+        retention_time_ms: keep consumed ledgers this long after they closed; -1 = forever
+            (``defaultRetentionTimeInMinutes``, 0).
+        retention_size_bytes: keep consumed ledgers while the topic is at most this large;
+            -1 = unlimited (``defaultRetentionSizeInMB``, 0).
+    """
+
+    max_entries_per_ledger: int = 50_000
+    max_size_per_ledger_bytes: int = 2048 * MIB
+    min_rollover_time_ms: int = 0
+    retention_time_ms: int = 0
+    retention_size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry read from a topic: its position and its bytes, verbatim."""
+
+    position: Position
+    data: bytes
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """A ledger of the list, as this process tracks it (current one: live counters)."""
+
+    ledger_id: int
+    entries: int
+    size_bytes: int
+    created_at_ms: int
+    closed_at_ms: int  # 0 while open
+
+
+class ManagedLedger:
+    """One topic's log; build it with ``ManagedLedger.open``."""
+
+    def __init__(
+        self,
+        name: str,
+        store: LedgerStore,
+        metadata: MetadataStore,
+        config: ManagedLedgerConfig,
+        clock: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self.store = store
+        self.metadata = metadata
+        self.config = config
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._ledgers: list[_Ledger] = []  # ascending ids; the last one is the current one
+        self._current_confirmed_bytes = 0
+        self._pending_entries = 0  # appended to the current ledger, durable or not
+        self._pending_bytes = 0
+        self._listeners: list[Callable[[Position], None]] = []
+        self.entries_added_counter = 0
+        self.closed = False
+
+    # -- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        name: str,
+        store: LedgerStore,
+        metadata: MetadataStore,
+        config: ManagedLedgerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> ManagedLedger:
+        """Load topic ``name`` (creating it if new) and open a fresh ledger for writing."""
+        managed = cls(name, store, metadata, config or ManagedLedgerConfig(), clock)
+        metadata.create_topic(name, managed._now_ms())
+        kept: list[_Ledger] = []
+        empty: list[int] = []
+        for record in metadata.topic_ledgers(name):
+            ledger = managed._recover(record)
+            if ledger is None or ledger.entries == 0:
+                empty.append(record.ledger_id)
+            else:
+                kept.append(ledger)
+        if empty:
+            metadata.remove_ledgers(empty)
+            for ledger_id in empty:
+                store.delete(ledger_id)
+        managed._ledgers = kept
+        managed._create_ledger()
+        return managed
+
+    def _recover(self, record: LedgerRecord) -> _Ledger | None:
+        """Seal a ledger left open by the last run; None if its data is gone."""
+        if not record.is_open:
+            return _Ledger(record.ledger_id, record.entries, record.size_bytes,
+                           record.created_at_ms, record.closed_at_ms)
+        try:
+            self.store.close(record.ledger_id)
+            info = self.store.info(record.ledger_id)
+        except KeyError:  # LedgerNotFoundError: created in the store, data never written
+            log.warning("topic %s: ledger %d is missing, dropping it", self.name, record.ledger_id)
+            return None
+        closed_at_ms = self._now_ms()
+        self.metadata.close_ledger(record.ledger_id, entries=info.entries,
+                                   size_bytes=info.size_bytes, closed_at_ms=closed_at_ms)
+        return _Ledger(record.ledger_id, info.entries, info.size_bytes, record.created_at_ms, closed_at_ms)
+
+    def _create_ledger(self) -> None:
+        """Create the next current ledger: ledger store first, then its reference."""
+        ledger_id = self.store.create(
+            {"application": "compactd", "component": "managed-ledger", "managed-ledger": self.name}
+        )
+        now_ms = self._now_ms()
+        self.metadata.add_ledger(self.name, ledger_id, role="data", created_at_ms=now_ms)
+        self._ledgers.append(_Ledger(ledger_id, 0, 0, now_ms, 0))
+        self._current_confirmed_bytes = 0
+        self._pending_entries = 0
+        self._pending_bytes = 0
+
+    # -- writing ------------------------------------------------------------------------
+
+    def append(self, data: bytes) -> Future[Position]:
+        """Append one entry; the future resolves to its position once it is durable."""
+        with self._lock:
+            if self.closed:
+                raise LedgerError(f"managed ledger {self.name} is closed")
+            current = self._ledgers[-1]
+            inner = self.store.append(current.ledger_id, data)
+            self._pending_entries += 1
+            self._pending_bytes += len(data)
+            self.entries_added_counter += 1
+            outer: Future[Position] = Future()
+            size = len(data)
+            inner.add_done_callback(lambda done: self._on_durable(done, outer, current.ledger_id, size))
+            if self._current_is_full():
+                self._roll_over()
+            return outer
+
+    def _on_durable(self, inner: Future[int], outer: Future[Position], ledger_id: int, size: int) -> None:
+        """An append's outcome arrived (possibly on the flusher thread)."""
+        error = inner.exception()
+        if error is not None:
+            outer.set_exception(error)
+            return
+        position = Position(ledger_id, inner.result())
+        if self._ledgers and self._ledgers[-1].ledger_id == ledger_id:
+            self._current_confirmed_bytes += size
+        outer.set_result(position)
+        for listener in list(self._listeners):
+            listener(position)
+
+    def _current_is_full(self) -> bool:
+        current = self._ledgers[-1]
+        full = (self._pending_entries >= self.config.max_entries_per_ledger
+                or self._pending_bytes >= self.config.max_size_per_ledger_bytes)
+        old_enough = self._now_ms() - current.created_at_ms >= self.config.min_rollover_time_ms
+        return full and old_enough
+
+    def _roll_over(self) -> None:
+        """Seal the current ledger (its pending appends become durable first), open another."""
+        self._seal_current()
+        self._create_ledger()
+
+    def _seal_current(self) -> None:
+        current = self._ledgers[-1]
+        self.store.close(current.ledger_id)
+        info = self.store.info(current.ledger_id)
+        current.entries, current.size_bytes = info.entries, info.size_bytes
+        current.closed_at_ms = self._now_ms()
+        if current.entries == 0:  # never keep an empty ledger in the list
+            self.metadata.remove_ledgers([current.ledger_id])
+            self.store.delete(current.ledger_id)
+            self._ledgers.pop()
+            return
+        self.metadata.close_ledger(current.ledger_id, entries=current.entries,
+                                   size_bytes=current.size_bytes, closed_at_ms=current.closed_at_ms)
+
+    def add_listener(self, listener: Callable[[Position], None]) -> None:
+        """Call ``listener(position)`` after each entry becomes durable (on any thread)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[Position], None]) -> None:
+        """Stop calling ``listener``; a no-op when it was not registered."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def close(self) -> None:
+        """Seal the current ledger after its pending appends; no append is taken after."""
+        with self._lock:
+            if not self.closed:
+                self._seal_current()
+                self.closed = True
+
+    # -- the ledger list and positions --------------------------------------------------
+
+    def ledger_list(self) -> list[LedgerRecord]:
+        """The ledger list, ascending; the current ledger shows its confirmed counts."""
+        with self._lock:
+            return [self._record(ledger) for ledger in self._ledgers]
+
+    def _record(self, ledger: _Ledger) -> LedgerRecord:
+        entries, size = self._counts(ledger)
+        return LedgerRecord(ledger.ledger_id, self.name, "data", entries, size,
+                            ledger.created_at_ms, ledger.closed_at_ms)
+
+    def _counts(self, ledger: _Ledger) -> tuple[int, int]:
+        """(entries, bytes) confirmed in ``ledger``."""
+        if ledger.closed_at_ms or self.closed:
+            return ledger.entries, ledger.size_bytes
+        return self.store.last_add_confirmed(ledger.ledger_id) + 1, self._current_confirmed_bytes
+
+    @property
+    def current_ledger_id(self) -> int:
+        """The ledger appends go to."""
+        with self._lock:
+            return self._ledgers[-1].ledger_id
+
+    @property
+    def number_of_entries(self) -> int:
+        """Confirmed entries over every ledger of the list."""
+        with self._lock:
+            return sum(self._counts(ledger)[0] for ledger in self._ledgers)
+
+    @property
+    def total_size(self) -> int:
+        """Confirmed bytes over every ledger of the list."""
+        with self._lock:
+            return sum(self._counts(ledger)[1] for ledger in self._ledgers)
+
+    def last_confirmed_position(self) -> Position:
+        """Last durable entry of the log, or ``(first ledger, -1)`` when it has none."""
+        with self._lock:
+            for ledger in reversed(self._ledgers):
+                entries = self._counts(ledger)[0]
+                if entries:
+                    return Position(ledger.ledger_id, entries - 1)
+            return Position(self._ledgers[0].ledger_id if self._ledgers else -1, -1)
+
+    def first_position(self) -> Position:
+        """``(first ledger, -1)``: where a cursor starting from the earliest entry marks."""
+        with self._lock:
+            return Position(self._ledgers[0].ledger_id, -1)
+
+    def _end_position(self) -> Position:
+        """The position right after the last confirmed entry (where the next one will be)."""
+        current = self._ledgers[-1]
+        return Position(current.ledger_id, self._counts(current)[0])
+
+    def _ceiling(self, ledger_id: int) -> int:
+        """Index in the list of the first ledger with id ≥ ``ledger_id`` (may be len)."""
+        return bisect.bisect_left([ledger.ledger_id for ledger in self._ledgers], ledger_id)
+
+    def next_valid_position(self, position: Position) -> Position:
+        """The first entry after ``position`` (skipping missing and empty ledgers), or the
+        end position (right after the last confirmed entry) when there is none."""
+        with self._lock:
+            end = self._end_position()
+            candidate = Position(position.ledger_id, max(position.entry_id + 1, 0))
+            for ledger in self._ledgers[self._ceiling(candidate.ledger_id):]:
+                if candidate >= end:
+                    return end
+                entries = self._counts(ledger)[0]
+                if ledger.ledger_id == candidate.ledger_id and candidate.entry_id < entries:
+                    return candidate
+                if ledger.ledger_id > candidate.ledger_id and entries:
+                    return Position(ledger.ledger_id, 0)
+            return end
+
+    def previous_position(self, position: Position) -> Position:
+        """The entry before ``position``: ``(L, e-1)``, else the last entry of the nearest
+        non-empty earlier ledger, else ``(first ledger, -1)``."""
+        with self._lock:
+            if position.entry_id > 0:
+                return Position(position.ledger_id, position.entry_id - 1)
+            for ledger in reversed(self._ledgers[: self._ceiling(position.ledger_id)]):
+                entries = self._counts(ledger)[0]
+                if entries:
+                    return Position(ledger.ledger_id, entries - 1)
+            return self.first_position()
+
+    def is_valid_position(self, position: Position) -> bool:
+        """Pulsar's rule: the ledger is in the list and the entry exists, or, in the current
+        ledger, is at most one past the last confirmed entry."""
+        with self._lock:
+            index = self._ceiling(position.ledger_id)
+            if index == len(self._ledgers) or self._ledgers[index].ledger_id != position.ledger_id:
+                return False
+            entries = self._counts(self._ledgers[index])[0]
+            if index == len(self._ledgers) - 1:
+                return 0 <= position.entry_id <= entries
+            return 0 <= position.entry_id < entries
+
+    def entries_between(self, after: Position, upto: Position) -> int:
+        """Number of entries ``p`` with ``after < p <= upto`` (entry level)."""
+        with self._lock:
+            count = 0
+            for ledger in self._ledgers:
+                entries = self._counts(ledger)[0]
+                low = after.entry_id + 1 if ledger.ledger_id == after.ledger_id else 0
+                high = upto.entry_id if ledger.ledger_id == upto.ledger_id else entries - 1
+                if after.ledger_id <= ledger.ledger_id <= upto.ledger_id:
+                    count += max(0, min(high, entries - 1) - max(low, 0) + 1)
+            return count
+
+    def estimate_backlog_bytes(self, mark_delete_position: Position) -> int:
+        """Bytes after ``mark_delete_position``, the consumed part of its ledger estimated
+        with that ledger's average entry size (Pulsar's ``estimateBacklogFromPosition``)."""
+        with self._lock:
+            total = 0
+            for ledger in self._ledgers:
+                entries, size = self._counts(ledger)
+                if ledger.ledger_id > mark_delete_position.ledger_id:
+                    total += size
+                elif ledger.ledger_id == mark_delete_position.ledger_id and entries:
+                    consumed = min(mark_delete_position.entry_id + 1, entries)
+                    total += size - size * consumed // entries
+            return total
+
+    # -- reading ------------------------------------------------------------------------
+
+    def read_entries(self, start: Position, max_entries: int, *, end: Position | None = None) -> list[Entry]:
+        """Up to ``max_entries`` entries from ``start`` (inclusive, entry level) forward,
+        never past ``end`` (inclusive) nor the last confirmed position."""
+        assert max_entries > 0, "a read must ask for at least one entry"
+        with self._lock:
+            bound = self.last_confirmed_position()
+            if end is not None:
+                bound = min(bound, end.entry_position())
+            plan = self._read_plan(Position(start.ledger_id, max(start.entry_id, 0)), max_entries, bound)
+        result: list[Entry] = []
+        for ledger_id, first, last in plan:
+            for offset, data in enumerate(self.store.read(ledger_id, first, last)):
+                result.append(Entry(Position(ledger_id, first + offset), data))
+        return result
+
+    def _read_plan(self, position: Position, max_entries: int, bound: Position) -> list[tuple[int, int, int]]:
+        """Inclusive ``(ledger_id, first, last)`` ranges to read; caller holds the lock."""
+        plan: list[tuple[int, int, int]] = []
+        remaining = max_entries
+        for ledger in self._ledgers[self._ceiling(position.ledger_id):]:
+            first = position.entry_id if ledger.ledger_id == position.ledger_id else 0
+            if remaining == 0 or Position(ledger.ledger_id, first) > bound:
+                break
+            last = self._counts(ledger)[0] - 1
+            if ledger.ledger_id == bound.ledger_id:
+                last = min(last, bound.entry_id)
+            last = min(last, first + remaining - 1)
+            if last >= first:
+                plan.append((ledger.ledger_id, first, last))
+                remaining -= last - first + 1
+        return plan
+
+    # -- trimming -----------------------------------------------------------------------
+
+    def trim(self) -> list[int]:
+        """Delete the consumed prefix of closed ledgers that retention lets go.
+
+        Returns the ids deleted. The bound is the slowest *persisted* mark-delete position
+        of the durable cursors, so only durably consumed data is ever deleted.
+        """
+        with self._lock:
+            bound = self._slowest_reader_ledger_id()
+            doomed = self._ledgers_to_trim(bound)
+            if not doomed:
+                return []
+            self.metadata.remove_ledgers(doomed)
+            self._ledgers = [ledger for ledger in self._ledgers if ledger.ledger_id not in doomed]
+        for ledger_id in doomed:
+            self.store.delete(ledger_id)
+        log.info("topic %s: trimmed ledgers %s", self.name, doomed)
+        return doomed
+
+    def _slowest_reader_ledger_id(self) -> int:
+        """Ledgers with a smaller id than this are consumed by every durable cursor."""
+        positions = self.metadata.mark_delete_positions(self.name).values()
+        if not positions:
+            return self._ledgers[-1].ledger_id + 1
+        slowest = min(positions)
+        index = self._ceiling(slowest.ledger_id)
+        if index < len(self._ledgers) and self._ledgers[index].ledger_id == slowest.ledger_id:
+            ledger = self._ledgers[index]
+            if ledger.closed_at_ms and slowest.entry_id >= ledger.entries - 1:
+                return ledger.ledger_id + 1
+        return slowest.ledger_id
+
+    def _ledgers_to_trim(self, bound: int) -> list[int]:
+        """The deletable prefix: closed, below ``bound``, and released by retention."""
+        now_ms = self._now_ms()
+        retention_time, retention_size = self.config.retention_time_ms, self.config.retention_size_bytes
+        total = sum(self._counts(ledger)[1] for ledger in self._ledgers)
+        doomed: list[int] = []
+        released = 0
+        for ledger in self._ledgers[:-1]:  # the current ledger is never deleted
+            if ledger.ledger_id >= bound:
+                break
+            released += ledger.size_bytes
+            expired = retention_time >= 0 and now_ms - ledger.closed_at_ms > retention_time
+            over_quota = retention_size >= 0 and total - released >= retention_size
+            if not (expired or over_quota):
+                break
+            doomed.append(ledger.ledger_id)
+        return doomed
+
+    def delete(self) -> None:
+        """Delete the topic: references first (one transaction), then every ledger's data."""
+        with self._lock:
+            self.closed = True
+            ledger_ids = self.metadata.delete_topic(self.name)
+            self._ledgers = []
+        for ledger_id in ledger_ids:
+            self.store.delete(ledger_id)
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
