@@ -1,0 +1,296 @@
+"""Managed cursors: how far a subscription (or a reader) has read and acknowledged.
+
+Behaviour follows Pulsar's ``ManagedCursorImpl`` (reference ``managed-ledger.md`` §3):
+
+* ``mark_delete_position`` (MD): every entry at or before it is acknowledged; it may be
+  ``(L, -1)``. It never moves backwards except through ``reset``.
+* ``read_position`` (RP): the next entry to hand out; always after MD. It is **not**
+  persisted: after a reopen ``RP = next_valid_position(MD)``, so everything unacknowledged
+  is delivered again (duplicates, never loss).
+* Individually acknowledged entries after MD are kept as runs (``AckedRanges``); when the
+  entry right after MD becomes acknowledged, MD jumps over the whole run, across empty or
+  deleted ledgers too.
+* ``properties`` (``dict[str, int]``, Pulsar's mark-delete properties) are versioned with
+  MD: a durable cursor persists ``(MD, ranges, properties)`` **in one transaction**, and
+  only then changes its in-memory state, so a failed persist changes neither. A
+  mark-delete without properties keeps the latest ones (never clears them); only
+  ``reset`` without ``keep_properties`` clears them.
+* Durable cursors hold data against trimming and survive reopen; non-durable ones (readers)
+  live in memory only.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from cursor.errors import InvalidMarkDeletePositionError, MarkDeleteBackwardsError
+from cursor.ranges import AckedRanges
+from ledger.managed_ledger import Entry, ManagedLedger
+from ledger.metadata import CursorRecord
+from ledger.position import EARLIEST, LATEST, Position
+
+__all__ = ["InitialPosition", "ManagedCursor", "UNACKED_RANGES_PERSIST_MAX"]
+
+# Pulsar's managedLedgerMaxUnackedRangesToPersist: beyond this many runs of acknowledged
+# entries only the first ones are persisted; the rest are redelivered after a crash.
+UNACKED_RANGES_PERSIST_MAX = 10_000
+# Upper bound on entries one read_entries call pulls from the managed ledger per round.
+READ_BATCH_ENTRIES_MAX = 1_000
+
+
+class InitialPosition(enum.Enum):
+    """Where a new durable cursor starts (Pulsar's ``InitialPosition``)."""
+
+    LATEST = "Latest"
+    EARLIEST = "Earliest"
+
+
+class ManagedCursor:
+    """One cursor over ``ledger``; build it with ``open_durable`` or ``open_non_durable``."""
+
+    def __init__(
+        self,
+        ledger: ManagedLedger,
+        name: str,
+        *,
+        durable: bool,
+        mark_delete_position: Position,
+        properties: Mapping[str, int] | None = None,
+        acked: AckedRanges | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = ledger
+        self.name = name
+        self.durable = durable
+        self._clock = clock
+        self._mark_delete_position = mark_delete_position.entry_position()
+        self._properties: dict[str, int] = dict(properties or {})
+        self._acked = acked or AckedRanges()
+        self.read_position = ledger.next_valid_position(self._mark_delete_position)
+        self.messages_consumed_counter = 0
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def open_durable(
+        cls,
+        ledger: ManagedLedger,
+        name: str,
+        initial_position: InitialPosition = InitialPosition.LATEST,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> ManagedCursor:
+        """Recover durable cursor ``name``, or create it at ``initial_position``.
+
+        ``initial_position`` only matters when the cursor is created. A recovered position
+        in a ledger that no longer exists moves to ``(next ledger, -1)``; one beyond the
+        last confirmed entry is clamped to it.
+        """
+        record = ledger.metadata.load_cursor(ledger.name, name)
+        if record is None:
+            if initial_position is InitialPosition.EARLIEST:
+                start = ledger.first_position()
+            else:
+                start = ledger.last_confirmed_position()
+            cursor = cls(ledger, name, durable=True, mark_delete_position=start, clock=clock)
+            cursor._persist(start, cursor._acked, cursor._properties)
+            return cursor
+        position = _clamp_recovered(ledger, record.mark_delete_position)
+        acked = AckedRanges(record.individually_deleted)
+        acked.drop_through(position)
+        return cls(ledger, name, durable=True, mark_delete_position=position,
+                   properties=record.properties, acked=acked, clock=clock)
+
+    @classmethod
+    def open_non_durable(
+        cls, ledger: ManagedLedger, name: str, start: Position, *, inclusive: bool = True
+    ) -> ManagedCursor:
+        """A memory-only cursor whose first read returns the first entry at or after
+        ``start`` (``inclusive``) or after it; ``EARLIEST``/``LATEST`` are understood."""
+        if start == EARLIEST:
+            mark_delete_position = ledger.first_position()
+        elif start == LATEST or start > ledger.last_confirmed_position():
+            mark_delete_position = ledger.last_confirmed_position()
+        elif inclusive:
+            mark_delete_position = ledger.previous_position(start.entry_position())
+        else:
+            mark_delete_position = start.entry_position()
+        return cls(ledger, name, durable=False, mark_delete_position=mark_delete_position)
+
+    # -- state ----------------------------------------------------------------------
+
+    @property
+    def mark_delete_position(self) -> Position:
+        """Every entry at or before this position is acknowledged."""
+        return self._mark_delete_position
+
+    @property
+    def properties(self) -> dict[str, int]:
+        """The mark-delete properties (a copy)."""
+        return dict(self._properties)
+
+    @property
+    def acked_ranges(self) -> AckedRanges:
+        """Individually acknowledged entries after the mark-delete position (a copy)."""
+        return self._acked.copy()
+
+    def is_acknowledged(self, position: Position) -> bool:
+        """True when the entry at ``position`` is at or before MD or individually acked."""
+        entry = position.entry_position()
+        return entry <= self._mark_delete_position or entry in self._acked
+
+    # -- reading --------------------------------------------------------------------
+
+    def read_entries(self, max_entries: int) -> list[Entry]:
+        """Up to ``max_entries`` unacknowledged entries from the read position on; the read
+        position moves past what is returned (and past acknowledged entries skipped)."""
+        result: list[Entry] = []
+        while len(result) < max_entries:
+            want = min(max_entries - len(result), READ_BATCH_ENTRIES_MAX)
+            batch = self.ledger.read_entries(self.read_position, want)
+            if not batch:
+                break
+            result.extend(entry for entry in batch if entry.position not in self._acked)
+            self.read_position = self.ledger.next_valid_position(batch[-1].position)
+        return result
+
+    def has_more_entries(self) -> bool:
+        """True when an entry at or after the read position is confirmed."""
+        return self.read_position <= self.ledger.last_confirmed_position()
+
+    def seek(self, read_position: Position) -> None:
+        """Move only the read position (never to or before MD)."""
+        floor = self.ledger.next_valid_position(self._mark_delete_position)
+        self.read_position = max(read_position.entry_position(), floor)
+
+    def rewind(self) -> None:
+        """Read again from the first entry after MD (what a reconnecting consumer gets)."""
+        self.read_position = self.ledger.next_valid_position(self._mark_delete_position)
+
+    # -- acknowledging --------------------------------------------------------------
+
+    def mark_delete(self, position: Position, properties: Mapping[str, int] | None = None) -> None:
+        """Cumulative acknowledgement of everything up to and including ``position``.
+
+        ``properties=None`` keeps the latest properties. Raises
+        ``InvalidMarkDeletePositionError`` past the last confirmed entry and
+        ``MarkDeleteBackwardsError`` before MD; nothing changes then.
+        """
+        position = position.entry_position()
+        self._check_confirmed([position])
+        if position < self._mark_delete_position:
+            raise MarkDeleteBackwardsError(
+                f"cursor {self.name}: mark-delete {position} is before {self._mark_delete_position}",
+                topic=self.ledger.name, cursor=self.name,
+            )
+        new_properties = self._properties if properties is None else dict(properties)
+        self._apply(position, self._acked.copy(), new_properties)
+
+    def delete(self, positions: Iterable[Position]) -> None:
+        """Individual acknowledgement of ``positions``; already acknowledged ones are skipped.
+
+        Any position past the last confirmed entry fails the whole call, changing nothing.
+        """
+        entries = [position.entry_position() for position in positions]
+        self._check_confirmed(entries)
+        acked = self._acked.copy()
+        for entry in entries:
+            if not self.is_acknowledged(entry):
+                acked.add(entry)
+        self._apply(self._mark_delete_position, acked, self._properties)
+
+    def reset(self, position: Position, *, keep_properties: bool = False) -> None:
+        """Seek the subscription: the next read returns the first entry at or after
+        ``position``; MD moves to the entry before it (possibly backwards); individual acks
+        are forgotten; properties are cleared unless ``keep_properties`` (compaction cursor).
+        """
+        if position == EARLIEST:
+            read_position = self.ledger.next_valid_position(self.ledger.first_position())
+        elif position == LATEST or position > self.ledger.last_confirmed_position():
+            read_position = self.ledger.next_valid_position(self.ledger.last_confirmed_position())
+        elif self.ledger.is_valid_position(position.entry_position()):
+            read_position = position.entry_position()
+        else:
+            read_position = self.ledger.next_valid_position(self.ledger.previous_position(position))
+        mark_delete_position = self.ledger.previous_position(read_position)
+        properties = self._properties if keep_properties else {}
+        self._persist(mark_delete_position, AckedRanges(), properties)
+        self._mark_delete_position = mark_delete_position
+        self._acked = AckedRanges()
+        self._properties = dict(properties)
+        self.read_position = read_position
+
+    def _check_confirmed(self, positions: list[Position]) -> None:
+        last = self.ledger.last_confirmed_position()
+        for position in positions:
+            if position > last:
+                raise InvalidMarkDeletePositionError(
+                    f"cursor {self.name}: {position} is after the last confirmed entry {last}",
+                    topic=self.ledger.name, cursor=self.name,
+                )
+
+    def _apply(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> None:
+        """Advance MD over acknowledged runs, persist, and only then change memory."""
+        before = self._mark_delete_position
+        while True:
+            following = self.ledger.next_valid_position(position)
+            run = acked.run_containing(following)
+            if following > self.ledger.last_confirmed_position() or run is None:
+                break
+            position = Position(following.ledger_id, run[1])
+        acked.drop_through(position)
+        self._persist(position, acked, properties)
+        self.messages_consumed_counter += self.ledger.entries_between(before, position)
+        self._mark_delete_position = position
+        self._acked = acked
+        self._properties = dict(properties)
+        if self.read_position <= position:
+            self.read_position = self.ledger.next_valid_position(position)
+
+    def _persist(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> None:
+        """Write ``(MD, ranges, properties)`` in one transaction (durable cursors only)."""
+        if not self.durable:
+            return
+        runs = tuple(acked.runs())[:UNACKED_RANGES_PERSIST_MAX]
+        self.ledger.metadata.save_cursor(CursorRecord(
+            topic=self.ledger.name, name=self.name, mark_delete_position=position,
+            individually_deleted=runs, properties=dict(properties),
+            last_active_ms=int(self._clock() * 1000),
+        ))
+
+    # -- backlog --------------------------------------------------------------------
+
+    def backlog_entries(self) -> int:
+        """Entries after MD up to the last confirmed one, less those acknowledged."""
+        last = self.ledger.last_confirmed_position()
+        md = self._mark_delete_position
+        return self.ledger.entries_between(md, last) - self._acked.count_between(md, last)
+
+    def entries_to_read(self) -> int:
+        """Unacknowledged entries from the read position to the last confirmed one."""
+        last = self.ledger.last_confirmed_position()
+        before_read = self.ledger.previous_position(self.read_position)
+        return self.ledger.entries_between(before_read, last) - self._acked.count_between(before_read, last)
+
+    def estimated_backlog_bytes(self) -> int:
+        """Bytes after MD, estimated as Pulsar does (individual acks ignored)."""
+        return self.ledger.estimate_backlog_bytes(self._mark_delete_position)
+
+    def delete_durable(self) -> None:
+        """Remove a durable cursor's persisted state (unsubscribe); it stops holding data."""
+        if self.durable:
+            self.ledger.metadata.delete_cursor(self.ledger.name, self.name)
+
+
+def _clamp_recovered(ledger: ManagedLedger, position: Position) -> Position:
+    """A recovered MD must reference a ledger in the list, and not pass the last entry."""
+    last = ledger.last_confirmed_position()
+    if position > last:
+        return last
+    ledger_ids = [record.ledger_id for record in ledger.ledger_list()]
+    if position.ledger_id in ledger_ids:
+        return position
+    later = [ledger_id for ledger_id in ledger_ids if ledger_id > position.ledger_id]
+    return Position(later[0], -1) if later else ledger.first_position()
