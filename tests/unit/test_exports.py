@@ -1,0 +1,31 @@
+"""Each package's public surface is pinned: a change to ``__all__`` is a deliberate one."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+EXPECTED = {
+    "ledger": {
+        "EARLIEST", "LATEST", "CompactionServiceError", "CorruptLedgerError", "CursorRecord",
+        "DataDir", "DataDirLock", "DataDirLockedError", "Entry", "FaultyLedgerStore",
+        "FileLedgerStore", "LedgerError", "LedgerFencedError", "LedgerIOError", "LedgerInfo",
+        "LedgerNotFoundError", "LedgerRecord", "LedgerSealedError", "LedgerState", "LedgerStore",
+        "ManagedLedger", "ManagedLedgerConfig", "MemoryLedgerStore", "MessageId", "MetadataError",
+        "MetadataStore", "Position", "PositionOutOfRangeError", "SchemaVersionError",
+        "SimulatedCrash", "SyncPolicy",
+    },
+    "cursor": {
+        "UNACKED_RANGES_PERSIST_MAX", "AckedRanges", "CursorError", "InitialPosition",
+        "InvalidMarkDeletePositionError", "ManagedCursor", "MarkDeleteBackwardsError",
+    },
+}
+
+
+@pytest.mark.parametrize("package", sorted(EXPECTED))
+def test_all_is_pinned_and_importable(package: str) -> None:
+    module = importlib.import_module(package)
+    assert set(module.__all__) == EXPECTED[package]
+    for name in module.__all__:
+        assert hasattr(module, name), f"{package}.{name} is in __all__ but missing"
