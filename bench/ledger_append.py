@@ -23,7 +23,7 @@ from concurrent.futures import Future
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ledger.storage import FileLedgerStore, SyncPolicy  # noqa: E402
+from ledger.storage import FileLedgerStore, SyncPolicy
 
 
 def one_run(root: str, size: int, policy: SyncPolicy, seconds: float, in_flight_max: int) -> tuple[float, float]:

@@ -31,7 +31,7 @@ from ledger.managed_ledger import Entry, ManagedLedger
 from ledger.metadata import CursorRecord
 from ledger.position import EARLIEST, LATEST, Position
 
-__all__ = ["InitialPosition", "ManagedCursor", "UNACKED_RANGES_PERSIST_MAX"]
+__all__ = ["UNACKED_RANGES_PERSIST_MAX", "InitialPosition", "ManagedCursor"]
 
 # Pulsar's managedLedgerMaxUnackedRangesToPersist: beyond this many runs of acknowledged
 # entries only the first ones are persisted; the rest are redelivered after a crash.

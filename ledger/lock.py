@@ -14,7 +14,7 @@ import os
 
 from ledger.errors import DataDirLockedError
 
-__all__ = ["DataDirLock", "LOCK_FILE"]
+__all__ = ["LOCK_FILE", "DataDirLock"]
 
 LOCK_FILE = "LOCK"
 

@@ -35,7 +35,7 @@ from typing import Any
 from ledger.errors import MetadataError, SchemaVersionError
 from ledger.position import Position
 
-__all__ = ["CursorRecord", "LedgerRecord", "MIGRATIONS", "MetadataStore"]
+__all__ = ["MIGRATIONS", "CursorRecord", "LedgerRecord", "MetadataStore"]
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: topics, their ledgers, durable cursors with properties, policies.

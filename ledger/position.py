@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["EARLIEST", "LATEST", "Position", "MessageId"]
+__all__ = ["EARLIEST", "LATEST", "MessageId", "Position"]
 
 _INT64_MAX = 2**63 - 1
 

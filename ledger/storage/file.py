@@ -20,6 +20,7 @@ the files' lifecycle and durability:
 
 from __future__ import annotations
 
+import builtins
 import logging
 import mmap
 import os
@@ -321,7 +322,9 @@ class FileLedgerStore:
         with self._lock:
             ledger.last_add_confirmed = entry_id
 
-    def _fail(self, ledger: _FileLedger, futures: list[tuple[int, Future[int]]], error: OSError) -> None:
+    def _fail(
+        self, ledger: _FileLedger, futures: builtins.list[tuple[int, Future[int]]], error: OSError
+    ) -> None:
         """A write or sync failed: fence the ledger and fail every unconfirmed append."""
         log.error("ledger %d: write failed, fencing it: %s", ledger.ledger_id, error)
         with self._lock:

@@ -39,8 +39,8 @@ __all__ = [
     "RECORD_BYTES_MAX",
     "RecordKind",
     "ScanResult",
-    "encode_record",
     "encode_meta",
+    "encode_record",
     "encode_seal",
     "scan",
 ]

@@ -14,7 +14,7 @@ COMPACTD = [sys.executable, "-c", "from api.cli import main; main()"]
 
 
 def test_help_lists_serve() -> None:
-    result = subprocess.run([*COMPACTD, "--help"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([*COMPACTD, "--help"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0
     assert "serve" in result.stdout
 
@@ -49,7 +49,7 @@ def _serve_then_signal(first: subprocess.Popen[str], tmp_path: Path) -> None:
     try:
         assert "storage open" in _first_line(first)
         second = subprocess.run([*COMPACTD, "serve", "--data-dir", str(tmp_path / "data")],
-                                capture_output=True, text=True, timeout=60)
+                                capture_output=True, text=True, timeout=60, check=False)
         assert second.returncode == 1
         assert "in use by another compactd process" in second.stderr
         assert "Traceback" not in second.stderr
