@@ -4,6 +4,10 @@
 
     CompactionServiceError (ledger.errors)   root of every error compactd raises on purpose
     └── CompactorError                       anything the compactor layer refuses or fails at
+        ├── CompactionInProgressError        a run was asked for while one runs on the topic
+        ├── CompactedLedgerMissingError      the published compacted ledger is gone
+        ├── CompactionTimeoutError           a phase-one read took longer than its limit
+        ├── KeyMapLimitError (keymap.py)     a position does not fit the key map's packing
         └── MalformedEntryError (ValueError) entry bytes that are not a valid Pulsar message
             └── UndecodablePayloadError      metadata parsed, but the payload (batch body or
                                              compressed value) cannot be decoded
@@ -19,11 +23,48 @@ from __future__ import annotations
 
 from ledger.errors import CompactionServiceError
 
-__all__ = ["CompactorError", "MalformedEntryError", "UndecodablePayloadError"]
+__all__ = [
+    "CompactedLedgerMissingError",
+    "CompactionInProgressError",
+    "CompactionTimeoutError",
+    "CompactorError",
+    "MalformedEntryError",
+    "UndecodablePayloadError",
+]
 
 
 class CompactorError(CompactionServiceError):
     """The compactor layer refused or failed an operation."""
+
+
+class CompactionInProgressError(CompactorError):
+    """A compaction of ``topic`` is already running (REST answers 409)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__("Compaction already in progress")
+        self.topic = topic
+
+
+class CompactedLedgerMissingError(CompactorError):
+    """The compacted ledger the ``__compaction`` cursor points at does not exist.
+
+    Compacted reads and new runs fail until the ``__compaction`` subscription is deleted;
+    raw reads are unaffected.
+    """
+
+    def __init__(self, topic: str, ledger_id: int) -> None:
+        super().__init__(
+            f"compacted ledger {ledger_id} of topic {topic} is missing; delete the "
+            "__compaction subscription to rebuild the compacted view from the raw topic"
+        )
+        self.topic = topic
+        self.ledger_id = ledger_id
+
+
+class CompactionTimeoutError(CompactorError):
+    """A phase-one read did not complete within ``phase_one_read_timeout_s``."""
+
+    retriable = True
 
 
 class MalformedEntryError(CompactorError, ValueError):

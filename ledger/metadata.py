@@ -319,6 +319,11 @@ class MetadataStore:
         )
         return {name: Position(ledger_id, entry_id) for name, ledger_id, entry_id in rows}
 
+    def cursor_property_values(self, cursor: str, key: str) -> set[int]:
+        """Values of property ``key`` over every topic's cursor named ``cursor``."""
+        rows = self._query("SELECT value FROM cursor_properties WHERE cursor = ? AND key = ?", (cursor, key))
+        return {row[0] for row in rows}
+
     def delete_cursor(self, topic: str, name: str) -> bool:
         """Forget cursor ``name``; False when it did not exist."""
         with self.transaction() as db:

@@ -1,0 +1,80 @@
+"""Per-topic compaction record: what runs did, for stats, status and metrics.
+
+Counts and timestamps follow Pulsar's ``CompactionRecord`` (removed events of the last run
+and in total, successes, failures, last success and failure times, duration) plus what
+Pulsar does not keep: bytes read and written, the compacted ledger's entries and size,
+per-phase durations and the phase-one map's size. In memory; the REST issue persists the
+status that must survive a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CompactionRecord", "RunFigures"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    """What one successful run measured.
+
+    Attributes:
+        ledger_id: the compacted ledger published, or -1 when nothing was compacted.
+        removed_events: messages read that the compacted ledger does not hold.
+        entries_read, messages_read, bytes_read: phase one's input.
+        entries_written, bytes_written: the compacted ledger's content.
+        phase_one_s, phase_two_s, duration_s: wall-clock times.
+        key_map_bytes: phase one's key map at its end.
+    """
+
+    ledger_id: int = -1
+    removed_events: int = 0
+    entries_read: int = 0
+    messages_read: int = 0
+    bytes_read: int = 0
+    entries_written: int = 0
+    bytes_written: int = 0
+    phase_one_s: float = 0.0
+    phase_two_s: float = 0.0
+    duration_s: float = 0.0
+    key_map_bytes: int = 0
+
+
+@dataclass(slots=True)
+class CompactionRecord:
+    """Running totals for one topic; ``*_ms`` times are ms since the epoch, 0 = never."""
+
+    last_removed_events: int = 0
+    total_removed_events: int = 0
+    successes: int = 0
+    failures: int = 0
+    last_success_ms: int = 0
+    last_failure_ms: int = 0
+    last_duration_ms: int = 0
+    last_error: str = ""
+    bytes_read: int = 0
+    bytes_written: int = 0
+    compacted_entries: int = 0
+    compacted_size_bytes: int = 0
+    last_run: RunFigures | None = None
+
+    def succeeded(self, figures: RunFigures, now_ms: int) -> None:
+        """Fold a successful run in."""
+        self.last_removed_events = figures.removed_events
+        self.total_removed_events += figures.removed_events
+        self.successes += 1
+        self.last_success_ms = now_ms
+        self.last_duration_ms = int(figures.duration_s * 1000)
+        self.bytes_read += figures.bytes_read
+        self.bytes_written += figures.bytes_written
+        if figures.ledger_id != -1:
+            self.compacted_entries = figures.entries_written
+            self.compacted_size_bytes = figures.bytes_written
+        self.last_run = figures
+
+    def failed(self, error: BaseException, duration_s: float, now_ms: int) -> None:
+        """Fold a failed run in."""
+        self.failures += 1
+        self.last_failure_ms = now_ms
+        self.last_duration_ms = int(duration_s * 1000)
+        self.last_error = f"{type(error).__name__}: {error}"

@@ -1,0 +1,221 @@
+"""The compaction run: carries out the pure phases against storage and publishes the result.
+
+One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction.md`` §1):
+
+1. Open the durable ``__compaction`` cursor (created at the earliest entry on first use).
+   Its mark-delete position is the current horizon.
+2. Stop marker = the topic's last confirmed entry *now*; later appends wait for the next
+   run. Nothing after the horizon (an empty topic, or nothing new): no ledger is written
+   and the run succeeds with ``ledger_id = -1``.
+3. Phase one over the input stream: the previous compacted ledger's entries (with their
+   original positions), then the raw entries after the horizon up to the stop marker.
+   Every store read must finish within ``phase_one_read_timeout_s``.
+4. Phase two over the same stream writes the survivors to a new ledger (metadata:
+   component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
+   original message id and, for batches, the surviving-slot mask. If every key was
+   deleted, the new ledger is empty and is published all the same.
+5. Publish: seal the new ledger → **one transaction** persisting the cursor's
+   mark-delete = stop marker with ``CompactedTopicLedger = new id`` → swap the in-memory
+   view → delete the previous compacted ledger.
+
+Any failure (an ``Exception``) before the transaction deletes the new ledger and leaves the
+previous view serving. A crash (the process dying, ``SimulatedCrash`` in tests) leaves at
+worst an unreferenced ledger, which ``collect_orphans`` removes at the next start: the
+persisted state always names a complete, sealed compacted ledger or none.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+
+from compactor.algorithm import CompactedEntry, PhaseOneResult, phase_one, phase_two
+from compactor.errors import CompactionTimeoutError
+from compactor.record import RunFigures
+from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.view import CompactedView, encode_compacted_entry
+from cursor.cursor import InitialPosition, ManagedCursor
+from ledger.data_dir import DataDir
+from ledger.managed_ledger import Entry
+from ledger.position import Position
+
+__all__ = ["CompactionConfig", "Compactor", "collect_orphans"]
+
+log = logging.getLogger(__name__)
+
+# Pulsar's MAX_OUTSTANDING: appends to the new compacted ledger in flight at once.
+OUTSTANDING_APPENDS_MAX = 500
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionConfig:
+    """Settings of the compactor (broker.conf names in the comments).
+
+    Attributes:
+        retain_null_key: keep key-less messages (``topicCompactionRetainNullKey``, false).
+        phase_one_read_timeout_s: limit on each phase-one read
+            (``brokerServiceCompactionPhaseOneLoopTimeInSeconds``, 30).
+        read_batch_entries: raw entries per store read.
+    """
+
+    retain_null_key: bool = False
+    phase_one_read_timeout_s: float = 30.0
+    read_batch_entries: int = 1000
+
+
+class Compactor:
+    """Runs compactions with one configuration; safe to share between topics."""
+
+    def __init__(self, config: CompactionConfig | None = None, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config or CompactionConfig()
+        self._clock = clock
+
+    def compact(self, topic: CompactedTopic) -> RunFigures:
+        """Run one compaction of ``topic`` and record its outcome; raises on failure."""
+        with topic.exclusive_run():
+            started = time.monotonic()
+            try:
+                figures = self._run(topic, started)
+            except Exception as error:
+                log.warning("compaction of %s failed: %s", topic.name, error)
+                topic.record.failed(error, time.monotonic() - started, self._now_ms())
+                raise
+            topic.record.succeeded(figures, self._now_ms())
+            return figures
+
+    def _run(self, topic: CompactedTopic, started: float) -> RunFigures:
+        ledger = topic.ledger
+        previous = topic.view  # raises CompactedLedgerMissingError: never publish a partial view
+        cursor = ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        stop = ledger.last_confirmed_position()
+        if stop.entry_id < 0 or stop <= cursor.mark_delete_position:
+            return RunFigures(duration_s=time.monotonic() - started)
+        horizon = cursor.mark_delete_position
+        first = self._phase_one(topic, previous, horizon, stop)
+        phase_one_s = time.monotonic() - started
+        new_ledger_id, entries_written, bytes_written, kept = self._phase_two(topic, previous, horizon, stop, first)
+        self._publish(topic, cursor, stop, new_ledger_id, previous)
+        duration_s = time.monotonic() - started
+        return RunFigures(
+            ledger_id=new_ledger_id,
+            removed_events=first.messages_read - kept,
+            entries_read=first.entries_read,
+            messages_read=first.messages_read,
+            bytes_read=first.bytes_read,
+            entries_written=entries_written,
+            bytes_written=bytes_written,
+            phase_one_s=phase_one_s,
+            phase_two_s=duration_s - phase_one_s,
+            duration_s=duration_s,
+            key_map_bytes=first.key_map.nbytes,
+        )
+
+    # -- the input stream ---------------------------------------------------------------
+
+    def _stream(
+        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
+        read: Callable[[Callable[[], list[Entry]]], list[Entry]],
+    ) -> Iterator[Entry]:
+        """Previous compacted entries, then raw entries in ``(horizon, stop]``."""
+        if previous is not None:
+            for compacted in previous.iter_all():
+                yield Entry(compacted.position, compacted.data)
+        ledger = topic.ledger
+        position = ledger.next_valid_position(horizon)
+        while position <= stop:
+            start = position
+            batch = read(lambda: ledger.read_entries(start, self.config.read_batch_entries, end=stop))
+            if not batch:
+                break
+            yield from batch
+            position = ledger.next_valid_position(batch[-1].position)
+
+    def _phase_one(
+        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position
+    ) -> PhaseOneResult:
+        timeout_s = self.config.phase_one_read_timeout_s
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="phase-one-read") as reader:
+
+            def timed(read: Callable[[], list[Entry]]) -> list[Entry]:
+                try:
+                    return reader.submit(read).result(timeout=timeout_s)
+                except FutureTimeoutError:
+                    raise CompactionTimeoutError(
+                        f"{topic.name}: a phase-one read took longer than {timeout_s} s"
+                    ) from None
+
+            stream = self._stream(topic, previous, horizon, stop, timed)
+            return phase_one(stream, retain_null_key=self.config.retain_null_key)
+
+    # -- phase two and publishing -------------------------------------------------------
+
+    def _phase_two(
+        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
+        first: PhaseOneResult,
+    ) -> tuple[int, int, int, int]:
+        """Write the survivors to a new sealed ledger: (ledger id, entries, bytes, messages)."""
+        store = topic.ledger.store
+        ledger_id = store.create({
+            "application": "compactd", "component": "compacted-ledger",
+            "topic": topic.name, "compactedTo": str(stop),
+        })
+        try:
+            stream = self._stream(topic, previous, horizon, stop, lambda read: read())
+            survivors = phase_two(stream, first, retain_null_key=self.config.retain_null_key)
+            entries, size, messages = self._write(topic, ledger_id, survivors)
+            store.close(ledger_id)
+        except Exception:
+            store.delete(ledger_id)
+            raise
+        return ledger_id, entries, size, messages
+
+    def _write(
+        self, topic: CompactedTopic, ledger_id: int, survivors: Iterator[CompactedEntry]
+    ) -> tuple[int, int, int]:
+        """Append every survivor, at most OUTSTANDING_APPENDS_MAX in flight: (entries, bytes, messages)."""
+        outstanding: deque[Future[int]] = deque()
+        entries = size = messages = 0
+        for survivor in survivors:
+            data = encode_compacted_entry(survivor)
+            outstanding.append(topic.ledger.store.append(ledger_id, data))
+            entries += 1
+            size += len(data)
+            messages += survivor.messages
+            while len(outstanding) >= OUTSTANDING_APPENDS_MAX:
+                outstanding.popleft().result()
+        while outstanding:
+            outstanding.popleft().result()
+        return entries, size, messages
+
+    def _publish(
+        self, topic: CompactedTopic, cursor: ManagedCursor, stop: Position, ledger_id: int,
+        previous: CompactedView | None,
+    ) -> None:
+        store = topic.ledger.store
+        try:
+            view = CompactedView(store, ledger_id, stop)
+            properties = {**cursor.properties, COMPACTED_TOPIC_LEDGER: ledger_id}
+            cursor.mark_delete(stop, properties)  # the one transaction that publishes
+        except Exception:
+            store.delete(ledger_id)
+            raise
+        topic.install(view)
+        if previous is not None:
+            try:
+                store.delete(previous.ledger_id)
+            except Exception as error:  # the new view is published; the old ledger is garbage
+                log.warning("%s: could not delete old compacted ledger %d: %s", topic.name, previous.ledger_id, error)
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+
+def collect_orphans(data_dir: DataDir) -> list[int]:
+    """At start: delete every ledger no topic and no ``__compaction`` cursor references."""
+    live = data_dir.metadata.cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
+    return data_dir.collect_orphans(also_live=live)

@@ -1,0 +1,154 @@
+"""A topic's compaction state: its compacted view, what read-compacted readers get, its record.
+
+The only persistent state of compaction is the durable ``__compaction`` cursor: its
+mark-delete position is the **horizon** and its property ``CompactedTopicLedger`` the id
+of the published compacted ledger (Pulsar's constants). ``CompactedTopic.restore`` rebuilds
+the view from them when a topic loads; a property pointing at a missing ledger leaves the
+topic *broken*: compacted reads and new runs raise ``CompactedLedgerMissingError`` while raw
+reads keep working, until the ``__compaction`` subscription is deleted (``drop_view``).
+
+Read-compacted dispatch (``read_compacted``, Pulsar's ``asyncReadCompactedEntries``):
+
+1. the read position is ``EARLIEST`` on a consumer's first read when it started from the
+   earliest message (the first-read-from-earliest rule: the managed ledger moves a new
+   cursor to the first *existing* raw entry, which may lie past compacted data), else the
+   cursor's read position;
+2. no view, or a read position after the horizon: read the raw topic;
+3. else read compacted entries at or after the read position; if there are none, move the
+   cursor to just after the horizon and read the raw topic; else move the cursor just past
+   the last entry returned.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from compactor.algorithm import CompactedEntry
+from compactor.errors import CompactedLedgerMissingError, CompactionInProgressError, MalformedEntryError
+from compactor.message import is_batch, parse_entry
+from compactor.record import CompactionRecord
+from compactor.view import CompactedView
+from cursor.cursor import ManagedCursor
+from ledger.errors import LedgerNotFoundError
+from ledger.managed_ledger import ManagedLedger
+from ledger.position import EARLIEST, Position
+
+__all__ = ["COMPACTED_TOPIC_LEDGER", "COMPACTION_SUBSCRIPTION", "CompactedTopic", "NO_MESSAGE"]
+
+COMPACTION_SUBSCRIPTION = "__compaction"
+COMPACTED_TOPIC_LEDGER = "CompactedTopicLedger"
+NO_MESSAGE = Position(-1, -1)
+"""What ``last_message_id`` answers when a compacted reader has nothing to read (-1:-1)."""
+
+
+class CompactedTopic:
+    """Compaction state of one topic (``ledger``); build it with ``restore``."""
+
+    def __init__(self, ledger: ManagedLedger) -> None:
+        self.ledger = ledger
+        self.record = CompactionRecord()
+        self._view: CompactedView | None = None
+        self._missing_ledger_id: int | None = None
+        self._run_lock = threading.Lock()
+
+    @classmethod
+    def restore(cls, ledger: ManagedLedger) -> CompactedTopic:
+        """The topic's view as the ``__compaction`` cursor's persisted state describes it."""
+        topic = cls(ledger)
+        record = ledger.metadata.load_cursor(ledger.name, COMPACTION_SUBSCRIPTION)
+        if record is None or COMPACTED_TOPIC_LEDGER not in record.properties:
+            return topic
+        ledger_id = record.properties[COMPACTED_TOPIC_LEDGER]
+        try:
+            topic._view = CompactedView(ledger.store, ledger_id, record.mark_delete_position)
+        except LedgerNotFoundError:
+            topic._missing_ledger_id = ledger_id
+        return topic
+
+    @property
+    def name(self) -> str:
+        return self.ledger.name
+
+    @property
+    def view(self) -> CompactedView | None:
+        """The published view; None before the first compaction; raises when broken."""
+        if self._missing_ledger_id is not None:
+            raise CompactedLedgerMissingError(self.name, self._missing_ledger_id)
+        return self._view
+
+    @property
+    def horizon(self) -> Position | None:
+        """Last raw position the compacted view covers, or None."""
+        view = self.view
+        return None if view is None else view.horizon
+
+    def install(self, view: CompactedView) -> CompactedView | None:
+        """Swap in a newly published view; returns the previous one."""
+        previous, self._view = self._view, view
+        self._missing_ledger_id = None
+        return previous
+
+    def drop_view(self) -> None:
+        """Delete the ``__compaction`` subscription: forget the view, then delete its ledger."""
+        ledger_id = self._view.ledger_id if self._view is not None else self._missing_ledger_id
+        self.ledger.metadata.delete_cursor(self.name, COMPACTION_SUBSCRIPTION)
+        self._view, self._missing_ledger_id = None, None
+        if ledger_id is not None:
+            self.ledger.store.delete(ledger_id)
+
+    @contextmanager
+    def exclusive_run(self) -> Iterator[None]:
+        """Held for the length of a run; ``CompactionInProgressError`` if one is running."""
+        if not self._run_lock.acquire(blocking=False):
+            raise CompactionInProgressError(self.name)
+        try:
+            yield
+        finally:
+            self._run_lock.release()
+
+    @property
+    def running(self) -> bool:
+        """A run is in progress."""
+        return self._run_lock.locked()
+
+    # -- what read-compacted readers get ------------------------------------------------
+
+    def read_compacted(
+        self, cursor: ManagedCursor, max_entries: int, *, first_read_from_earliest: bool = False
+    ) -> list[CompactedEntry]:
+        """The next entries for a read-compacted ``cursor`` (see the module docstring)."""
+        read_position = EARLIEST if first_read_from_earliest else cursor.read_position
+        view = self.view
+        if view is not None and read_position <= view.horizon:
+            compacted = view.read_from(read_position, max_entries)
+            if compacted:
+                cursor.seek(Position(compacted[-1].position.ledger_id, compacted[-1].position.entry_id + 1), force=True)
+                return compacted
+            after_horizon = self.ledger.next_valid_position(view.horizon)
+            cursor.seek(max(after_horizon, read_position), force=True)
+        return [CompactedEntry(entry.position, entry.data) for entry in cursor.read_entries(max_entries)]
+
+    def last_message_id(self) -> Position:
+        """``get_last_message_id`` for a compacted reader (Pulsar's rules, reference §2.4):
+        the raw topic's last message when it is past the horizon, else the last surviving
+        compacted message, else ``NO_MESSAGE`` (-1:-1)."""
+        last = self.ledger.last_confirmed_position()
+        view = self.view
+        if view is None or last > view.horizon:
+            if last.entry_id < 0:
+                return last if view is None else NO_MESSAGE
+            return self._with_last_batch_index(last)
+        return view.last_message_id() or NO_MESSAGE
+
+    def _with_last_batch_index(self, position: Position) -> Position:
+        """``position`` with the batch index of its last slot when the entry is a batch."""
+        data = self.ledger.read_entries(position, 1)[0].data
+        try:
+            metadata = parse_entry(data).metadata
+        except MalformedEntryError:
+            return position
+        if is_batch(metadata):
+            return position.with_batch_index(metadata.num_messages_in_batch - 1)
+        return position

@@ -1,0 +1,139 @@
+"""The compacted ledger's entry format and the compacted view read from it.
+
+A compacted ledger is a plain ledger (custom metadata: component ``compacted-ledger``, the
+topic, ``compactedTo``) whose entries are, in original topic order::
+
+    compacted entry := u32:id_size · MessageIdData · u32:data_size · data      (big-endian)
+    MessageIdData   := ledgerId, entryId        the entry's ORIGINAL position
+                       batch_size               slots in the batch (absent: not a batch)
+                       ack_set                  bitset words of the surviving slots
+    data            := the entry bytes (a batch rewritten with dropped slots emptied)
+
+This is Pulsar's RawMessage layout; ``ack_set`` is the surviving-slot mask that dispatch
+sends with the message, because the C++ client ignores ``compacted_out`` (bit i set = slot
+i is delivered).
+
+``CompactedView`` answers the questions readers ask of one published compacted ledger:
+its ``horizon`` (the last raw position it covers), the ceiling search for the first
+compacted entry at or after a position (batch index ignored, Pulsar's ``findStartPoint``
+with its 100-entry id cache), reading n entries from a position, every entry in order
+(the compactor's input for the next run), and the last surviving message id.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Iterator
+
+from compactor.algorithm import CompactedEntry
+from compactor.errors import CompactorError
+from compactor.proto import pulsar_api_pb2 as pb
+from ledger.position import Position
+from ledger.storage.base import LedgerStore
+
+__all__ = ["CompactedView", "decode_compacted_entry", "encode_compacted_entry"]
+
+_U32 = struct.Struct(">I")
+# Pulsar's DEFAULT_STARTPOINT_CACHE_SIZE: ids of compacted entries kept for the search.
+START_POINT_CACHE_ENTRIES_MAX = 100
+# Entries read from the compacted ledger per store read when iterating all of it.
+READ_BATCH_ENTRIES_MAX = 1000
+
+
+def _ack_set_words(surviving: tuple[int, ...], batch_size: int) -> list[int]:
+    words = [0] * ((batch_size + 63) // 64)
+    for index in surviving:
+        words[index // 64] |= 1 << (index % 64)
+    return [word - (1 << 64) if word >= 1 << 63 else word for word in words]  # int64 on the wire
+
+
+def encode_compacted_entry(entry: CompactedEntry) -> bytes:
+    """The bytes of one compacted-ledger entry (see the module docstring)."""
+    message_id = pb.MessageIdData(ledgerId=entry.position.ledger_id, entryId=entry.position.entry_id)
+    if entry.batch_size:
+        message_id.batch_size = entry.batch_size
+        message_id.ack_set.extend(_ack_set_words(entry.surviving, entry.batch_size))
+    id_bytes = message_id.SerializeToString()
+    return _U32.pack(len(id_bytes)) + id_bytes + _U32.pack(len(entry.data)) + entry.data
+
+
+def decode_compacted_entry(data: bytes) -> CompactedEntry:
+    """Inverse of ``encode_compacted_entry``; raises ``CompactorError`` on damaged bytes."""
+    try:
+        (id_size,) = _U32.unpack_from(data, 0)
+        message_id = pb.MessageIdData.FromString(data[4 : 4 + id_size])
+        (data_size,) = _U32.unpack_from(data, 4 + id_size)
+    except Exception as error:  # struct.error or protobuf DecodeError: both mean damage
+        raise CompactorError(f"damaged compacted entry: {error}") from None
+    body = data[8 + id_size : 8 + id_size + data_size]
+    if len(body) != data_size:
+        raise CompactorError("damaged compacted entry: short data")
+    position = Position(message_id.ledgerId, message_id.entryId)
+    if not message_id.HasField("batch_size"):
+        return CompactedEntry(position, body)
+    surviving = tuple(
+        index for index in range(message_id.batch_size)
+        if (message_id.ack_set[index // 64] >> (index % 64)) & 1
+    )
+    return CompactedEntry(position, body, message_id.batch_size, surviving)
+
+
+class CompactedView:
+    """One published compacted ledger and the horizon it covers."""
+
+    def __init__(self, store: LedgerStore, ledger_id: int, horizon: Position) -> None:
+        self.store = store
+        self.ledger_id = ledger_id
+        self.horizon = horizon.entry_position()
+        self.entries = store.last_add_confirmed(ledger_id) + 1  # raises if the ledger is gone
+        self._ids: OrderedDict[int, Position] = OrderedDict()
+
+    def read(self, first_index: int, last_index: int) -> list[CompactedEntry]:
+        """Compacted entries ``first_index..last_index`` (inclusive) of the ledger."""
+        return [decode_compacted_entry(d) for d in self.store.read(self.ledger_id, first_index, last_index)]
+
+    def _position_at(self, index: int) -> Position:
+        cached = self._ids.get(index)
+        if cached is not None:
+            self._ids.move_to_end(index)
+            return cached
+        position = self.read(index, index)[0].position
+        self._ids[index] = position
+        if len(self._ids) > START_POINT_CACHE_ENTRIES_MAX:
+            self._ids.popitem(last=False)
+        return position
+
+    def find_start(self, position: Position) -> int | None:
+        """Index of the first compacted entry at or after ``position`` (entry level), or
+        None when the ledger is empty or every entry is before ``position``."""
+        target = position.entry_position()
+        low, high = 0, self.entries
+        while low < high:  # invariant: entries before low are < target, from high on ≥ target
+            middle = (low + high) // 2
+            if self._position_at(middle) < target:
+                low = middle + 1
+            else:
+                high = middle
+        return low if low < self.entries else None
+
+    def read_from(self, position: Position, max_entries: int) -> list[CompactedEntry]:
+        """Up to ``max_entries`` compacted entries at or after ``position``."""
+        start = self.find_start(position)
+        if start is None:
+            return []
+        return self.read(start, min(self.entries - 1, start + max_entries - 1))
+
+    def iter_all(self) -> Iterator[CompactedEntry]:
+        """Every compacted entry in order."""
+        for first in range(0, self.entries, READ_BATCH_ENTRIES_MAX):
+            yield from self.read(first, min(self.entries - 1, first + READ_BATCH_ENTRIES_MAX - 1))
+
+    def last_message_id(self) -> Position | None:
+        """The last surviving message (its batch index: the last surviving slot), or None
+        when every key was deleted (an empty compacted ledger)."""
+        if self.entries == 0:
+            return None
+        last = self.read(self.entries - 1, self.entries - 1)[0]
+        batch_index = last.surviving[-1] if last.batch_size else -1
+        return last.position.with_batch_index(batch_index)
