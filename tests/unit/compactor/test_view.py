@@ -1,0 +1,209 @@
+"""The compacted view: format, horizon, ceiling search, reads, last message id, restore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compactor.algorithm import CompactedEntry
+from compactor.encoder import encode_batch, encode_entry
+from compactor.errors import CompactedLedgerMissingError, CompactionInProgressError
+from compactor.message import iter_messages, parse_entry
+from compactor.proto import pulsar_api_pb2 as pb
+from compactor.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, NO_MESSAGE, CompactedTopic
+from compactor.view import CompactedView, decode_compacted_entry, encode_compacted_entry
+from cursor import ManagedCursor
+from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
+from ledger.position import EARLIEST, Position
+
+TOPIC = "persistent://public/default/view"
+
+
+def message(key: str | None, value: bytes, sequence_id: int = 0) -> bytes:
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1)
+    if key is not None:
+        metadata.partition_key = key
+    return encode_entry(metadata, value, with_checksum=False)
+
+
+def batch(pairs: list[tuple[str | None, bytes]]) -> bytes:
+    template = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    slots = []
+    for key, value in pairs:
+        single = pb.SingleMessageMetadata()
+        if key is not None:
+            single.partition_key = key
+        slots.append((single, value))
+    return encode_batch(template, slots, pb.ZSTD, with_checksum=False)
+
+
+def values(entries: list[CompactedEntry]) -> list[tuple[str | None, bytes]]:
+    """What a client honouring ack_set receives."""
+    out = []
+    for entry in entries:
+        for m in iter_messages(parse_entry(entry.data)):
+            if entry.batch_size == 0 or m.batch_index in entry.surviving:
+                out.append((m.key, m.payload))
+    return out
+
+
+@pytest.fixture
+def ml() -> ManagedLedger:
+    return ManagedLedger.open(TOPIC, MemoryLedgerStore(), MetadataStore(":memory:"),
+                              ManagedLedgerConfig(max_entries_per_ledger=3))
+
+
+def append(ml: ManagedLedger, *datas: bytes) -> list[Position]:
+    return [ml.append(d).result(timeout=10) for d in datas]
+
+
+def test_compacted_entry_round_trip_keeps_id_and_surviving_mask() -> None:
+    for entry in (
+        CompactedEntry(Position(7, 3), b"abc"),
+        CompactedEntry(Position(7, 4), b"batch", batch_size=70, surviving=(0, 5, 63, 64, 69)),
+    ):
+        assert decode_compacted_entry(encode_compacted_entry(entry)) == entry
+    id_size = int.from_bytes(encode_compacted_entry(CompactedEntry(Position(7, 4), b"x", 3, (1,)))[:4], "big")
+    stored = pb.MessageIdData.FromString(encode_compacted_entry(CompactedEntry(Position(7, 4), b"x", 3, (1,)))[4:4 + id_size])
+    assert (stored.ledgerId, stored.entryId, stored.batch_size, list(stored.ack_set)) == (7, 4, 3, [0b10])
+
+
+def test_view_search_reads_and_last_message(ml: ManagedLedger) -> None:
+    positions = append(ml, *(message(f"k{i}", b"v%d" % i) for i in range(10)),
+                       batch([("k0", b"new0"), ("k1", b""), ("k2", b"new2")]))
+    topic = CompactedTopic.restore(ml)
+    Compactor().compact(topic)
+    view = topic.view
+    assert view is not None and view.horizon == positions[-1]
+    kept = [e.position for e in view.iter_all()]
+    assert kept == positions[3:]  # k0..k2 were superseded by the batch
+    assert view.find_start(EARLIEST) == 0
+    assert view.find_start(positions[5]) == 2
+    assert view.find_start(positions[1]) == 0  # a compacted-out position resolves to the next survivor
+    assert view.find_start(Position(positions[-1].ledger_id, positions[-1].entry_id + 1)) is None
+    assert [e.position for e in view.read_from(positions[4], 3)] == positions[4:7]
+    assert view.last_message_id() == positions[-1].with_batch_index(2)
+    assert values(view.read_from(positions[-1], 1)) == [("k0", b"new0"), ("k2", b"new2")]
+    assert topic.last_message_id() == positions[-1].with_batch_index(2)
+
+
+def test_read_compacted_then_raw_tail_and_first_read_rule(ml: ManagedLedger) -> None:
+    append(ml, message("a", b"1"), message("b", b"1"), message("a", b"2"))
+    topic = CompactedTopic.restore(ml)
+    Compactor().compact(topic)
+    tail = append(ml, message("a", b"3"))
+    reader = ManagedCursor.open_non_durable(ml, "r", EARLIEST)
+    got = topic.read_compacted(reader, 10, first_read_from_earliest=True)
+    assert values(got) == [("b", b"1"), ("a", b"2")]
+    assert [e.position for e in topic.read_compacted(reader, 10)] == tail  # then the raw tail
+    # a durable subscription at earliest whose raw ledgers were trimmed still gets the compacted data
+    ml.trim()
+    sub = ManagedCursor.open_non_durable(ml, "late", EARLIEST)
+    assert values(topic.read_compacted(sub, 10, first_read_from_earliest=True)) == [("b", b"1"), ("a", b"2")]
+
+
+def test_read_between_last_survivor_and_horizon_goes_to_the_raw_tail(ml: ManagedLedger) -> None:
+    positions = append(ml, message("a", b"1"), message("b", b"1"), message("b", b""))
+    topic = CompactedTopic.restore(ml)
+    Compactor().compact(topic)
+    tail = append(ml, message("c", b"1"))
+    reader = ManagedCursor.open_non_durable(ml, "r", positions[2])  # after the last survivor, at the horizon
+    # the view has nothing there: the cursor moves past the horizon and the raw tail is read
+    assert [e.position for e in topic.read_compacted(reader, 10)] == tail
+
+
+def test_last_message_id_rules(ml: ManagedLedger) -> None:
+    topic = CompactedTopic.restore(ml)
+    assert topic.last_message_id().entry_id == -1  # empty, never compacted
+    positions = append(ml, message("a", b"1"), message("a", b""))
+    Compactor().compact(topic)
+    assert topic.view is not None and topic.view.entries == 0  # all keys deleted: empty ledger published
+    assert topic.last_message_id() == NO_MESSAGE
+    later = append(ml, batch([("b", b"1"), ("c", b"2")]))
+    assert positions and topic.last_message_id() == later[0].with_batch_index(1)  # raw tail past the horizon
+
+
+def test_empty_topic_writes_no_ledger_and_succeeds(ml: ManagedLedger) -> None:
+    topic = CompactedTopic.restore(ml)
+    figures = Compactor().compact(topic)
+    assert figures.ledger_id == -1
+    assert topic.view is None
+    assert topic.record.successes == 1
+    assert ml.store.list() == [ml.current_ledger_id]
+
+
+def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> None:
+    data_dir = DataDir.open(str(tmp_path))
+    ml = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
+    append(ml, message("a", b"1"), message("b", b"2"), message("a", b"3"))
+    topic = CompactedTopic.restore(ml)
+    Compactor().compact(topic)
+    assert topic.view is not None
+    ledger_id = topic.view.ledger_id
+    record = data_dir.metadata.load_cursor(TOPIC, COMPACTION_SUBSCRIPTION)
+    assert record is not None and record.properties == {COMPACTED_TOPIC_LEDGER: ledger_id}
+    ml.close()
+    data_dir.close()
+
+    data_dir = DataDir.open(str(tmp_path))
+    assert collect_orphans(data_dir) == []
+    ml = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
+    restored = CompactedTopic.restore(ml)
+    assert restored.view is not None and restored.view.ledger_id == ledger_id
+    assert restored.horizon == record.mark_delete_position
+    data_dir.ledgers.delete(ledger_id)  # deleted out of band
+    broken = CompactedTopic.restore(ml)
+    reader = ManagedCursor.open_non_durable(ml, "r", EARLIEST)
+    with pytest.raises(CompactedLedgerMissingError, match=f"compacted ledger {ledger_id}"):
+        broken.read_compacted(reader, 10)
+    with pytest.raises(CompactedLedgerMissingError):
+        Compactor().compact(broken)
+    assert len(ManagedCursor.open_non_durable(ml, "raw", EARLIEST).read_entries(10)) == 3  # raw reads work
+    broken.drop_view()
+    Compactor().compact(broken)  # rebuilt from the raw topic
+    assert values(list(broken.view.iter_all())) == [("b", b"2"), ("a", b"3")]
+    data_dir.close()
+
+
+def test_one_run_per_topic_at_a_time(ml: ManagedLedger) -> None:
+    append(ml, message("a", b"1"))
+    topic = CompactedTopic.restore(ml)
+    with topic.exclusive_run(), pytest.raises(CompactionInProgressError, match="already in progress"):
+        Compactor().compact(topic)
+    assert not topic.running
+
+
+def test_record_counts_runs(ml: ManagedLedger) -> None:
+    append(ml, message("a", b"1"), message("a", b"2"), message("b", b"1"), message(None, b"x"))
+    topic = CompactedTopic.restore(ml)
+    figures = Compactor(CompactionConfig(retain_null_key=False)).compact(topic)
+    record = topic.record
+    assert figures.removed_events == 2 and record.last_removed_events == 2
+    assert figures.messages_read == 4 and figures.entries_written == 2
+    assert record.successes == 1 and record.failures == 0 and record.last_success_ms > 0
+    assert record.compacted_entries == 2 and record.compacted_size_bytes == figures.bytes_written > 0
+    assert record.bytes_read == figures.bytes_read > 0
+    append(ml, message("b", b""))
+    Compactor().compact(topic)
+    assert record.total_removed_events == 4 and record.successes == 2  # the tombstone and b's value
+    assert record.last_run is not None and record.last_run.key_map_bytes == 24
+    topic.view.store.delete(topic.view.ledger_id)  # type: ignore[union-attr]
+    append(ml, message("c", b"1"))
+    with pytest.raises(Exception):
+        Compactor().compact(topic)
+    assert record.failures == 1 and record.last_failure_ms > 0 and record.last_error
+
+
+def test_compacted_ledger_metadata(ml: ManagedLedger) -> None:
+    positions = append(ml, message("a", b"1"))
+    topic = CompactedTopic.restore(ml)
+    Compactor().compact(topic)
+    assert topic.view is not None
+    metadata = dict(ml.store.info(topic.view.ledger_id).metadata)
+    assert metadata["component"] == "compacted-ledger"
+    assert metadata["topic"] == TOPIC
+    assert metadata["compactedTo"] == str(positions[-1])
+    assert ml.store.info(topic.view.ledger_id).sealed
+    assert isinstance(topic.view, CompactedView)
