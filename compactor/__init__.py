@@ -1,4 +1,47 @@
-"""What the product is for: message format, two-phase compaction, compacted view,
-scheduler, Spark engine. (The compactor itself lands with the compactor issue.)"""
+"""What the product is for: the message format, two-phase compaction and the compacted view.
 
-__all__: list[str] = []
+Pure core: ``algorithm`` (phase one and two over entries) and ``keymap`` (the bounded key
+map). I/O at the edges: ``runner`` (a run against storage and its publish), ``topic``
+(a topic's compaction state and read-compacted dispatch), ``view`` (the compacted ledger).
+"""
+
+from compactor.algorithm import CompactedEntry, PhaseOneResult, compact, phase_one, phase_two
+from compactor.errors import (
+    CompactedLedgerMissingError,
+    CompactionInProgressError,
+    CompactionTimeoutError,
+    CompactorError,
+    MalformedEntryError,
+    UndecodablePayloadError,
+)
+from compactor.keymap import KeyMap, KeyMapLimitError
+from compactor.record import CompactionRecord, RunFigures
+from compactor.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, NO_MESSAGE, CompactedTopic
+from compactor.view import CompactedView
+
+__all__ = [
+    "COMPACTED_TOPIC_LEDGER",
+    "COMPACTION_SUBSCRIPTION",
+    "NO_MESSAGE",
+    "CompactedEntry",
+    "CompactedLedgerMissingError",
+    "CompactedTopic",
+    "CompactedView",
+    "CompactionConfig",
+    "CompactionInProgressError",
+    "CompactionRecord",
+    "CompactionTimeoutError",
+    "Compactor",
+    "CompactorError",
+    "KeyMap",
+    "KeyMapLimitError",
+    "MalformedEntryError",
+    "PhaseOneResult",
+    "RunFigures",
+    "UndecodablePayloadError",
+    "collect_orphans",
+    "compact",
+    "phase_one",
+    "phase_two",
+]

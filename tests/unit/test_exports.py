@@ -20,6 +20,14 @@ EXPECTED = {
         "UNACKED_RANGES_PERSIST_MAX", "AckedRanges", "CursorError", "InitialPosition",
         "InvalidMarkDeletePositionError", "ManagedCursor", "MarkDeleteBackwardsError",
     },
+    "compactor": {
+        "COMPACTED_TOPIC_LEDGER", "COMPACTION_SUBSCRIPTION", "NO_MESSAGE", "CompactedEntry",
+        "CompactedLedgerMissingError", "CompactedTopic", "CompactedView", "CompactionConfig",
+        "CompactionInProgressError", "CompactionRecord", "CompactionTimeoutError", "Compactor",
+        "CompactorError", "KeyMap", "KeyMapLimitError", "MalformedEntryError", "PhaseOneResult",
+        "RunFigures", "UndecodablePayloadError", "collect_orphans", "compact", "phase_one",
+        "phase_two",
+    },
 }
 
 
