@@ -108,7 +108,9 @@ class ManagedCursor:
         cls, ledger: ManagedLedger, name: str, start: Position, *, inclusive: bool = True
     ) -> ManagedCursor:
         """A memory-only cursor whose first read returns the first entry at or after
-        ``start`` (``inclusive``) or after it; ``EARLIEST``/``LATEST`` are understood."""
+        ``start`` (``inclusive``) or after it; ``EARLIEST``/``LATEST`` are understood.
+        A batch index in ``start`` is ignored: the client filters slots of that entry."""
+        start = start.entry_position()
         if start == EARLIEST:
             mark_delete_position = ledger.first_position()
         elif start == LATEST or start > ledger.last_confirmed_position():
@@ -201,7 +203,7 @@ class ManagedCursor:
         self._check_confirmed(entries)
         acked = self._acked.copy()
         for entry in entries:
-            if not self.is_acknowledged(entry):
+            if not self.is_acknowledged(entry) and self.ledger.is_valid_position(entry):
                 acked.add(entry)
         self._apply(self._mark_delete_position, acked, self._properties)
 
@@ -210,6 +212,7 @@ class ManagedCursor:
         ``position``; MD moves to the entry before it (possibly backwards); individual acks
         are forgotten; properties are cleared unless ``keep_properties`` (compaction cursor).
         """
+        position = position.entry_position()
         if position == EARLIEST:
             read_position = self.ledger.next_valid_position(self.ledger.first_position())
         elif position == LATEST or position > self.ledger.last_confirmed_position():
