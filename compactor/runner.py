@@ -26,6 +26,7 @@ persisted state always names a complete, sealed compacted ledger or none.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -123,8 +124,10 @@ class Compactor:
     ) -> Iterator[Entry]:
         """Previous compacted entries, then raw entries in ``(horizon, stop]``."""
         if previous is not None:
-            for compacted in previous.iter_all():
-                yield Entry(compacted.position, compacted.data)
+            step = self.config.read_batch_entries
+            for first in range(0, previous.entries, step):
+                last = min(previous.entries - 1, first + step - 1)
+                yield from read(functools.partial(_read_previous, previous, first, last))
         ledger = topic.ledger
         position = ledger.next_valid_position(horizon)
         while position <= stop:
@@ -139,18 +142,22 @@ class Compactor:
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position
     ) -> PhaseOneResult:
         timeout_s = self.config.phase_one_read_timeout_s
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="phase-one-read") as reader:
+        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="phase-one-read")
 
-            def timed(read: Callable[[], list[Entry]]) -> list[Entry]:
-                try:
-                    return reader.submit(read).result(timeout=timeout_s)
-                except FutureTimeoutError:
-                    raise CompactionTimeoutError(
-                        f"{topic.name}: a phase-one read took longer than {timeout_s} s"
-                    ) from None
+        def timed(read: Callable[[], list[Entry]]) -> list[Entry]:
+            try:
+                return reader.submit(read).result(timeout=timeout_s)
+            except FutureTimeoutError:
+                raise CompactionTimeoutError(
+                    f"{topic.name}: a phase-one read took longer than {timeout_s} s"
+                ) from None
 
+        try:
             stream = self._stream(topic, previous, horizon, stop, timed)
             return phase_one(stream, retain_null_key=self.config.retain_null_key)
+        finally:
+            # A timed-out read may never return: leave it behind, as Pulsar does.
+            reader.shutdown(wait=False, cancel_futures=True)
 
     # -- phase two and publishing -------------------------------------------------------
 
@@ -213,6 +220,11 @@ class Compactor:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def _read_previous(previous: CompactedView, first: int, last: int) -> list[Entry]:
+    """Entries ``first..last`` of the previous compacted ledger, at their original positions."""
+    return [Entry(compacted.position, compacted.data) for compacted in previous.read(first, last)]
 
 
 def collect_orphans(data_dir: DataDir) -> list[int]:
