@@ -85,7 +85,8 @@ class CompactedEntry:
         data: the entry bytes: verbatim, or a batch rewritten with dropped slots emptied.
         batch_size: number of slots (0 for a non-batched or opaque entry).
         surviving: batch indexes a reader should get (empty for non-batched entries).
-        messages: messages this entry delivers (1 for non-batched and opaque entries).
+        messages: messages this entry delivers: the surviving slots of a readable batch,
+            else 1 (non-batched, encrypted and undecodable entries count as one).
     """
 
     position: Position
@@ -99,9 +100,15 @@ class CompactedEntry:
 
 
 def _decode(entry: Entry) -> tuple[ParsedEntry, list[Message]] | None:
-    """(parsed entry, its messages), or None for an opaque entry."""
+    """(parsed entry, its messages), or None for an opaque entry.
+
+    A marker's payload is server data, not a value: it is never decoded, so a marker is
+    skipped even when its payload would not decode.
+    """
     try:
         parsed = parse_entry(entry.data)
+        if is_marker(parsed.metadata):
+            return parsed, []
         return parsed, list(iter_messages(parsed))
     except MalformedEntryError:  # UndecodablePayloadError included
         return None

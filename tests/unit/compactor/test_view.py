@@ -12,10 +12,16 @@ from compactor.errors import CompactedLedgerMissingError, CompactionInProgressEr
 from compactor.message import iter_messages, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, NO_MESSAGE, CompactedTopic
+from compactor.topic import (
+    COMPACTED_TOPIC_LEDGER,
+    COMPACTION_SUBSCRIPTION,
+    NO_MESSAGE,
+    CompactedTopic,
+)
 from compactor.view import CompactedView, decode_compacted_entry, encode_compacted_entry
 from cursor import ManagedCursor
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
+from ledger.errors import LedgerNotFoundError
 from ledger.position import EARLIEST, Position
 
 TOPIC = "persistent://public/default/view"
@@ -191,7 +197,7 @@ def test_record_counts_runs(ml: ManagedLedger) -> None:
     assert record.last_run is not None and record.last_run.key_map_bytes == 24
     topic.view.store.delete(topic.view.ledger_id)  # type: ignore[union-attr]
     append(ml, message("c", b"1"))
-    with pytest.raises(Exception):
+    with pytest.raises(LedgerNotFoundError):
         Compactor().compact(topic)
     assert record.failures == 1 and record.last_failure_ms > 0 and record.last_error
 
