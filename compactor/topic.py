@@ -91,12 +91,21 @@ class CompactedTopic:
         return previous
 
     def drop_view(self) -> None:
-        """Delete the ``__compaction`` subscription: forget the view, then delete its ledger."""
-        ledger_id = self._view.ledger_id if self._view is not None else self._missing_ledger_id
-        self.ledger.metadata.delete_cursor(self.name, COMPACTION_SUBSCRIPTION)
-        self._view, self._missing_ledger_id = None, None
-        if ledger_id is not None:
-            self.ledger.store.delete(ledger_id)
+        """Delete the ``__compaction`` subscription: forget the view, then delete its ledger.
+
+        Waits for a running compaction, which must not publish after the subscription is gone.
+        """
+        with self._run_lock:
+            ledger_id = self._view.ledger_id if self._view is not None else self._missing_ledger_id
+            self.ledger.metadata.delete_cursor(self.name, COMPACTION_SUBSCRIPTION)
+            self._view, self._missing_ledger_id = None, None
+            if ledger_id is not None:
+                self.ledger.store.delete(ledger_id)
+
+    def delete(self) -> None:
+        """Delete the topic: its compacted view and ledger, then its managed ledger."""
+        self.drop_view()
+        self.ledger.delete()
 
     @contextmanager
     def exclusive_run(self) -> Iterator[None]:
@@ -136,11 +145,11 @@ class CompactedTopic:
         compacted message, else ``NO_MESSAGE`` (-1:-1)."""
         last = self.ledger.last_confirmed_position()
         view = self.view
-        if view is None or last > view.horizon:
-            if last.entry_id < 0:
-                return last if view is None else NO_MESSAGE
-            return self._with_last_batch_index(last)
-        return view.last_message_id() or NO_MESSAGE
+        if view is not None and (last.entry_id < 0 or last <= view.horizon):
+            return view.last_message_id() or NO_MESSAGE
+        if last.entry_id < 0:
+            return NO_MESSAGE
+        return self._with_last_batch_index(last)
 
     def _with_last_batch_index(self, position: Position) -> Position:
         """``position`` with the batch index of its last slot when the entry is a batch."""

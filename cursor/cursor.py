@@ -202,10 +202,13 @@ class ManagedCursor:
         entries = [position.entry_position() for position in positions]
         self._check_confirmed(entries)
         acked = self._acked.copy()
+        added = False
         for entry in entries:
             if not self.is_acknowledged(entry) and self.ledger.is_valid_position(entry):
                 acked.add(entry)
-        self._apply(self._mark_delete_position, acked, self._properties)
+                added = True
+        if added:  # nothing new must not move the read position (a read-compacted reader's)
+            self._apply(self._mark_delete_position, acked, self._properties)
 
     def reset(self, position: Position, *, keep_properties: bool = False) -> None:
         """Seek the subscription: the next read returns the first entry at or after

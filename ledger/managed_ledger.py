@@ -268,7 +268,7 @@ class ManagedLedger:
     def current_ledger_id(self) -> int:
         """The ledger appends go to."""
         with self._lock:
-            return self._ledgers[-1].ledger_id
+            return self._current().ledger_id
 
     @property
     def number_of_entries(self) -> int:
@@ -294,11 +294,19 @@ class ManagedLedger:
     def first_position(self) -> Position:
         """``(first ledger, -1)``: where a cursor starting from the earliest entry marks."""
         with self._lock:
+            if not self._ledgers:
+                raise LedgerError(f"managed ledger {self.name} is deleted")
             return Position(self._ledgers[0].ledger_id, -1)
+
+    def _current(self) -> _Ledger:
+        """The ledger appends go to; ``LedgerError`` once the topic is deleted."""
+        if not self._ledgers:
+            raise LedgerError(f"managed ledger {self.name} is deleted")
+        return self._ledgers[-1]
 
     def _end_position(self) -> Position:
         """The position right after the last confirmed entry (where the next one will be)."""
-        current = self._ledgers[-1]
+        current = self._current()
         return Position(current.ledger_id, self._counts(current)[0])
 
     def _ceiling(self, ledger_id: int) -> int:
