@@ -151,6 +151,12 @@ class CompactedTopic:
             return NO_MESSAGE
         return self._with_last_batch_index(last)
 
+    def last_raw_message_id(self) -> Position:
+        """``get_last_message_id`` for a plain reader: the topic's last entry, with the batch
+        index of its last slot; ``(ledger, -1)`` on an empty topic."""
+        last = self.ledger.last_confirmed_position()
+        return last if last.entry_id < 0 else self._with_last_batch_index(last)
+
     def _with_last_batch_index(self, position: Position) -> Position:
         """``position`` with the batch index of its last slot when the entry is a batch."""
         data = self.ledger.read_entries(position, 1)[0].data

@@ -1,0 +1,284 @@
+"""Subscriptions and dispatch: which consumer gets which entry, under FLOW permits.
+
+A consumer, to the core, is anything with permits that accepts deliveries (``Consumer``);
+the wire layer implements it over a connection, tests implement it in memory. Rules
+(reference ``managed-ledger.md`` §4, ``pulsar-protocol.md`` §2):
+
+* **Permits count messages.** A batch entry uses as many permits as it has slots; an entry
+  is never split, so permits may go negative until the next FLOW.
+* **Exclusive**: one consumer (a second is refused with ConsumerBusy). **Failover**: several,
+  one active — the first connected among the best priority level; every consumer hears
+  ``set_active``. When the active consumer changes, or one (re)connects, the cursor rewinds
+  so everything unacknowledged is delivered again from the mark-delete position.
+* **Shared**: round robin over consumers with permits; each delivered position is pending
+  on its consumer until acknowledged; a consumer that leaves has its pending positions
+  replayed to the others, before any new entry.
+* **Read-compacted** subscriptions (Exclusive and Failover only) read through the topic's
+  compacted view (``CompactedTopic.read_compacted``), then the raw tail; batches from the
+  compacted ledger carry the surviving-slot mask (``ack_set``).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from api.broker.errors import ConsumerBusyError, NotAllowedError
+from compactor.algorithm import CompactedEntry
+from compactor.errors import MalformedEntryError
+from compactor.message import is_batch, parse_entry
+from compactor.topic import CompactedTopic
+from cursor.cursor import ManagedCursor
+from cursor.errors import CursorError
+from ledger.position import Position
+
+__all__ = ["Consumer", "Delivery", "SubType", "Subscription"]
+
+log = logging.getLogger(__name__)
+
+# Pulsar's dispatcherMaxReadBatchSize: entries read for one dispatch round.
+DISPATCH_ENTRIES_MAX = 100
+
+
+class SubType(enum.Enum):
+    """Subscription types compactd dispatches (Key_Shared is refused)."""
+
+    EXCLUSIVE = 0
+    SHARED = 1
+    FAILOVER = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One entry on its way to a consumer.
+
+    Attributes:
+        position: the entry's original position.
+        data: ``metadataSize · metadata · payload``, as stored.
+        messages: permits it uses: the batch's slot count, else 1.
+        ack_set: words of the slots to deliver (empty: every slot).
+        redelivery_count: times it was delivered before (Shared redelivery).
+    """
+
+    position: Position
+    data: bytes
+    messages: int
+    ack_set: tuple[int, ...] = ()
+    redelivery_count: int = 0
+
+
+class Consumer(abc.ABC):
+    """The core's view of a consumer; ``permits`` is changed by the subscription only."""
+
+    def __init__(self, consumer_id: int, name: str, priority_level: int = 0) -> None:
+        self.consumer_id = consumer_id
+        self.name = name
+        self.priority_level = priority_level
+        self.permits = 0
+
+    @abc.abstractmethod
+    def send(self, delivery: Delivery) -> None:
+        """Hand one entry to the consumer (must not block)."""
+
+    def set_active(self, active: bool) -> None:
+        """Failover: this consumer became active or inactive (default: ignore)."""
+
+    def disconnect(self) -> None:
+        """The broker drops the consumer (seek): it will subscribe again (default: ignore)."""
+
+
+def _message_count(data: bytes) -> int:
+    try:
+        metadata = parse_entry(data).metadata
+    except MalformedEntryError:
+        return 1
+    return metadata.num_messages_in_batch if is_batch(metadata) else 1
+
+
+def _ack_set_words(entry: CompactedEntry) -> tuple[int, ...]:
+    if not entry.batch_size or len(entry.surviving) == entry.batch_size:
+        return ()
+    words = [0] * ((entry.batch_size + 63) // 64)
+    for index in entry.surviving:
+        words[index // 64] |= 1 << (index % 64)
+    return tuple(word - (1 << 64) if word >= 1 << 63 else word for word in words)
+
+
+class Subscription:
+    """One subscription of a topic: its cursor, its consumers, and dispatch."""
+
+    def __init__(
+        self, name: str, cursor: ManagedCursor, compacted: CompactedTopic, sub_type: SubType,
+        *, read_compacted: bool = False, first_read_from_earliest: bool = False,
+    ) -> None:
+        if read_compacted and sub_type is SubType.SHARED:
+            raise NotAllowedError("readCompacted only allowed on failover or exclusive subscriptions")
+        self.name = name
+        self.cursor = cursor
+        self.compacted = compacted
+        self.sub_type = sub_type
+        self.read_compacted = read_compacted
+        self.first_read_from_earliest = first_read_from_earliest
+        self.consumers: list[Consumer] = []
+        self._active: Consumer | None = None
+        self._pending: dict[Position, Consumer] = {}  # Shared: delivered, not yet acknowledged
+        self._replay: set[Position] = set()
+        self._redeliveries: dict[Position, int] = {}
+        self._round_robin = 0
+
+    # -- consumers ----------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer, sub_type: SubType) -> None:
+        """Attach ``consumer``; Exclusive refuses a second, types must match."""
+        if sub_type is not self.sub_type and self.consumers:
+            raise ConsumerBusyError(f"subscription {self.name} is of type {self.sub_type.name}")
+        if self.sub_type is SubType.EXCLUSIVE and self.consumers:
+            raise ConsumerBusyError("Exclusive consumer is already connected")
+        self.sub_type = sub_type
+        self.consumers.append(consumer)
+        if self.sub_type is not SubType.SHARED:
+            self._choose_active()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """Detach ``consumer``: its pending positions are replayed (Shared), or the next
+        active consumer starts again from the mark-delete position (Failover)."""
+        if consumer not in self.consumers:
+            return
+        self.consumers.remove(consumer)
+        for position, owner in list(self._pending.items()):
+            if owner is consumer:
+                del self._pending[position]
+                self._replay.add(position)
+        if not self.consumers:
+            self._replay.clear()
+            self._active = None
+        elif self.sub_type is not SubType.SHARED:
+            self._choose_active()
+
+    def _choose_active(self) -> None:
+        best = min(c.priority_level for c in self.consumers)
+        active = next(c for c in self.consumers if c.priority_level == best)
+        changed = active is not self._active
+        self._active = active
+        for consumer in self.consumers:
+            consumer.set_active(consumer is active)
+        if changed:
+            self.rewind()
+
+    def rewind(self) -> None:
+        """Deliver everything unacknowledged again, from the mark-delete position on."""
+        if self.read_compacted:
+            md = self.cursor.mark_delete_position
+            self.cursor.seek(Position(md.ledger_id, md.entry_id + 1), force=True)
+        else:
+            self.cursor.rewind()
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def flow(self, consumer: Consumer, permits: int) -> None:
+        consumer.permits += permits
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Send what permits allow; call after FLOW, acks, redelivery and new entries."""
+        if self.sub_type is SubType.SHARED:
+            self._dispatch_shared()
+            return
+        active = self._active
+        while active is not None and active.permits > 0:
+            deliveries = self._read(min(active.permits, DISPATCH_ENTRIES_MAX))
+            if not deliveries:
+                return
+            for delivery in deliveries:
+                active.permits -= delivery.messages
+                active.send(delivery)
+
+    def _dispatch_shared(self) -> None:
+        while True:
+            ready = [c for c in self.consumers if c.permits > 0]
+            if not ready:
+                return
+            consumer = ready[self._round_robin % len(ready)]
+            self._round_robin += 1
+            deliveries = self._replayed(consumer.permits) or self._read(min(consumer.permits, DISPATCH_ENTRIES_MAX))
+            if not deliveries:
+                return
+            for delivery in deliveries:
+                self._pending[delivery.position] = consumer
+                consumer.permits -= delivery.messages
+                consumer.send(delivery)
+
+    def _replayed(self, permits: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        for position in sorted(self._replay)[: max(1, min(permits, DISPATCH_ENTRIES_MAX))]:
+            self._replay.discard(position)
+            if self.cursor.is_acknowledged(position):
+                continue
+            entries = self.cursor.ledger.read_entries(position, 1, end=position)
+            if entries:
+                count = self._redeliveries.get(position, 0) + 1
+                self._redeliveries[position] = count
+                data = entries[0].data
+                out.append(Delivery(position, data, _message_count(data), redelivery_count=count))
+        return out
+
+    def _read(self, max_entries: int) -> list[Delivery]:
+        if self.read_compacted:
+            first = self.first_read_from_earliest
+            self.first_read_from_earliest = False
+            entries = self.compacted.read_compacted(self.cursor, max_entries, first_read_from_earliest=first)
+            return [Delivery(e.position, e.data, e.batch_size or _message_count(e.data), _ack_set_words(e))
+                    for e in entries]
+        return [Delivery(e.position, e.data, _message_count(e.data)) for e in self.cursor.read_entries(max_entries)]
+
+    # -- acknowledgements and redelivery --------------------------------------------------
+
+    def acknowledge(self, positions: Iterable[Position], *, cumulative: bool) -> None:
+        """Apply an ACK; positions outside what the cursor accepts are ignored (logged)."""
+        entries = [p.entry_position() for p in positions]
+        try:
+            if cumulative:
+                self.cursor.mark_delete(max(entries))
+            else:
+                self.cursor.delete(entries)
+        except CursorError as error:
+            log.debug("subscription %s: ack ignored: %s", self.name, error)
+        for entry in entries:
+            self._pending.pop(entry, None)
+            self._redeliveries.pop(entry, None)
+        if cumulative:
+            for position in [p for p in self._pending if p <= max(entries)]:
+                del self._pending[position]
+
+    def redeliver(self, consumer: Consumer, positions: Iterable[Position] | None) -> None:
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES: the given positions (Shared) or everything
+        unacknowledged (no positions, or Exclusive/Failover)."""
+        if self.sub_type is SubType.SHARED:
+            wanted = None if positions is None else {p.entry_position() for p in positions}
+            for position, owner in list(self._pending.items()):
+                if owner is consumer and (wanted is None or position in wanted):
+                    del self._pending[position]
+                    self._replay.add(position)
+        else:
+            self.rewind()
+        self.dispatch()
+
+    def seek(self, position: Position) -> None:
+        """Reset the cursor so the next read starts at ``position``; the broker then drops
+        every consumer (they subscribe again)."""
+        self.cursor.reset(position, keep_properties=False)
+        horizon = self.compacted.horizon if self.read_compacted else None
+        if horizon is not None and position.entry_position() <= horizon:
+            if position.ledger_id < 0:  # earliest: the whole compacted view again
+                self.first_read_from_earliest = True
+            else:
+                self.cursor.seek(position.entry_position(), force=True)
+        self._pending.clear()
+        self._replay.clear()
+        for consumer in list(self.consumers):
+            consumer.disconnect()
+        self.consumers.clear()
+        self._active = None

@@ -1,0 +1,136 @@
+"""The broker core shared by both doors: the topic registry, listeners, compaction runs.
+
+``BrokerService`` owns every loaded ``Topic`` (created on first use), the Pulsar protocol
+listener, and the compactor. It runs on one asyncio event loop; the only work it moves off
+the loop is a compaction run (``compact``), which goes to a worker thread, at most
+``compaction_max_concurrent_runs`` at a time. Lifecycle: ``start`` binds the listener;
+``stop`` closes the listener and every connection, then seals every topic's current
+ledger, which makes (or fails) every pending append before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from api.broker.errors import TopicNotFoundError
+from api.broker.seek import find_by_publish_time
+from api.broker.topic import Topic
+from api.broker.topic_name import TopicName
+from compactor.record import RunFigures
+from compactor.runner import CompactionConfig, Compactor
+from ledger.data_dir import DataDir
+from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ledger.position import Position
+
+if TYPE_CHECKING:
+    from api.wire.connection import ServerConnection
+
+__all__ = ["TRIM_INTERVAL_S", "BrokerService"]
+
+log = logging.getLogger(__name__)
+
+# How often consumed ledgers are trimmed (Pulsar's retentionCheckIntervalInSeconds: 120).
+TRIM_INTERVAL_S = 120.0
+
+
+class BrokerService:
+    """One broker over one data dir; see the module docstring."""
+
+    def __init__(self, data_dir: DataDir, settings: Any) -> None:
+        self.data_dir = data_dir
+        self.settings = settings
+        self.topics: dict[str, Topic] = {}
+        self.connections: set[ServerConnection] = set()
+        self.compactor = Compactor(CompactionConfig(
+            retain_null_key=bool(getattr(settings, "topic_compaction_retain_null_key", False)),
+            phase_one_read_timeout_s=float(getattr(settings, "compaction_phase_one_loop_timeout_seconds", 30)),
+        ))
+        self.ledger_config = ManagedLedgerConfig(
+            max_entries_per_ledger=int(getattr(settings, "managed_ledger_max_entries_per_ledger", 50_000)),
+            max_size_per_ledger_bytes=int(getattr(settings, "managed_ledger_max_size_per_ledger_bytes", 2 << 30)),
+        )
+        self._runs = asyncio.Semaphore(max(1, int(getattr(settings, "compaction_max_concurrent_runs", 2))))
+        self._producer_names = itertools.count()
+        self._server: asyncio.Server | None = None
+        self._trim_task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen for Pulsar clients on ``host:port`` (0: any free port); returns the port."""
+        from api.wire.connection import ServerConnection
+
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(lambda: ServerConnection(self), host, port)
+        self._trim_task = asyncio.create_task(self._trim_periodically())
+        bound: int = self._server.sockets[0].getsockname()[1]
+        return bound
+
+    async def stop(self) -> None:
+        """Close the listener and connections; seal every topic (pending appends finish)."""
+        if self._trim_task is not None:
+            self._trim_task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+        for topic in list(self.topics.values()):
+            try:
+                topic.close()
+            except Exception as error:  # noqa: BLE001 - keep closing the others; the data dir syncs the rest
+                log.warning("closing %s: %s", topic.name, error)
+        self.topics.clear()
+
+    async def _trim_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL_S)
+            for topic in list(self.topics.values()):
+                topic.ledger.trim()
+
+    # -- topics -------------------------------------------------------------------------
+
+    def topic_name(self, text: str) -> TopicName:
+        """Validate a topic name (raises ``InvalidTopicNameError``/``NotAllowedError``)."""
+        return TopicName.parse(text)
+
+    def get_topic(self, text: str, *, create: bool = True) -> Topic:
+        """The loaded topic named ``text``, loading or creating it."""
+        name = TopicName.parse(text)
+        key = str(name)
+        topic = self.topics.get(key)
+        if topic is not None:
+            return topic
+        if not create and not self.data_dir.metadata.topic_exists(key):
+            raise TopicNotFoundError(f"Topic {key} not found")
+        ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config)
+        topic = Topic(name, ledger, self.loop or asyncio.get_running_loop())
+        self.topics[key] = topic
+        return topic
+
+    def list_topics(self, namespace: str) -> list[str]:
+        """Every topic of ``tenant/namespace``."""
+        prefix = f"persistent://{namespace}/"
+        return [t for t in self.data_dir.metadata.list_topics() if t.startswith(prefix)]
+
+    def new_producer_name(self) -> str:
+        """A unique name for a producer that did not choose one."""
+        return f"compactd-{next(self._producer_names)}"
+
+    def find_by_publish_time(self, topic: Topic, publish_time_ms: int) -> Position:
+        return find_by_publish_time(topic.ledger, publish_time_ms)
+
+    # -- compaction ---------------------------------------------------------------------
+
+    async def compact(self, text: str) -> RunFigures:
+        """Run one compaction of the topic in a worker thread, then trim what it covered."""
+        topic = self.get_topic(text, create=False)
+        async with self._runs:
+            figures = await asyncio.to_thread(self.compactor.compact, topic.compacted)
+        topic.ledger.trim()
+        return figures

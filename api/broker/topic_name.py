@@ -1,0 +1,51 @@
+"""Topic names: ``persistent://tenant/namespace/topic``, and the short form ``topic``.
+
+The short form means ``persistent://public/default/topic``, as the Pulsar client expands
+it. Only persistent topics exist; partitioned topics are not supported (a name ending in
+``-partition-N`` is an ordinary topic).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from api.broker.errors import InvalidTopicNameError, NotAllowedError
+
+__all__ = ["TopicName"]
+
+_PART = re.compile(r"^[A-Za-z0-9_.=:\-]+$")  # Pulsar's allowed characters for each part
+
+
+@dataclass(frozen=True, slots=True)
+class TopicName:
+    """A validated persistent topic name."""
+
+    tenant: str
+    namespace: str
+    local_name: str
+
+    @classmethod
+    def parse(cls, text: str) -> TopicName:
+        """Parse ``text``; raises ``InvalidTopicNameError`` naming the bad value."""
+        if "://" not in text:
+            text = f"persistent://public/default/{text}"
+        scheme, _, rest = text.partition("://")
+        if scheme == "non-persistent":
+            raise NotAllowedError(f"non-persistent topics are not supported: {text!r}")
+        if scheme != "persistent":
+            raise InvalidTopicNameError(f"invalid topic name {text!r}: unknown domain {scheme!r}")
+        parts = rest.split("/")
+        if len(parts) != 3 or not all(_PART.match(part) for part in parts):
+            raise InvalidTopicNameError(
+                f"invalid topic name {text!r}: expected persistent://tenant/namespace/topic"
+            )
+        return cls(*parts)
+
+    @property
+    def namespace_name(self) -> str:
+        """``tenant/namespace``."""
+        return f"{self.tenant}/{self.namespace}"
+
+    def __str__(self) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/{self.local_name}"

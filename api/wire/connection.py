@@ -1,0 +1,408 @@
+"""One client connection speaking the Pulsar binary protocol (``pulsar-protocol.md`` §2).
+
+The connection only translates: frames in, calls on the broker core, frames out. Rules it
+keeps for the real ``pulsar-client`` (C++ core 4.2.0):
+
+* CONNECT must come first; anything else before it closes the connection.
+* Every command that carries a request id gets an answer; what compactd does not support
+  answers ERROR ``NotAllowed`` (never a connection-killing code such as ServiceNotReady).
+* SEND receipts go back in send order per producer, each only once the entry is durable;
+  a checksum mismatch answers SEND_ERROR ``ChecksumError`` and stores nothing.
+* SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
+  client flushes its queue and subscribes again from the new position.
+* A malformed frame (``FrameError``) closes this connection only.
+* Keep-alive: a PING every ``KEEPALIVE_INTERVAL_S``; a connection silent for two intervals
+  is closed. A connection that goes away frees its consumers (their unacknowledged
+  entries are redelivered) and producers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, cast
+
+from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
+from api.broker.errors import BrokerError, NotAllowedError
+from api.wire.codec import (
+    CONNECTION_COMMANDS,
+    U64_MAX,
+    from_message_id,
+    request_id_of,
+    to_message_id,
+)
+from api.wire.frames import (
+    FRAME_BYTES_MAX,
+    Frame,
+    FrameDecoder,
+    FrameError,
+    encode_command,
+    encode_payload_command,
+)
+from compactor.proto import pulsar_api_pb2 as pb
+from cursor.cursor import InitialPosition
+from ledger.errors import CompactionServiceError
+from ledger.position import Position
+
+if TYPE_CHECKING:
+    from api.broker.service import BrokerService
+    from api.broker.topic import Topic
+
+__all__ = ["KEEPALIVE_INTERVAL_S", "ServerConnection"]
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_INTERVAL_S = 30.0  # the client's own ping interval; silence for two closes
+PROTOCOL_VERSION = 20  # what pulsar-client 3.13.0 (C++ 4.2.0) speaks
+T = pb.BaseCommand
+
+
+def _server_error(code: str) -> pb.ServerError:
+    """The ``ServerError`` value named ``code`` (a name from our error classes)."""
+    return cast("pb.ServerError", pb.ServerError.Value(code))
+
+
+class _Producer:
+    def __init__(self, producer_id: int, name: str, topic: Topic) -> None:
+        self.producer_id = producer_id
+        self.name = name
+        self.topic = topic
+        self.receipts: deque[tuple[int, int, Future[Position]]] = deque()
+
+
+class WireConsumer(Consumer):
+    """A consumer on this connection: deliveries become MESSAGE frames."""
+
+    def __init__(self, connection: ServerConnection, consumer_id: int, name: str, priority_level: int) -> None:
+        super().__init__(consumer_id, name, priority_level)
+        self.connection = connection
+        self.topic: Topic | None = None
+        self.subscription: Subscription | None = None
+
+    def send(self, delivery: Delivery) -> None:
+        message = pb.CommandMessage(
+            consumer_id=self.consumer_id, message_id=to_message_id(delivery.position),
+            redelivery_count=delivery.redelivery_count,
+        )
+        message.ack_set.extend(delivery.ack_set)
+        self.connection.write_payload(pb.BaseCommand(type=T.MESSAGE, message=message), delivery.data)
+
+    def set_active(self, active: bool) -> None:
+        if self.subscription is not None and self.subscription.sub_type is SubType.FAILOVER:
+            change = pb.CommandActiveConsumerChange(consumer_id=self.consumer_id, is_active=active)
+            self.connection.write(pb.BaseCommand(type=T.ACTIVE_CONSUMER_CHANGE, active_consumer_change=change))
+
+    def disconnect(self) -> None:
+        close = pb.CommandCloseConsumer(consumer_id=self.consumer_id, request_id=U64_MAX)
+        self.connection.write(pb.BaseCommand(type=T.CLOSE_CONSUMER, close_consumer=close))
+        self.connection.consumers.pop(self.consumer_id, None)
+
+
+class ServerConnection(asyncio.Protocol):
+    """The protocol object of one TCP connection."""
+
+    def __init__(self, broker: BrokerService) -> None:
+        self.broker = broker
+        self.decoder = FrameDecoder(max_frame_bytes=FRAME_BYTES_MAX)
+        self.transport: asyncio.Transport | None = None
+        self.connected = False
+        self.producers: dict[int, _Producer] = {}
+        self.consumers: dict[int, WireConsumer] = {}
+        self.service_url = ""
+        self._loop = asyncio.get_event_loop()
+        self._last_received = self._loop.time()
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._handlers: dict[int, Callable[[pb.BaseCommand, Frame], None]] = {
+            T.CONNECT: self._connect, T.PARTITIONED_METADATA: self._partitioned_metadata,
+            T.LOOKUP: self._lookup, T.PRODUCER: self._producer, T.SEND: self._send,
+            T.SUBSCRIBE: self._subscribe, T.FLOW: self._flow, T.ACK: self._ack,
+            T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._redeliver, T.SEEK: self._seek,
+            T.GET_LAST_MESSAGE_ID: self._get_last_message_id, T.UNSUBSCRIBE: self._unsubscribe,
+            T.CLOSE_PRODUCER: self._close_producer, T.CLOSE_CONSUMER: self._close_consumer,
+            T.PING: self._ping, T.PONG: lambda command, frame: None,
+            T.GET_TOPICS_OF_NAMESPACE: self._topics_of_namespace,
+        }
+
+    # -- transport ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        host, port = transport.get_extra_info("sockname")[:2]
+        self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
+        self.broker.connections.add(self)
+        self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_received = self._loop.time()
+        try:
+            frames = self.decoder.feed(data)
+        except FrameError as error:
+            log.warning("closing connection: %s", error)
+            self.close()
+            return
+        for frame in frames:
+            if self.transport is None or self.transport.is_closing():
+                return
+            self._handle(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self.broker.connections.discard(self)
+        for consumer in list(self.consumers.values()):
+            if consumer.topic is not None and consumer.subscription is not None:
+                consumer.topic.remove_consumer(consumer.subscription, consumer)
+        self.consumers.clear()
+        self.producers.clear()
+        self.transport = None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def write(self, command: pb.BaseCommand) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(encode_command(command))
+
+    def write_payload(self, command: pb.BaseCommand, entry: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(encode_payload_command(command, entry, with_checksum=True))
+
+    def _check_alive(self) -> None:
+        if self._loop.time() - self._last_received > 2 * KEEPALIVE_INTERVAL_S:
+            log.info("closing silent connection %s", self.service_url)
+            self.close()
+            return
+        self.write(pb.BaseCommand(type=T.PING, ping=pb.CommandPing()))
+        self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
+
+    # -- dispatching commands -----------------------------------------------------------
+
+    def _handle(self, frame: Frame) -> None:
+        command = frame.command
+        if not self.connected and command.type != T.CONNECT:
+            log.warning("closing connection: %s before CONNECT", T.Type.Name(command.type))
+            self.close()
+            return
+        handler = self._handlers.get(command.type)
+        request_id = request_id_of(command)
+        try:
+            if handler is None:
+                self._unsupported(command, request_id)
+            else:
+                handler(command, frame)
+        except CompactionServiceError as error:
+            self._error(request_id, error)
+        except Exception as error:  # never a traceback to the client: log it, answer ERROR
+            log.exception("failed to handle %s", T.Type.Name(command.type))
+            self._error(request_id, error)
+
+    def _unsupported(self, command: pb.BaseCommand, request_id: int | None) -> None:
+        name = T.Type.Name(command.type)
+        if command.type in CONNECTION_COMMANDS:
+            log.warning("closing connection: unexpected %s from a client", name)
+            self.close()
+        elif request_id is not None:
+            self._error(request_id, NotAllowedError(f"{name} is not supported by compactd"))
+        else:
+            log.info("ignoring unsupported %s", name)
+
+    def _error(self, request_id: int | None, error: BaseException) -> None:
+        code = getattr(error, "code", "UnknownError") if isinstance(error, BrokerError) else "UnknownError"
+        if isinstance(error, CompactionServiceError) and not isinstance(error, BrokerError):
+            code = "MetadataError"
+        if request_id is None:
+            log.warning("request without id failed: %s", error)
+            return
+        failure = pb.CommandError(request_id=request_id, error=_server_error(code), message=str(error))
+        self.write(pb.BaseCommand(type=T.ERROR, error=failure))
+
+    def _success(self, request_id: int) -> None:
+        self.write(pb.BaseCommand(type=T.SUCCESS, success=pb.CommandSuccess(request_id=request_id)))
+
+    # -- handshake and lookup -----------------------------------------------------------
+
+    def _connect(self, command: pb.BaseCommand, frame: Frame) -> None:
+        version = min(command.connect.protocol_version or PROTOCOL_VERSION, PROTOCOL_VERSION)
+        connected = pb.CommandConnected(server_version="compactd", protocol_version=version,
+                                        max_message_size=FRAME_BYTES_MAX - 10 * 1024)
+        self.connected = True
+        self.write(pb.BaseCommand(type=T.CONNECTED, connected=connected))
+
+    def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.partitionMetadata
+        response = pb.CommandPartitionedTopicMetadataResponse(request_id=request.request_id)
+        try:
+            self.broker.topic_name(request.topic)
+            response.partitions, response.response = 0, pb.CommandPartitionedTopicMetadataResponse.Success
+        except BrokerError as error:
+            response.response = pb.CommandPartitionedTopicMetadataResponse.Failed
+            response.error, response.message = _server_error(error.code), str(error)
+        self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
+
+    def _lookup(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.lookupTopic
+        response = pb.CommandLookupTopicResponse(request_id=request.request_id)
+        try:
+            self.broker.topic_name(request.topic)
+            response.response = pb.CommandLookupTopicResponse.Connect
+            response.brokerServiceUrl, response.authoritative = self.service_url, True
+            response.proxy_through_service_url = False
+        except BrokerError as error:
+            response.response = pb.CommandLookupTopicResponse.Failed
+            response.error, response.message = _server_error(error.code), str(error)
+        self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
+
+    def _topics_of_namespace(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.getTopicsOfNamespace
+        topics = self.broker.list_topics(request.namespace)
+        response = pb.CommandGetTopicsOfNamespaceResponse(request_id=request.request_id, topics=topics)
+        self.write(pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE, getTopicsOfNamespaceResponse=response))
+
+    def _ping(self, command: pb.BaseCommand, frame: Frame) -> None:
+        self.write(pb.BaseCommand(type=T.PONG, pong=pb.CommandPong()))
+
+    # -- producers ----------------------------------------------------------------------
+
+    def _producer(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.producer
+        topic = self.broker.get_topic(request.topic)
+        name = request.producer_name if request.HasField("producer_name") else self.broker.new_producer_name()
+        self.producers[request.producer_id] = _Producer(request.producer_id, name, topic)
+        success = pb.CommandProducerSuccess(request_id=request.request_id, producer_name=name,
+                                            last_sequence_id=topic.last_sequence_id(name))
+        self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=success))
+
+    def _send(self, command: pb.BaseCommand, frame: Frame) -> None:
+        send = command.send
+        producer = self.producers.get(send.producer_id)
+        if producer is None or frame.entry is None:
+            self._send_error(send.producer_id, send.sequence_id, "NotAllowed", "unknown producer or no payload")
+            return
+        if not frame.checksum_ok:
+            self._send_error(send.producer_id, send.sequence_id, "ChecksumError", "checksum mismatch")
+            return
+        highest = max(send.sequence_id, send.highest_sequence_id) if send.HasField("highest_sequence_id") else send.sequence_id
+        future = producer.topic.publish(producer.name, highest, frame.entry)
+        producer.receipts.append((send.sequence_id, highest, future))
+        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(self._drain_receipts, producer))
+
+    def _drain_receipts(self, producer: _Producer) -> None:
+        """Answer completed sends in send order (a later one waits for an earlier one)."""
+        while producer.receipts and producer.receipts[0][2].done():
+            sequence_id, highest, future = producer.receipts.popleft()
+            error = future.exception()
+            if error is not None:
+                self._send_error(producer.producer_id, sequence_id, "PersistenceError", str(error))
+                continue
+            receipt = pb.CommandSendReceipt(producer_id=producer.producer_id, sequence_id=sequence_id,
+                                            message_id=to_message_id(future.result()), highest_sequence_id=highest)
+            self.write(pb.BaseCommand(type=T.SEND_RECEIPT, send_receipt=receipt))
+
+    def _send_error(self, producer_id: int, sequence_id: int, code: str, message: str) -> None:
+        error = pb.CommandSendError(producer_id=producer_id, sequence_id=sequence_id,
+                                    error=_server_error(code), message=message)
+        self.write(pb.BaseCommand(type=T.SEND_ERROR, send_error=error))
+
+    def _close_producer(self, command: pb.BaseCommand, frame: Frame) -> None:
+        self.producers.pop(command.close_producer.producer_id, None)
+        self._success(command.close_producer.request_id)
+
+    # -- consumers ----------------------------------------------------------------------
+
+    def _subscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.subscribe
+        if request.subType not in (0, 1, 2):
+            raise NotAllowedError("Key_Shared subscriptions are not supported by compactd")
+        topic = self.broker.get_topic(request.topic)
+        consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)
+        start = from_message_id(request.start_message_id) if request.HasField("start_message_id") else None
+        initial = InitialPosition.EARLIEST if request.initialPosition == 1 else InitialPosition.LATEST
+        subscription = topic.subscribe(
+            request.subscription, consumer, SubType(request.subType),
+            durable=request.durable if request.HasField("durable") else True,
+            initial_position=initial, start=start, read_compacted=request.read_compacted,
+        )
+        consumer.topic, consumer.subscription = topic, subscription
+        self.consumers[request.consumer_id] = consumer
+        self._success(request.request_id)
+
+    def _consumer(self, consumer_id: int) -> WireConsumer:
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None:
+            raise NotAllowedError(f"no consumer {consumer_id} on this connection")
+        return consumer
+
+    def _flow(self, command: pb.BaseCommand, frame: Frame) -> None:
+        consumer = self.consumers.get(command.flow.consumer_id)
+        if consumer is not None and consumer.subscription is not None:
+            consumer.subscription.flow(consumer, command.flow.messagePermits)
+
+    def _ack(self, command: pb.BaseCommand, frame: Frame) -> None:
+        ack = command.ack
+        consumer = self.consumers.get(ack.consumer_id)
+        if consumer is not None and consumer.subscription is not None:
+            cumulative = ack.ack_type == pb.CommandAck.Cumulative
+            positions = []
+            for message_id in ack.message_id:
+                position = from_message_id(message_id).entry_position()
+                if any(message_id.ack_set):  # some slots of the batch are still unacknowledged
+                    if not cumulative:
+                        continue
+                    position = consumer.subscription.cursor.ledger.previous_position(position)
+                positions.append(position)
+            if positions:
+                consumer.subscription.acknowledge(positions, cumulative=cumulative)
+        if ack.HasField("request_id"):
+            response = pb.CommandAckResponse(consumer_id=ack.consumer_id, request_id=ack.request_id)
+            self.write(pb.BaseCommand(type=T.ACK_RESPONSE, ackResponse=response))
+
+    def _redeliver(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.redeliverUnacknowledgedMessages
+        consumer = self.consumers.get(request.consumer_id)
+        if consumer is not None and consumer.subscription is not None:
+            positions = [from_message_id(m) for m in request.message_ids] or None
+            consumer.subscription.redeliver(consumer, positions)
+
+    def _seek(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.seek
+        consumer = self._consumer(request.consumer_id)
+        assert consumer.topic is not None and consumer.subscription is not None
+        if request.HasField("message_publish_time"):
+            position = self.broker.find_by_publish_time(consumer.topic, request.message_publish_time)
+        else:
+            position = from_message_id(request.message_id)
+        consumer.subscription.seek(position)  # CLOSE_CONSUMER to every consumer first
+        self._success(request.request_id)
+
+    def _get_last_message_id(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.getLastMessageId
+        consumer = self._consumer(request.consumer_id)
+        assert consumer.topic is not None and consumer.subscription is not None
+        compacted = consumer.topic.compacted
+        last = compacted.last_message_id() if consumer.subscription.read_compacted else compacted.last_raw_message_id()
+        response = pb.CommandGetLastMessageIdResponse(
+            request_id=request.request_id, last_message_id=to_message_id(last),
+            consumer_mark_delete_position=to_message_id(consumer.subscription.cursor.mark_delete_position),
+        )
+        self.write(pb.BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE, getLastMessageIdResponse=response))
+
+    def _unsubscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.unsubscribe
+        consumer = self._consumer(request.consumer_id)
+        assert consumer.topic is not None and consumer.subscription is not None
+        consumer.topic.unsubscribe(consumer.subscription, consumer)
+        self.consumers.pop(request.consumer_id, None)
+        self._success(request.request_id)
+
+    def _close_consumer(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.close_consumer
+        consumer = self.consumers.pop(request.consumer_id, None)
+        if consumer is not None and consumer.topic is not None and consumer.subscription is not None:
+            consumer.topic.remove_consumer(consumer.subscription, consumer)
+        self._success(request.request_id)
+
