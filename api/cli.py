@@ -1,26 +1,35 @@
 """The ``compactd`` command line (typer).
 
-``compactd serve`` opens the embedded default storage under ``--data-dir`` (taking the
-data-dir lock) and keeps it open until SIGTERM or SIGINT, then syncs and closes it. The
-Pulsar binary protocol and the admin REST listeners are not part of this build yet; until
-they are, ``serve`` says so on its first line and does not print the ``compactd ready``
-line that INTERFACES promises once both listeners accept connections.
+``compactd serve`` has one flag per setting of ``api.config.Settings`` (INTERFACES §1 and
+§4) plus ``--config FILE`` (or ``COMPACTD_CONFIG``), a TOML file of settings. Every flag
+defaults to ``None`` here: only the flags the user actually passed are handed to
+``load_settings``, which fills the rest from the environment, the config file and the
+defaults, in that order. ``serve`` then runs ``api.server.run`` and exits with its code.
+
+Expected failures print one line ``compactd: <message>`` to stderr, never a traceback:
+bad settings exit 2 (like a usage error), a locked data dir or a port in use exit 1.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import signal
 import sys
-import threading
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 
-from ledger.data_dir import DataDir
+from api.config import ConfigError, Settings, load_settings, require_supported, setting_specs
 from ledger.errors import CompactionServiceError
 
-__all__ = ["app", "main"]
+__all__ = ["CONFIG_ENV", "app", "main", "settings_from_command_line"]
+
+CONFIG_ENV = "COMPACTD_CONFIG"
+EXIT_FAILURE = 1
+EXIT_BAD_SETTINGS = 2  # what click uses for a usage error
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 app = typer.Typer(
     name="compactd",
@@ -29,6 +38,62 @@ app = typer.Typer(
     add_completion=False,
 )
 
+_SPEC_BY_KEY = {spec.key: spec for spec in setting_specs()}
+
+
+def _option(key: str, flag: str, metavar: str | None = None) -> Any:
+    """The option of setting ``key``, its help ending with the default."""
+    spec = _SPEC_BY_KEY[key]
+    help_text = f"{spec.help} Default: {_shown(spec.default)}."
+    return typer.Option(flag, metavar=metavar, help=escape(help_text), show_default=False)
+
+
+def _shown(default: object) -> str:
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, tuple):
+        default = ",".join(default)
+    return "none" if default in (None, "") else str(default)
+
+
+# Numbers are taken as text and parsed by load_settings, like the environment's, so that
+# a bad value gets the same message ("--broker-port: 'abc' is not an integer") everywhere.
+_PORT = "N"
+DataDirOption = Annotated[str | None, _option("data_dir", "--data-dir", "PATH")]
+Bind = Annotated[str | None, _option("bind", "--bind", "ADDR")]
+BrokerPort = Annotated[str | None, _option("broker_port", "--broker-port", _PORT)]
+HttpPort = Annotated[str | None, _option("http_port", "--http-port", _PORT)]
+MonitorInterval = Annotated[str | None, _option(
+    "compaction_monitor_interval_seconds", "--compaction-monitor-interval-seconds", "N")]
+ThresholdBytes = Annotated[str | None, _option(
+    "compaction_threshold_bytes", "--compaction-threshold-bytes", "N")]
+PhaseOneTimeout = Annotated[str | None, _option(
+    "compaction_phase_one_loop_timeout_seconds", "--compaction-phase-one-loop-timeout-seconds", "N")]
+RetainNullKey = Annotated[bool | None, _option(
+    "topic_compaction_retain_null_key",
+    "--topic-compaction-retain-null-key/--no-topic-compaction-retain-null-key")]
+MaxConcurrentRuns = Annotated[str | None, _option(
+    "compaction_max_concurrent_runs", "--compaction-max-concurrent-runs", "N")]
+Engine = Annotated[str | None, _option("compaction_engine", "--compaction-engine", "{auto,local,spark}")]
+SparkMaster = Annotated[str | None, _option("spark_master", "--spark-master", "URL")]
+Fsync = Annotated[str | None, _option("fsync", "--fsync", "{always,group,none}")]
+MaxEntries = Annotated[str | None, _option(
+    "managed_ledger_max_entries_per_ledger", "--managed-ledger-max-entries-per-ledger", "N")]
+MaxBytes = Annotated[str | None, _option(
+    "managed_ledger_max_size_per_ledger_bytes", "--managed-ledger-max-size-per-ledger-bytes", "N")]
+AuthenticationEnabled = Annotated[bool | None, _option(
+    "authentication_enabled", "--authentication-enabled/--no-authentication-enabled")]
+TokenSecretKey = Annotated[str | None, _option("token_secret_key", "--token-secret-key", "file:///PATH")]
+TokenPublicKey = Annotated[str | None, _option("token_public_key", "--token-public-key", "file:///PATH")]
+SuperUserRoles = Annotated[str | None, _option("super_user_roles", "--super-user-roles", "a,b")]
+TlsCertFile = Annotated[str | None, _option("tls_cert_file", "--tls-cert-file", "PATH")]
+TlsKeyFile = Annotated[str | None, _option("tls_key_file", "--tls-key-file", "PATH")]
+BrokerPortTls = Annotated[str | None, _option("broker_port_tls", "--broker-port-tls", _PORT)]
+HttpPortTls = Annotated[str | None, _option("http_port_tls", "--http-port-tls", _PORT)]
+ConfigFile = Annotated[str | None, typer.Option(
+    "--config", metavar="FILE", show_default=False,
+    help=f"TOML file of settings, keys as the flags with underscores. Env: {CONFIG_ENV}.")]
+
 
 @app.callback()
 def _root() -> None:
@@ -36,31 +101,76 @@ def _root() -> None:
 
 
 @app.command()
-def serve(
-    data_dir: Annotated[
-        str, typer.Option("--data-dir", envvar="COMPACTD_DATA_DIR", help="Ledger files and metadata.")
-    ] = "./data",
+def serve(  # one parameter per setting, each named as its key
+    ctx: typer.Context,
+    data_dir: DataDirOption = None, bind: Bind = None, broker_port: BrokerPort = None,
+    http_port: HttpPort = None, config: ConfigFile = None,
+    compaction_monitor_interval_seconds: MonitorInterval = None,
+    compaction_threshold_bytes: ThresholdBytes = None,
+    compaction_phase_one_loop_timeout_seconds: PhaseOneTimeout = None,
+    topic_compaction_retain_null_key: RetainNullKey = None,
+    compaction_max_concurrent_runs: MaxConcurrentRuns = None,
+    compaction_engine: Engine = None, spark_master: SparkMaster = None, fsync: Fsync = None,
+    managed_ledger_max_entries_per_ledger: MaxEntries = None,
+    managed_ledger_max_size_per_ledger_bytes: MaxBytes = None,
+    authentication_enabled: AuthenticationEnabled = None,
+    token_secret_key: TokenSecretKey = None, token_public_key: TokenPublicKey = None,
+    super_user_roles: SuperUserRoles = None,
+    tls_cert_file: TlsCertFile = None, tls_key_file: TlsKeyFile = None,
+    broker_port_tls: BrokerPortTls = None, http_port_tls: HttpPortTls = None,
 ) -> None:
-    """Open the embedded storage under --data-dir and hold it until SIGTERM/SIGINT."""
+    """Run the broker: Pulsar protocol, admin REST API and compaction, on the data dir.
+
+    Every flag also comes from the environment (--broker-port: COMPACTD_BROKER_PORT) or the
+    --config file (broker_port = 6650); a flag wins over the environment, which wins over
+    the file. Prints "compactd ready broker=pulsar://HOST:PORT http=http://HOST:PORT" once
+    both listeners accept connections; stops cleanly on SIGTERM or SIGINT.
+    """
     try:
-        storage = DataDir.open(data_dir)
+        settings = settings_from_command_line(_passed(ctx), os.environ)
+        require_supported(settings)  # before anything is loaded or opened
+        from api import server  # here: the other commands need not load the broker
+
+        code = server.run(settings)
+    except ConfigError as error:
+        _fail(error, EXIT_BAD_SETTINGS)
     except CompactionServiceError as error:
-        typer.echo(f"compactd: {error}", err=True)
-        raise typer.Exit(code=1) from None
-    stop = threading.Event()
-    for signal_number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signal_number, lambda *_: stop.set())
-    print(
-        f"compactd storage open data_dir={storage.path} "
-        "(broker and REST listeners are not in this build yet)",
-        flush=True,
-    )
-    try:
-        stop.wait()
-    finally:
-        storage.close()
+        _fail(error, EXIT_FAILURE)
+    raise typer.Exit(code)
+
+
+def settings_from_command_line(flags: Mapping[str, object], env: Mapping[str, str]) -> Settings:
+    """Settings from the passed flags (``config`` among them), the environment and the config file."""
+    flags = dict(flags)
+    config_path = flags.pop("config", None) or env.get(CONFIG_ENV) or None
+    text = None
+    if config_path is not None:
+        try:
+            with open(str(config_path), encoding="utf-8") as file:
+                text = file.read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"cannot read config file {config_path}: {error}") from None
+    return load_settings(flags, env, text, config_file_path=None if config_path is None else str(config_path))
+
+
+def _passed(ctx: typer.Context) -> dict[str, object]:
+    """The parameters given on the command line, not those left at their default."""
+    return {name: value for name, value in ctx.params.items()
+            if _source_name(ctx, name) == "COMMANDLINE" and value is not None}
+
+
+def _source_name(ctx: typer.Context, name: str) -> str | None:
+    # Compared by name: typer carries its own copy of click's ParameterSource enum.
+    source = ctx.get_parameter_source(name)
+    return None if source is None else source.name
+
+
+def _fail(error: CompactionServiceError, code: int) -> NoReturn:
+    typer.echo(f"compactd: {error}", err=True)
+    raise typer.Exit(code)
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: log to stderr (stdout carries only the ready line)."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     app(prog_name=os.path.basename(sys.argv[0]) or "compactd")

@@ -1,0 +1,329 @@
+"""The settings of ``compactd serve``, read once at startup into one frozen ``Settings``.
+
+Every setting has one key (``broker_port``), one flag (``--broker-port``) and one
+environment variable (``COMPACTD_BROKER_PORT``); a TOML config file names it by its key.
+``load_settings`` picks each value from the first source that has it::
+
+    flag  >  environment  >  config file  >  default
+
+and checks it where it was found, so an error names the flag, the variable or the config
+file key that was wrong, and the value. It is a pure function of its three inputs: the
+CLI reads ``os.environ`` and the file and passes them in (STYLE P1), tests pass dicts.
+
+Flag values may already be typed (typer parsed them) or be strings; environment values
+are strings (booleans: ``true/false``, ``1/0``, ``yes/no``, ``on/off``; role lists:
+``a,b``; an empty value of an optional setting means none); config file values must have
+the TOML type of the setting (an integer may stand for a number of seconds).
+
+Authentication and TLS settings (INTERFACES §4) are accepted and checked here, but this
+build serves neither: ``require_supported`` refuses them at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from ledger.errors import CompactionServiceError
+
+__all__ = [
+    "ENV_PREFIX",
+    "ConfigError",
+    "SettingSpec",
+    "Settings",
+    "env_name",
+    "flag_name",
+    "load_settings",
+    "require_supported",
+    "setting_specs",
+]
+
+ENV_PREFIX = "COMPACTD_"
+PORT_MAX = 65535
+GIB = 1024 * 1024 * 1024
+# Pulsar's token key settings are URLs: a file (``file:///PATH``) or inline (``data:``).
+TOKEN_KEY_PREFIXES = ("file:///", "data:")
+BOOLEAN_WORDS = {
+    "true": True, "1": True, "yes": True, "on": True,
+    "false": False, "0": False, "no": False, "off": False,
+}
+
+CompactionEngine = Literal["auto", "local", "spark"]
+FsyncPolicy = Literal["always", "group", "none"]
+
+
+class ConfigError(CompactionServiceError):
+    """A setting is missing, malformed, out of range, or asks for what this build lacks.
+
+    ``key`` is the setting's key (``broker_port``) where one is to blame, ``value`` the
+    value as it was given.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, value: object = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.value = value
+
+
+def _setting(default: Any, help: str, *, minimum: float | None = None,
+             maximum: float | None = None, above: float | None = None) -> Any:
+    """A ``Settings`` field: its default, its help line and its bounds (inclusive, ``above``: exclusive)."""
+    return field(default=default, metadata={
+        "help": help, "minimum": minimum, "maximum": maximum, "above": above,
+    })
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``compactd serve`` is configured with; INTERFACES §1 and §4 name each key."""
+
+    data_dir: str = _setting("./data", "Directory of the ledger files and the metadata database.")
+    bind: str = _setting("127.0.0.1", "Address both listeners bind to.")
+    broker_port: int = _setting(6650, "Pulsar binary protocol port; 0 picks a free port.",
+                                minimum=0, maximum=PORT_MAX)
+    http_port: int = _setting(8080, "Admin REST port; 0 picks a free port.", minimum=0, maximum=PORT_MAX)
+    compaction_monitor_interval_seconds: float = _setting(
+        60.0, "How often the scheduler checks compaction thresholds; 0 or less disables it.")
+    compaction_threshold_bytes: int = _setting(
+        0, "Broker-wide backlog size that triggers a compaction; 0 turns it off.", minimum=0)
+    compaction_phase_one_loop_timeout_seconds: float = _setting(
+        30.0, "Limit on each phase-one read of a compaction run.", above=0)
+    topic_compaction_retain_null_key: bool = _setting(
+        False, "Keep key-less messages in the compacted view.")
+    # At least one: with none allowed every trigger would wait forever; the scheduler is
+    # turned off with compaction_monitor_interval_seconds instead.
+    compaction_max_concurrent_runs: int = _setting(
+        2, "Compaction runs at once on this broker.", minimum=1)
+    compaction_engine: CompactionEngine = _setting(  # noqa: RUF009 - a str, immutable
+        "auto", "Engine of phase one: auto, local or spark.")
+    spark_master: str = _setting("local[*]", "Spark master URL of the spark engine.")
+    fsync: FsyncPolicy = _setting(  # noqa: RUF009 - a str, immutable
+        "group", "When an append is durable: always (fsync each), group (group commit), "
+        "none (tests and benchmarks only).")
+    managed_ledger_max_entries_per_ledger: int = _setting(
+        50_000, "A topic's ledger rolls over after this many entries.", minimum=1)
+    managed_ledger_max_size_per_ledger_bytes: int = _setting(
+        2 * GIB, "A topic's ledger rolls over after this many bytes.", minimum=1)
+    authentication_enabled: bool = _setting(
+        False, "Require a token on both ports (not supported yet).")
+    token_secret_key: str | None = _setting(
+        None, "HS256 secret key, file:///PATH (not supported yet).")
+    token_public_key: str | None = _setting(
+        None, "RS256 public key (PEM), file:///PATH (not supported yet).")
+    super_user_roles: tuple[str, ...] = _setting(
+        (), "Roles (token sub) allowed admin operations, comma-separated.")
+    tls_cert_file: str | None = _setting(None, "TLS certificate file (not supported yet).")
+    tls_key_file: str | None = _setting(None, "TLS private key file (not supported yet).")
+    broker_port_tls: int = _setting(6651, "pulsar+ssl:// port.", minimum=0, maximum=PORT_MAX)
+    http_port_tls: int = _setting(8443, "HTTPS admin port.", minimum=0, maximum=PORT_MAX)
+
+
+class SettingSpec(NamedTuple):
+    """How one setting is named, typed, defaulted and bounded; read off ``Settings``."""
+
+    key: str
+    kind: type  # bool, int, float, str or tuple (of str)
+    optional: bool  # None is a valid value (``str | None``)
+    choices: tuple[str, ...]  # for a Literal type; () otherwise
+    default: object
+    help: str
+    minimum: float | None
+    maximum: float | None
+    above: float | None
+
+
+def flag_name(key: str) -> str:
+    """``broker_port`` → ``--broker-port``."""
+    return "--" + key.replace("_", "-")
+
+
+def env_name(key: str) -> str:
+    """``broker_port`` → ``COMPACTD_BROKER_PORT``."""
+    return ENV_PREFIX + key.upper()
+
+
+def setting_specs() -> tuple[SettingSpec, ...]:
+    """One ``SettingSpec`` per ``Settings`` field, in declaration order."""
+    return _SPECS
+
+
+def _spec(settings_field: dataclasses.Field[Any], hint: Any) -> SettingSpec:
+    arguments = [argument for argument in typing.get_args(hint) if argument is not type(None)]
+    optional = len(arguments) < len(typing.get_args(hint))
+    choices: tuple[str, ...] = ()
+    if typing.get_origin(hint) is Literal:
+        kind: type = str
+        choices = tuple(arguments)
+    elif typing.get_origin(hint) is tuple:
+        kind = tuple
+    else:
+        kind = arguments[0] if optional else hint
+    metadata = settings_field.metadata
+    return SettingSpec(settings_field.name, kind, optional, choices, settings_field.default,
+                       metadata["help"], metadata["minimum"], metadata["maximum"], metadata["above"])
+
+
+_HINTS = typing.get_type_hints(Settings)
+_SPECS = tuple(_spec(settings_field, _HINTS[settings_field.name])
+               for settings_field in dataclasses.fields(Settings))
+_SPEC_BY_KEY = {spec.key: spec for spec in _SPECS}
+
+
+def load_settings(flags: Mapping[str, object], env: Mapping[str, str], config_file_text: str | None,
+                  *, config_file_path: str | None = None) -> Settings:
+    """Settings from the flags the user passed, the environment and a TOML config file.
+
+    ``flags`` holds only flags given on the command line (a ``None`` value counts as not
+    given), keyed by setting key. ``config_file_path`` only names the file in errors.
+    Raises ``ConfigError`` naming the flag, variable or file key and the bad value.
+    """
+    file_label = f"in {config_file_path}" if config_file_path else "in the config file"
+    file_values = _parse_config_file(config_file_text, file_label)
+    unknown_flags = sorted(set(flags) - set(_SPEC_BY_KEY))
+    if unknown_flags:
+        raise ConfigError(f"unknown setting {unknown_flags[0]!r}", key=unknown_flags[0])
+    values: dict[str, object] = {}
+    for spec in _SPECS:
+        flag_value = flags.get(spec.key)
+        if flag_value is not None:
+            values[spec.key] = _from_flag(spec, flag_value)
+        elif env_name(spec.key) in env:
+            values[spec.key] = _from_text(spec, env[env_name(spec.key)], env_name(spec.key))
+        elif spec.key in file_values:
+            values[spec.key] = _from_file(spec, file_values[spec.key], f"{spec.key} {file_label}")
+    settings = Settings(**values)  # type: ignore[arg-type]  # each value checked against its spec
+    _check_together(settings)
+    return settings
+
+
+def require_supported(settings: Settings) -> None:
+    """Refuse, with ``ConfigError``, settings this build accepts but does not serve."""
+    if settings.authentication_enabled:
+        raise ConfigError(
+            "authentication (--authentication-enabled) is not supported yet by this compactd; "
+            "start it without authentication", key="authentication_enabled", value=True)
+    for key in ("tls_cert_file", "tls_key_file"):
+        if getattr(settings, key) is not None:
+            raise ConfigError(
+                f"TLS ({flag_name(key)}) is not supported yet by this compactd; "
+                "start it without TLS files", key=key, value=getattr(settings, key))
+
+
+def _parse_config_file(text: str | None, file_label: str) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        values = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"invalid TOML {file_label}: {error}") from None
+    for key in values:
+        if key not in _SPEC_BY_KEY:
+            raise ConfigError(f"unknown setting {key!r} {file_label}", key=key, value=values[key])
+    return values
+
+
+def _from_flag(spec: SettingSpec, value: object) -> object:
+    label = flag_name(spec.key)
+    if isinstance(value, str) and spec.kind is not str:
+        return _from_text(spec, value, label)
+    return _from_file(spec, value, label)
+
+
+def _from_text(spec: SettingSpec, text: str, label: str) -> object:
+    """A value written as text (environment, or a flag given as a string)."""
+    if spec.optional and text == "":
+        return None
+    if spec.kind is bool:
+        if text.strip().lower() not in BOOLEAN_WORDS:
+            raise _bad(spec, label, text, "is not a boolean (true or false)")
+        return BOOLEAN_WORDS[text.strip().lower()]
+    if spec.kind is tuple:
+        return _checked(spec, label, text, tuple(part.strip() for part in text.split(",") if part.strip()))
+    if spec.kind in (int, float):
+        try:
+            number = spec.kind(text.strip())
+        except ValueError:
+            kind = "an integer" if spec.kind is int else "a number"
+            raise _bad(spec, label, text, f"is not {kind}") from None
+        return _checked(spec, label, text, number)
+    return _checked(spec, label, text, text)
+
+
+def _from_file(spec: SettingSpec, value: object, label: str) -> object:
+    """A value that must already have the setting's type (TOML, or a typed flag)."""
+    if spec.kind is bool and not isinstance(value, bool):
+        raise _bad(spec, label, value, "is not a boolean (true or false)")
+    if spec.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise _bad(spec, label, value, "is not an integer")
+    if spec.kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _bad(spec, label, value, "is not a number")
+        value = float(value)
+    if spec.kind is str and not isinstance(value, str):
+        raise _bad(spec, label, value, "is not a string")
+    if spec.kind is tuple:
+        if isinstance(value, str):
+            return _from_text(spec, value, label)
+        if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
+            raise _bad(spec, label, value, "is not a list of strings")
+        value = tuple(item.strip() for item in value)
+    return _checked(spec, label, value, value)
+
+
+def _checked(spec: SettingSpec, label: str, given: object, value: object) -> object:
+    """``value`` (converted from ``given``) if it is within the setting's bounds."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _bad(spec, label, given, "is not a finite number")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        _check_bounds(spec, label, given, value)
+    if spec.choices and value not in spec.choices:
+        raise _bad(spec, label, given, "is not one of " + ", ".join(spec.choices))
+    if isinstance(value, str) and not spec.choices:
+        _check_text(spec, label, given, value)
+    if isinstance(value, tuple) and any(not role for role in value):
+        raise _bad(spec, label, given, "has an empty role")
+    return value
+
+
+def _check_bounds(spec: SettingSpec, label: str, given: object, value: float) -> None:
+    if spec.minimum is not None and spec.maximum is not None and not spec.minimum <= value <= spec.maximum:
+        raise _bad(spec, label, given, f"is out of range ({spec.minimum:g}..{spec.maximum:g})")
+    if spec.minimum is not None and value < spec.minimum:
+        raise _bad(spec, label, given, f"is less than {spec.minimum:g}")
+    if spec.above is not None and value <= spec.above:
+        raise _bad(spec, label, given, f"must be greater than {spec.above:g}")
+
+
+def _check_text(spec: SettingSpec, label: str, given: object, value: str) -> None:
+    if value.strip() == "":
+        raise _bad(spec, label, given, "is empty")
+    if spec.key in ("token_secret_key", "token_public_key") and not value.startswith(TOKEN_KEY_PREFIXES):
+        raise _bad(spec, label, given, "is not a key URL (file:///PATH or data:...)")
+
+
+def _check_together(settings: Settings) -> None:
+    """Checks that involve more than one setting."""
+    if settings.broker_port == settings.http_port != 0:
+        raise ConfigError(
+            f"broker_port and http_port are both {settings.broker_port}; give them different ports",
+            key="http_port", value=settings.http_port)
+    if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
+        raise ConfigError("TLS needs both --tls-cert-file and --tls-key-file", key="tls_key_file",
+                          value=settings.tls_key_file)
+    if settings.token_secret_key is not None and settings.token_public_key is not None:
+        raise ConfigError("give --token-secret-key or --token-public-key, not both",
+                          key="token_public_key", value=settings.token_public_key)
+    if settings.authentication_enabled and settings.token_secret_key is None \
+            and settings.token_public_key is None:
+        raise ConfigError(
+            "--authentication-enabled needs --token-secret-key or --token-public-key",
+            key="authentication_enabled", value=True)
+
+
+def _bad(spec: SettingSpec, label: str, value: object, problem: str) -> ConfigError:
+    return ConfigError(f"{label}: {value!r} {problem}", key=spec.key, value=value)
