@@ -1,6 +1,9 @@
-"""The doors: the Pulsar binary protocol server, the admin REST API, the CLI and config.
+"""The doors: the Pulsar binary protocol server, the admin HTTP API, the CLI and config.
 
-Only the CLI exists so far; the broker core and both listeners land with later issues.
+``broker`` is the transport-independent core (topics, subscriptions, dispatch, compaction
+runs); ``wire`` speaks the Pulsar binary protocol to it; ``http`` serves the admin API
+(health only so far); ``config`` reads settings once at start; ``server`` runs them all
+under ``compactd serve``; ``cli`` is the command line.
 """
 
 __all__: list[str] = []
