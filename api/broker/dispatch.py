@@ -60,7 +60,8 @@ class Delivery:
         data: ``metadataSize · metadata · payload``, as stored.
         messages: permits it uses: the batch's slot count, else 1.
         ack_set: words of the slots to deliver (empty: every slot).
-        redelivery_count: times it was delivered before (Shared redelivery).
+        redelivery_count: times redelivery was requested for it (Shared; a consumer
+            leaving is not counted, as in Pulsar).
     """
 
     position: Position
@@ -219,8 +220,7 @@ class Subscription:
                 continue
             entries = self.cursor.ledger.read_entries(position, 1, end=position)
             if entries:
-                count = self._redeliveries.get(position, 0) + 1
-                self._redeliveries[position] = count
+                count = self._redeliveries.get(position, 0)
                 data = entries[0].data
                 out.append(Delivery(position, data, _message_count(data), redelivery_count=count))
         return out
@@ -262,6 +262,7 @@ class Subscription:
                 if owner is consumer and (wanted is None or position in wanted):
                     del self._pending[position]
                     self._replay.add(position)
+                    self._redeliveries[position] = self._redeliveries.get(position, 0) + 1
         else:
             self.rewind()
         self.dispatch()

@@ -3,7 +3,7 @@
     CompactionServiceError (ledger.errors)
     └── BrokerError                     a request the broker refuses; ``code`` is the ServerError
         ├── InvalidTopicNameError       a malformed topic name (InvalidTopicName)
-        ├── NotAllowedError             an operation Pulsar refuses (NotAllowed)
+        ├── NotAllowedError             an operation Pulsar refuses (NotAllowedError)
         ├── ConsumerBusyError           exclusive subscription already has a consumer (ConsumerBusy)
         ├── SubscriptionNotFoundError   (SubscriptionNotFound)
         └── TopicNotFoundError          (TopicNotFound)
@@ -36,7 +36,7 @@ class InvalidTopicNameError(BrokerError, ValueError):
 
 
 class NotAllowedError(BrokerError):
-    code = "NotAllowed"
+    code = "NotAllowedError"
 
 
 class ConsumerBusyError(BrokerError):

@@ -5,7 +5,7 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
 
 * CONNECT must come first; anything else before it closes the connection.
 * Every command that carries a request id gets an answer; what compactd does not support
-  answers ERROR ``NotAllowed`` (never a connection-killing code such as ServiceNotReady).
+  answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
 * SEND receipts go back in send order per producer, each only once the entry is durable;
   a checksum mismatch answers SEND_ERROR ``ChecksumError`` and stores nothing.
 * SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
@@ -36,6 +36,7 @@ from api.wire.codec import (
 )
 from api.wire.frames import (
     FRAME_BYTES_MAX,
+    MESSAGE_BYTES_MAX,
     Frame,
     FrameDecoder,
     FrameError,
@@ -229,7 +230,7 @@ class ServerConnection(asyncio.Protocol):
     def _connect(self, command: pb.BaseCommand, frame: Frame) -> None:
         version = min(command.connect.protocol_version or PROTOCOL_VERSION, PROTOCOL_VERSION)
         connected = pb.CommandConnected(server_version="compactd", protocol_version=version,
-                                        max_message_size=FRAME_BYTES_MAX - 10 * 1024)
+                                        max_message_size=MESSAGE_BYTES_MAX)
         self.connected = True
         self.write(pb.BaseCommand(type=T.CONNECTED, connected=connected))
 
@@ -281,7 +282,7 @@ class ServerConnection(asyncio.Protocol):
         send = command.send
         producer = self.producers.get(send.producer_id)
         if producer is None or frame.entry is None:
-            self._send_error(send.producer_id, send.sequence_id, "NotAllowed", "unknown producer or no payload")
+            self._send_error(send.producer_id, send.sequence_id, "NotAllowedError", "unknown producer or no payload")
             return
         if not frame.checksum_ok:
             self._send_error(send.producer_id, send.sequence_id, "ChecksumError", "checksum mismatch")
