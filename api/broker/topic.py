@@ -2,12 +2,13 @@
 
 * **Publishing** appends the entry bytes verbatim; the returned future resolves to the
   position once the entry is durable. Producers are de-duplicated by producer name and
-  sequence id (Pulsar's message de-duplication, kept in memory for the life of the
-  loaded topic): a send whose highest sequence id is not above the last one persisted for
-  that producer name is a duplicate and is not appended again.
+  sequence id (Pulsar's message de-duplication): a send whose highest sequence id is
+  not above the last one persisted for that producer name is a duplicate and is not
+  appended again.
 * **Subscribing** creates durable subscriptions (a persisted cursor, ``initial_position``
   used only on creation) or non-durable ones (readers: a cursor in memory, positioned at
   the start message id inclusive — the client filters what it does not want).
+* De-duplication state survives restarts (``api.broker.dedup``).
 * The ``__compaction`` cursor is created with the topic, at the earliest entry, so that
   nothing is trimmed before a compaction has covered it (Pulsar only pre-creates it when a
   compaction threshold is set; compactd always does).
@@ -19,6 +20,7 @@ import asyncio
 import logging
 from concurrent.futures import Future
 
+from api.broker.dedup import DEDUP_CURSOR, Deduplication
 from api.broker.dispatch import Consumer, Subscription, SubType
 from api.broker.errors import NotAllowedError, SubscriptionNotFoundError
 from api.broker.topic_name import TopicName
@@ -48,13 +50,15 @@ class Topic:
         self._loop = loop
         self._dispatch_scheduled = False
         ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        self._dedup = Deduplication(ledger)
+        self.closed = False
         ledger.add_listener(self._on_durable)
 
     # -- publishing ---------------------------------------------------------------------
 
     def last_sequence_id(self, producer_name: str) -> int:
-        """Highest sequence id persisted for ``producer_name``; -1 when none."""
-        return self._last_sequence_ids.get(producer_name, -1)
+        """Highest sequence id sent by ``producer_name`` (durable or in flight); -1 if none."""
+        return self._last_sequence_ids.get(producer_name, self._dedup.sequence_ids.get(producer_name, -1))
 
     def publish(self, producer_name: str, highest_sequence_id: int, entry: bytes) -> Future[Position]:
         """Append ``entry``; a duplicate resolves at once to ``DUPLICATE``."""
@@ -64,12 +68,19 @@ class Topic:
             return duplicate
         self._last_sequence_ids[producer_name] = highest_sequence_id
         future = self.ledger.append(entry)
-        future.add_done_callback(lambda done: self._forget_failed(done, producer_name, highest_sequence_id))
+        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(
+            self._appended, done, producer_name, highest_sequence_id))
         return future
 
-    def _forget_failed(self, done: Future[Position], producer_name: str, sequence_id: int) -> None:
-        if done.exception() is not None and self._last_sequence_ids.get(producer_name) == sequence_id:
-            self._loop.call_soon_threadsafe(self._last_sequence_ids.pop, producer_name, None)
+    def _appended(self, done: Future[Position], producer_name: str, sequence_id: int) -> None:
+        """On the loop: a durable entry enters the de-duplication state; a failed one is
+        forgotten, so the client's resend is not taken for a duplicate."""
+        if self.closed:
+            return  # replayed from the log at the next load
+        if done.exception() is None:
+            self._dedup.durable(producer_name, sequence_id, done.result())
+        elif self._last_sequence_ids.get(producer_name) == sequence_id:
+            del self._last_sequence_ids[producer_name]
 
     def _on_durable(self, position: Position) -> None:
         """Listener on the flusher thread: schedule one dispatch round on the loop."""
@@ -90,8 +101,8 @@ class Topic:
         start: Position | None = None, read_compacted: bool = False,
     ) -> Subscription:
         """Attach ``consumer`` to ``subscription_name`` (created when missing)."""
-        if subscription_name == COMPACTION_SUBSCRIPTION:
-            raise NotAllowedError("the __compaction subscription belongs to the compactor")
+        if subscription_name in (COMPACTION_SUBSCRIPTION, DEDUP_CURSOR):
+            raise NotAllowedError(f"the {subscription_name} subscription is internal to the broker")
         if read_compacted and sub_type is SubType.SHARED:
             raise NotAllowedError("readCompacted only allowed on failover or exclusive subscriptions")
         subscription = self.subscriptions.get(subscription_name)
@@ -149,4 +160,6 @@ class Topic:
     def close(self) -> None:
         """Seal the current ledger; the topic takes no more appends."""
         self.ledger.remove_listener(self._on_durable)
-        self.ledger.close()
+        self.ledger.close()  # pending appends complete first; their callbacks are queued
+        self._dedup.snapshot()
+        self.closed = True

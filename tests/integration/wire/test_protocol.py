@@ -410,9 +410,6 @@ def test_producer_deduplication_by_name_and_sequence_id(client: Any) -> None:
     assert [m.producer_name() for m in got] == ["fixed"] * 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "compactd keeps de-duplication state in memory for the life of the loaded topic "
-    "(api/broker/topic.py); Pulsar with deduplication on recovers it when the topic loads"))
 def test_producer_deduplication_survives_a_broker_restart(broker: Any, client: Any) -> None:
     topic = _topic("dedup-restart")
     producer = client.create_producer(topic, producer_name="fixed")
