@@ -128,6 +128,7 @@ class Subscription:
         self._pending: dict[Position, Consumer] = {}  # Shared: delivered, not yet acknowledged
         self._replay: set[Position] = set()
         self._redeliveries: dict[Position, int] = {}
+        self._masks: dict[Position, tuple[int, ...]] = {}  # ack_set of compacted batches sent
         self._round_robin = 0
 
     # -- consumers ----------------------------------------------------------------------
@@ -230,11 +231,24 @@ class Subscription:
             first = self.first_read_from_earliest
             self.first_read_from_earliest = False
             entries = self.compacted.read_compacted(self.cursor, max_entries, first_read_from_earliest=first)
-            return [Delivery(e.position, e.data, e.batch_size or _message_count(e.data), _ack_set_words(e))
-                    for e in entries]
+            deliveries = [Delivery(e.position, e.data, e.batch_size or _message_count(e.data), _ack_set_words(e))
+                          for e in entries]
+            for delivery in deliveries:
+                if delivery.ack_set:
+                    self._masks[delivery.position] = delivery.ack_set
+            return deliveries
         return [Delivery(e.position, e.data, _message_count(e.data)) for e in self.cursor.read_entries(max_entries)]
 
     # -- acknowledgements and redelivery --------------------------------------------------
+
+    def fully_acknowledged(self, position: Position, unacknowledged: Iterable[int]) -> bool:
+        """A batch-index ack leaving ``unacknowledged`` slot words acknowledges the whole
+        entry when every slot still set was hidden by the ``ack_set`` it was sent with."""
+        mask = self._masks.get(position.entry_position())
+        if mask is None:
+            return False
+        words = list(unacknowledged)
+        return all(word & (mask[i] if i < len(mask) else 0) == 0 for i, word in enumerate(words))
 
     def acknowledge(self, positions: Iterable[Position], *, cumulative: bool) -> None:
         """Apply an ACK; positions outside what the cursor accepts are ignored (logged)."""
@@ -249,9 +263,12 @@ class Subscription:
         for entry in entries:
             self._pending.pop(entry, None)
             self._redeliveries.pop(entry, None)
+            self._masks.pop(entry, None)
         if cumulative:
             for position in [p for p in self._pending if p <= max(entries)]:
                 del self._pending[position]
+            for position in [p for p in self._masks if p <= max(entries)]:
+                del self._masks[position]
 
     def redeliver(self, consumer: Consumer, positions: Iterable[Position] | None) -> None:
         """REDELIVER_UNACKNOWLEDGED_MESSAGES: the given positions (Shared) or everything
@@ -279,6 +296,7 @@ class Subscription:
                 self.cursor.seek(position.entry_position(), force=True)
         self._pending.clear()
         self._replay.clear()
+        self._masks.clear()
         for consumer in list(self.consumers):
             consumer.disconnect()
         self.consumers.clear()

@@ -348,13 +348,17 @@ class ServerConnection(asyncio.Protocol):
         consumer = self.consumers.get(ack.consumer_id)
         if consumer is not None and consumer.subscription is not None:
             cumulative = ack.ack_type == pb.CommandAck.Cumulative
+            subscription = consumer.subscription
             positions = []
             for message_id in ack.message_id:
                 position = from_message_id(message_id).entry_position()
-                if any(message_id.ack_set):  # some slots of the batch are still unacknowledged
-                    if not cumulative:
-                        continue
-                    position = consumer.subscription.cursor.ledger.previous_position(position)
+                # A batch-index ack still naming slots the consumer was sent is partial.
+                partial = any(message_id.ack_set) and not subscription.fully_acknowledged(
+                    position, message_id.ack_set)
+                if partial and not cumulative:
+                    continue  # Pulsar ignores partial batch acks (batch-index acks off)
+                if partial:  # cumulative inside a batch: everything before the batch
+                    position = subscription.cursor.ledger.previous_position(position)
                 positions.append(position)
             if positions:
                 consumer.subscription.acknowledge(positions, cumulative=cumulative)
