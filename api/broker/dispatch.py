@@ -12,7 +12,8 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
   so everything unacknowledged is delivered again from the mark-delete position.
 * **Shared**: round robin over consumers with permits; each delivered position is pending
   on its consumer until acknowledged; a consumer that leaves has its pending positions
-  replayed to the others, before any new entry.
+  replayed to the others, before any new entry; when the last one has left, the next
+  consumer starts again from the mark-delete position.
 * **Read-compacted** subscriptions (Exclusive and Failover only) read through the topic's
   compacted view (``CompactedTopic.read_compacted``), then the raw tail; batches from the
   compacted ledger carry the surviving-slot mask (``ack_set``).
@@ -129,6 +130,7 @@ class Subscription:
         self._replay: set[Position] = set()
         self._redeliveries: dict[Position, int] = {}
         self._masks: dict[Position, tuple[int, ...]] = {}  # ack_set of compacted batches sent
+        self._sought: Position | None = None  # read position a seek left for the re-subscribe
         self._round_robin = 0
 
     # -- consumers ----------------------------------------------------------------------
@@ -139,10 +141,13 @@ class Subscription:
             raise ConsumerBusyError(f"subscription {self.name} is of type {self.sub_type.name}")
         if self.sub_type is SubType.EXCLUSIVE and self.consumers:
             raise ConsumerBusyError("Exclusive consumer is already connected")
+        first = not self.consumers
         self.sub_type = sub_type
         self.consumers.append(consumer)
         if self.sub_type is not SubType.SHARED:
             self._choose_active()
+        elif first:  # what the last consumer left unacknowledged comes again (as in Pulsar)
+            self.rewind()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         """Detach ``consumer``: its pending positions are replayed (Shared), or the next
@@ -172,11 +177,19 @@ class Subscription:
 
     def rewind(self) -> None:
         """Deliver everything unacknowledged again, from the mark-delete position on."""
-        if self.read_compacted:
+        sought, self._sought = self._sought, None
+        if self.read_compacted and sought is not None:  # the consumers re-subscribe after a seek
+            self.cursor.seek(sought, force=True)
+        elif self.read_compacted:
             md = self.cursor.mark_delete_position
             self.cursor.seek(Position(md.ledger_id, md.entry_id + 1), force=True)
         else:
             self.cursor.rewind()
+
+    @property
+    def sought(self) -> bool:
+        """A seek positioned the cursor; the consumers' re-subscribe must keep that position."""
+        return self._sought is not None
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -294,6 +307,7 @@ class Subscription:
                 self.first_read_from_earliest = True
             else:
                 self.cursor.seek(position.entry_position(), force=True)
+        self._sought = None if self.first_read_from_earliest else self.cursor.read_position
         self._pending.clear()
         self._replay.clear()
         self._masks.clear()

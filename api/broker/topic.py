@@ -109,6 +109,9 @@ class Topic:
         if subscription is None:
             subscription = self._create_subscription(
                 subscription_name, sub_type, durable, initial_position, start, read_compacted)
+        elif durable and initial_position is InitialPosition.EARLIEST and not subscription.sought \
+                and subscription.cursor.mark_delete_position.entry_id == -1:
+            subscription.first_read_from_earliest = True  # #21187: nothing acked in the raw ledgers left
         subscription.read_compacted = read_compacted
         subscription.add_consumer(consumer, sub_type)
         self.subscriptions[subscription_name] = subscription
@@ -119,9 +122,9 @@ class Topic:
         start: Position | None, read_compacted: bool,
     ) -> Subscription:
         if durable:
-            existed = self.ledger.metadata.load_cursor(str(self.name), name) is not None
             cursor = ManagedCursor.open_durable(self.ledger, name, initial_position)
-            from_earliest = not existed and initial_position is InitialPosition.EARLIEST
+            from_earliest = (initial_position is InitialPosition.EARLIEST
+                             and cursor.mark_delete_position.entry_id == -1)
         else:
             start = start if start is not None else (
                 EARLIEST if initial_position is InitialPosition.EARLIEST else LATEST)
