@@ -17,7 +17,12 @@ from compactor.errors import (
 from compactor.keymap import KeyMap, KeyMapLimitError
 from compactor.record import CompactionRecord, RunFigures
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, NO_MESSAGE, CompactedTopic
+from compactor.topic import (
+    COMPACTED_TOPIC_LEDGER,
+    COMPACTION_SUBSCRIPTION,
+    NO_MESSAGE,
+    CompactedTopic,
+)
 from compactor.view import CompactedView
 
 __all__ = [

@@ -131,8 +131,7 @@ class Compactor:
         ledger = topic.ledger
         position = ledger.next_valid_position(horizon)
         while position <= stop:
-            start = position
-            batch = read(lambda: ledger.read_entries(start, self.config.read_batch_entries, end=stop))
+            batch = read(functools.partial(ledger.read_entries, position, self.config.read_batch_entries, end=stop))
             if not batch:
                 break
             yield from batch
@@ -215,7 +214,7 @@ class Compactor:
         if previous is not None:
             try:
                 store.delete(previous.ledger_id)
-            except Exception as error:  # the new view is published; the old ledger is garbage
+            except Exception as error:  # noqa: BLE001 - published; the old ledger is only garbage now
                 log.warning("%s: could not delete old compacted ledger %d: %s", topic.name, previous.ledger_id, error)
 
     def _now_ms(self) -> int:

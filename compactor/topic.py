@@ -26,7 +26,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from compactor.algorithm import CompactedEntry
-from compactor.errors import CompactedLedgerMissingError, CompactionInProgressError, MalformedEntryError
+from compactor.errors import (
+    CompactedLedgerMissingError,
+    CompactionInProgressError,
+    MalformedEntryError,
+)
 from compactor.message import is_batch, parse_entry
 from compactor.record import CompactionRecord
 from compactor.view import CompactedView
@@ -35,7 +39,7 @@ from ledger.errors import LedgerNotFoundError
 from ledger.managed_ledger import ManagedLedger
 from ledger.position import EARLIEST, Position
 
-__all__ = ["COMPACTED_TOPIC_LEDGER", "COMPACTION_SUBSCRIPTION", "CompactedTopic", "NO_MESSAGE"]
+__all__ = ["COMPACTED_TOPIC_LEDGER", "COMPACTION_SUBSCRIPTION", "NO_MESSAGE", "CompactedTopic"]
 
 COMPACTION_SUBSCRIPTION = "__compaction"
 COMPACTED_TOPIC_LEDGER = "CompactedTopicLedger"

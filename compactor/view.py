@@ -26,13 +26,15 @@ import struct
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from google.protobuf.message import DecodeError
+
 from compactor.algorithm import CompactedEntry
 from compactor.errors import CompactorError
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
 from ledger.storage.base import LedgerStore
 
-__all__ = ["CompactedView", "decode_compacted_entry", "encode_compacted_entry"]
+__all__ = ["CompactedView", "ack_set_words", "decode_compacted_entry", "encode_compacted_entry"]
 
 _U32 = struct.Struct(">I")
 # Pulsar's DEFAULT_STARTPOINT_CACHE_SIZE: ids of compacted entries kept for the search.
@@ -41,7 +43,8 @@ START_POINT_CACHE_ENTRIES_MAX = 100
 READ_BATCH_ENTRIES_MAX = 1000
 
 
-def _ack_set_words(surviving: tuple[int, ...], batch_size: int) -> list[int]:
+def ack_set_words(surviving: tuple[int, ...], batch_size: int) -> list[int]:
+    """The surviving-slot mask as Pulsar's ack_set: int64 words, bit i = slot i delivered."""
     words = [0] * ((batch_size + 63) // 64)
     for index in surviving:
         words[index // 64] |= 1 << (index % 64)
@@ -53,7 +56,7 @@ def encode_compacted_entry(entry: CompactedEntry) -> bytes:
     message_id = pb.MessageIdData(ledgerId=entry.position.ledger_id, entryId=entry.position.entry_id)
     if entry.batch_size:
         message_id.batch_size = entry.batch_size
-        message_id.ack_set.extend(_ack_set_words(entry.surviving, entry.batch_size))
+        message_id.ack_set.extend(ack_set_words(entry.surviving, entry.batch_size))
     id_bytes = message_id.SerializeToString()
     return _U32.pack(len(id_bytes)) + id_bytes + _U32.pack(len(entry.data)) + entry.data
 
@@ -64,7 +67,7 @@ def decode_compacted_entry(data: bytes) -> CompactedEntry:
         (id_size,) = _U32.unpack_from(data, 0)
         message_id = pb.MessageIdData.FromString(data[4 : 4 + id_size])
         (data_size,) = _U32.unpack_from(data, 4 + id_size)
-    except Exception as error:  # struct.error or protobuf DecodeError: both mean damage
+    except (struct.error, DecodeError) as error:  # both mean the bytes are damaged
         raise CompactorError(f"damaged compacted entry: {error}") from None
     body = data[8 + id_size : 8 + id_size + data_size]
     if len(body) != data_size:

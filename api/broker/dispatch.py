@@ -32,6 +32,7 @@ from compactor.algorithm import CompactedEntry
 from compactor.errors import MalformedEntryError
 from compactor.message import is_batch, parse_entry
 from compactor.topic import CompactedTopic
+from compactor.view import ack_set_words
 from cursor.cursor import ManagedCursor
 from cursor.errors import CursorError
 from ledger.position import Position
@@ -101,12 +102,10 @@ def _message_count(data: bytes) -> int:
 
 
 def _ack_set_words(entry: CompactedEntry) -> tuple[int, ...]:
+    """The mask to send with a compacted batch; empty when every slot survives."""
     if not entry.batch_size or len(entry.surviving) == entry.batch_size:
         return ()
-    words = [0] * ((entry.batch_size + 63) // 64)
-    for index in entry.surviving:
-        words[index // 64] |= 1 << (index % 64)
-    return tuple(word - (1 << 64) if word >= 1 << 63 else word for word in words)
+    return tuple(ack_set_words(entry.surviving, entry.batch_size))
 
 
 class Subscription:

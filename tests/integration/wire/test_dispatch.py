@@ -10,29 +10,19 @@ leaves has its unacknowledged messages replayed to the others.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import pulsar
 import pytest
 
+from tests.integration.wire.helpers import RECEIVE_MS, SILENCE_MS
+from tests.integration.wire.helpers import drain as _drain
+from tests.integration.wire.helpers import unique_topic as _topic
+
 pytestmark = pytest.mark.integration
 
-RECEIVE_MS = 5_000
-SILENCE_MS = 300
 
 
-def _topic(prefix: str) -> str:
-    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _drain(consumer: Any, silence_ms: int = SILENCE_MS) -> list[Any]:
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(silence_ms))
-        except pulsar.Timeout:
-            return out
 
 
 def _data(messages: list[Any]) -> list[bytes]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import socket
 import time
-import uuid
 from typing import Any, Self
 
 import pulsar
@@ -22,25 +21,14 @@ import pytest
 
 from api.wire.frames import FrameDecoder, encode_command
 from compactor.proto import pulsar_api_pb2 as pb
+from tests.integration.wire.helpers import RECEIVE_MS, SILENCE_MS
+from tests.integration.wire.helpers import drain as _drain
+from tests.integration.wire.helpers import unique_topic as _topic
 
 pytestmark = pytest.mark.integration
 
-RECEIVE_MS = 5_000  # a message that should come
-SILENCE_MS = 300  # how long "nothing more comes" is checked for
 
 
-def _topic(prefix: str) -> str:
-    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _drain(consumer: Any, silence_ms: int = SILENCE_MS) -> list[Any]:
-    """Every message that arrives until ``silence_ms`` pass without one."""
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(silence_ms))
-        except pulsar.Timeout:
-            return out
 
 
 def _receive_n(consumer: Any, count: int) -> list[Any]:

@@ -52,19 +52,17 @@ from api.wire.frames import (
     make_command,
 )
 from compactor.proto import pulsar_api_pb2 as pb
+from tests.integration.wire.helpers import RECEIVE_MS
+from tests.integration.wire.helpers import drain as _drain
+from tests.integration.wire.helpers import unique_topic as _topic
 
 pytestmark = pytest.mark.integration
 
 T = pb.BaseCommand
 CLOSE_TIMEOUT_S = 5.0  # a bad connection must be closed within this
-RECEIVE_MS = 5_000  # a message that should come
-SILENCE_MS = 300  # how long "nothing more comes" is checked for
 PROCESS_TIMEOUT_S = 30.0  # a subprocess reaching its next step
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
-
-def _topic(prefix: str) -> str:
-    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _frame(command_bytes: bytes) -> bytes:
@@ -77,14 +75,6 @@ def _entry(producer_name: str, sequence_id: int, payload: bytes) -> bytes:
                                   publish_time=int(time.time() * 1000)).SerializeToString()
     return struct.pack(">I", len(metadata)) + metadata + payload
 
-
-def _drain(consumer: Any, silence_ms: int = SILENCE_MS) -> list[Any]:
-    out = []
-    while True:
-        try:
-            out.append(consumer.receive(silence_ms))
-        except pulsar.Timeout:
-            return out
 
 
 def _read_all(client: Any, topic: str) -> list[Any]:
