@@ -83,6 +83,11 @@ class CompactedTopic:
         return self._view
 
     @property
+    def broken(self) -> int | None:
+        """The id of the missing compacted ledger when the topic is broken, else None."""
+        return self._missing_ledger_id
+
+    @property
     def horizon(self) -> Position | None:
         """Last raw position the compacted view covers, or None."""
         view = self.view

@@ -10,7 +10,8 @@ ZooKeeper records:
 * ``cursors`` and ``cursor_properties``: each durable cursor's mark-delete position,
   individually acknowledged ranges and mark-delete properties (``dict[str, int]``),
   written **in one transaction** by ``save_cursor``;
-* ``policies``: named policy values per scope (a topic or a namespace), as JSON.
+* ``policies``: named policy values per scope (a topic or a namespace), as JSON;
+* ``compaction_status``: each topic's last compaction status, which survives a restart.
 
 The schema is versioned with ``PRAGMA user_version`` and brought up to date by the
 ordered ``MIGRATIONS`` at open; a database from a newer compactd is refused. Writes use
@@ -75,6 +76,15 @@ MIGRATIONS: tuple[str, ...] = (
         name TEXT NOT NULL,
         value TEXT NOT NULL,
         PRIMARY KEY (scope, name)
+    );
+    """,
+    # 2: the last compaction status of each topic, so that it survives a restart.
+    """
+    CREATE TABLE compaction_status (
+        topic TEXT PRIMARY KEY,
+        status TEXT NOT NULL,
+        last_error TEXT NOT NULL DEFAULT '',
+        updated_at_ms INTEGER NOT NULL
     );
     """,
 )
@@ -224,6 +234,7 @@ class MetadataStore:
             db.execute("DELETE FROM cursors WHERE topic = ?", (topic,))
             db.execute("DELETE FROM cursor_properties WHERE topic = ?", (topic,))
             db.execute("DELETE FROM policies WHERE scope = ?", (topic,))
+            db.execute("DELETE FROM compaction_status WHERE topic = ?", (topic,))
             db.execute("DELETE FROM topics WHERE name = ?", (topic,))
             return ledger_ids
 
@@ -349,3 +360,27 @@ class MetadataStore:
         """Unset policy ``name`` of ``scope``; False when it was not set."""
         with self.transaction() as db:
             return db.execute("DELETE FROM policies WHERE scope = ? AND name = ?", (scope, name)).rowcount == 1
+
+    # -- compaction status ------------------------------------------------------------
+
+    def set_compaction_status(self, topic: str, status: str, last_error: str, updated_at_ms: int) -> None:
+        """Record the status of ``topic``'s last or current compaction run."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO compaction_status (topic, status, last_error, updated_at_ms) "
+                "VALUES (?, ?, ?, ?)",
+                (topic, status, last_error, updated_at_ms),
+            )
+
+    def compaction_status(self, topic: str) -> tuple[str, str] | None:
+        """``(status, last_error)`` of ``topic``'s last run, or None when it never ran."""
+        rows = self._query("SELECT status, last_error FROM compaction_status WHERE topic = ?", (topic,))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def interrupted_compactions(self, status: str, last_error: str, updated_at_ms: int) -> int:
+        """At start: turn every status left ``RUNNING`` by a stopped broker into ``status``."""
+        with self.transaction() as db:
+            return db.execute(
+                "UPDATE compaction_status SET status = ?, last_error = ?, updated_at_ms = ? "
+                "WHERE status = 'RUNNING'", (status, last_error, updated_at_ms),
+            ).rowcount

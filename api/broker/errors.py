@@ -6,7 +6,9 @@
         ├── NotAllowedError             an operation Pulsar refuses (NotAllowedError)
         ├── ConsumerBusyError           exclusive subscription already has a consumer (ConsumerBusy)
         ├── SubscriptionNotFoundError   (SubscriptionNotFound)
-        └── TopicNotFoundError          (TopicNotFound)
+        ├── TopicNotFoundError          (TopicNotFound)
+        ├── TopicExistsError            an admin create of an existing topic (HTTP 409)
+        └── PreconditionFailedError     e.g. deleting a topic with clients attached (HTTP 412)
 
 The REST layer maps the same classes to HTTP codes in one place.
 """
@@ -20,7 +22,9 @@ __all__ = [
     "ConsumerBusyError",
     "InvalidTopicNameError",
     "NotAllowedError",
+    "PreconditionFailedError",
     "SubscriptionNotFoundError",
+    "TopicExistsError",
     "TopicNotFoundError",
 ]
 
@@ -49,3 +53,11 @@ class SubscriptionNotFoundError(BrokerError):
 
 class TopicNotFoundError(BrokerError):
     code = "TopicNotFound"
+
+
+class TopicExistsError(BrokerError):
+    code = "NotAllowedError"
+
+
+class PreconditionFailedError(BrokerError):
+    code = "NotAllowedError"

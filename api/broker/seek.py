@@ -12,7 +12,12 @@ from compactor.message import parse_entry
 from ledger.managed_ledger import ManagedLedger
 from ledger.position import Position
 
-__all__ = ["find_by_publish_time"]
+__all__ = ["find_by_publish_time", "publish_time"]
+
+
+def publish_time(data: bytes) -> int:
+    """The entry's ``publish_time`` (ms), or 0 when its metadata cannot be read."""
+    return _publish_time(data)
 
 
 def _publish_time(data: bytes) -> int:

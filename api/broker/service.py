@@ -13,14 +13,26 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
+from api.broker.admin import Admin
 from api.broker.errors import TopicNotFoundError
-from api.broker.seek import find_by_publish_time
+from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
+from compactor.errors import CompactionInProgressError
 from compactor.record import RunFigures
 from compactor.runner import CompactionConfig, Compactor
+from compactor.scheduler import (
+    CompactionPolicy,
+    Plan,
+    TopicCompactionStats,
+    effective_threshold,
+    plan,
+)
+from compactor.topic import COMPACTION_SUBSCRIPTION
+from cursor.cursor import InitialPosition, ManagedCursor
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
@@ -56,7 +68,10 @@ class BrokerService:
         self._producer_names = itertools.count()
         self._server: asyncio.Server | None = None
         self._trim_task: asyncio.Task[None] | None = None
+        self._scheduler_task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.admin = Admin(self)
+        self.last_plan = Plan()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -67,19 +82,24 @@ class BrokerService:
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(lambda: ServerConnection(self), host, port)
         self._trim_task = asyncio.create_task(self._trim_periodically())
+        interval_s = float(getattr(self.settings, "compaction_monitor_interval_seconds", 60))
+        if interval_s > 0:
+            self._scheduler_task = asyncio.create_task(self._schedule_periodically(interval_s))
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 
     async def stop(self) -> None:
         """Close the listener and connections; seal every topic (pending appends finish)."""
-        if self._trim_task is not None:
-            self._trim_task.cancel()
+        for task in (self._trim_task, self._scheduler_task):
+            if task is not None:
+                task.cancel()
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
             connection.close()
         if self._server is not None:
             await self._server.wait_closed()
+        await self.admin.wait_for_runs()
         for topic in list(self.topics.values()):
             try:
                 topic.close()
@@ -134,3 +154,54 @@ class BrokerService:
             figures = await asyncio.to_thread(self.compactor.compact, topic.compacted)
         topic.ledger.trim()
         return figures
+
+    # -- the threshold scheduler ----------------------------------------------------------
+
+    async def _schedule_periodically(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.scheduler_tick(int(time.time() * 1000))
+            except Exception:  # a failed tick must not stop the scheduler; the next one retries
+                log.exception("compaction scheduler tick failed")
+
+    def scheduler_tick(self, now_ms: int) -> Plan:
+        """One scheduler decision over the loaded topics (``compactor.scheduler``); starts
+        the planned runs through ``admin`` so their status is recorded."""
+        candidates = [(self._scheduler_stats(topic), self._policy(topic)) for topic in self.topics.values()]
+        running = sum(1 for topic in self.topics.values() if topic.compacted.running)
+        limit = max(1, int(getattr(self.settings, "compaction_max_concurrent_runs", 2)))
+        self.last_plan = plan(candidates, now_ms=now_ms, running_runs=running, max_concurrent_runs=limit)
+        for name in self.last_plan.start:
+            try:
+                self.admin.trigger_compaction(name)
+            except CompactionInProgressError:
+                continue
+        return self.last_plan
+
+    def _scheduler_stats(self, topic: Topic) -> TopicCompactionStats:
+        cursor = ManagedCursor.open_durable(topic.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        view = topic.compacted.view if topic.compacted.broken is None else None
+        compacted_bytes = topic.ledger.store.info(view.ledger_id).size_bytes if view is not None else 0
+        oldest = None
+        first = topic.ledger.read_entries(topic.ledger.next_valid_position(cursor.mark_delete_position), 1)
+        if first:
+            oldest = publish_time(first[0].data)
+        return TopicCompactionStats(
+            topic=str(topic.name), backlog_bytes=cursor.estimated_backlog_bytes(),
+            compacted_bytes=compacted_bytes, oldest_uncompacted_publish_ms=oldest,
+            running=topic.compacted.running,
+        )
+
+    def _policy(self, topic: Topic) -> CompactionPolicy:
+        metadata, scope, namespace = self.data_dir.metadata, str(topic.name), topic.name.namespace_name
+
+        def pick(name: str) -> Any:
+            value = metadata.get_policy(scope, name)
+            return value if value is not None else metadata.get_policy(namespace, name)
+
+        threshold = effective_threshold(
+            metadata.get_policy(scope, "compactionThreshold"), metadata.get_policy(namespace, "compactionThreshold"),
+            int(getattr(self.settings, "compaction_threshold_bytes", 0)),
+        )
+        return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"))

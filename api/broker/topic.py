@@ -45,7 +45,7 @@ class Topic:
         self.ledger = ledger
         self.compacted = CompactedTopic.restore(ledger)
         self.subscriptions: dict[str, Subscription] = {}
-        self.producers: dict[str, int] = {}  # producer name -> connected producers
+        self.producer_count = 0  # producers attached over connections
         self._last_sequence_ids: dict[str, int] = {}
         self._loop = loop
         self._dispatch_scheduled = False
@@ -166,3 +166,13 @@ class Topic:
         self.ledger.close()  # pending appends complete first; their callbacks are queued
         self._dedup.snapshot()
         self.closed = True
+
+    def producers_connected(self) -> bool:
+        """True while a producer is attached."""
+        return self.producer_count > 0
+
+    def delete(self) -> None:
+        """Delete the topic: compacted view and ledger, then every ledger and cursor."""
+        self.ledger.remove_listener(self._on_durable)
+        self.closed = True
+        self.compacted.delete()

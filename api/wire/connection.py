@@ -158,6 +158,8 @@ class ServerConnection(asyncio.Protocol):
             if consumer.topic is not None and consumer.subscription is not None:
                 consumer.topic.remove_consumer(consumer.subscription, consumer)
         self.consumers.clear()
+        for producer in self.producers.values():
+            producer.topic.producer_count -= 1
         self.producers.clear()
         self.transport = None
 
@@ -273,7 +275,11 @@ class ServerConnection(asyncio.Protocol):
         request = command.producer
         topic = self.broker.get_topic(request.topic)
         name = request.producer_name if request.HasField("producer_name") else self.broker.new_producer_name()
+        previous = self.producers.pop(request.producer_id, None)
+        if previous is not None:
+            previous.topic.producer_count -= 1
         self.producers[request.producer_id] = _Producer(request.producer_id, name, topic)
+        topic.producer_count += 1
         success = pb.CommandProducerSuccess(request_id=request.request_id, producer_name=name,
                                             last_sequence_id=topic.last_sequence_id(name))
         self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=success))
@@ -310,7 +316,9 @@ class ServerConnection(asyncio.Protocol):
         self.write(pb.BaseCommand(type=T.SEND_ERROR, send_error=error))
 
     def _close_producer(self, command: pb.BaseCommand, frame: Frame) -> None:
-        self.producers.pop(command.close_producer.producer_id, None)
+        producer = self.producers.pop(command.close_producer.producer_id, None)
+        if producer is not None:
+            producer.topic.producer_count -= 1
         self._success(command.close_producer.request_id)
 
     # -- consumers ----------------------------------------------------------------------

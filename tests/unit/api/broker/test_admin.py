@@ -1,0 +1,126 @@
+"""The admin core: topics, persisted compaction status, policies, stats, the scheduler tick."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
+from api.broker.service import BrokerService
+from compactor.encoder import encode_entry
+from compactor.errors import CompactionInProgressError
+from compactor.proto import pulsar_api_pb2 as pb
+from ledger import DataDir
+
+TOPIC = "persistent://public/default/admin"
+
+
+@dataclass(frozen=True)
+class Settings:
+    compaction_monitor_interval_seconds: int = 0
+    compaction_threshold_bytes: int = 0
+    compaction_max_concurrent_runs: int = 1
+
+
+def entry(key: str, value: bytes, publish_ms: int = 1) -> bytes:
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=publish_ms, partition_key=key)
+    return encode_entry(metadata, value, with_checksum=False)
+
+
+def publish(broker: BrokerService, topic: str, *pairs: tuple[str, bytes]) -> None:
+    for key, value in pairs:
+        broker.get_topic(topic).ledger.append(entry(key, value)).result(timeout=10)
+
+
+async def _with_broker(path: Path, body, settings: Settings = Settings()) -> None:  # type: ignore[no-untyped-def]
+    data_dir = DataDir.open(str(path))
+    broker = BrokerService(data_dir, settings)
+    broker.loop = asyncio.get_running_loop()
+    try:
+        await body(broker)
+    finally:
+        await broker.stop()
+        data_dir.close()
+
+
+def test_topics_create_list_delete(tmp_path: Path) -> None:
+    async def body(broker: BrokerService) -> None:
+        admin = broker.admin
+        assert admin.create_topic("admin") == TOPIC
+        with pytest.raises(TopicExistsError):
+            admin.create_topic(TOPIC)
+        assert admin.list_topics("public/default") == [TOPIC]
+        publish(broker, TOPIC, ("a", b"1"))
+        broker.topics[TOPIC].producer_count = 1
+        with pytest.raises(PreconditionFailedError):
+            admin.delete_topic(TOPIC)
+        broker.topics[TOPIC].producer_count = 0
+        admin.delete_topic(TOPIC)
+        assert admin.list_topics("public/default") == []
+        assert broker.data_dir.ledgers.list() == []
+        with pytest.raises(TopicNotFoundError):
+            admin.delete_topic(TOPIC)
+        with pytest.raises(TopicNotFoundError):
+            admin.compaction_status("missing")
+
+    asyncio.run(_with_broker(tmp_path, body))
+
+
+def test_compaction_status_is_persisted_across_restarts(tmp_path: Path) -> None:
+    async def first(broker: BrokerService) -> None:
+        admin = broker.admin
+        admin.create_topic(TOPIC)
+        assert admin.compaction_status(TOPIC) == {"status": "NOT_RUN", "lastError": ""}
+        publish(broker, TOPIC, ("a", b"1"), ("a", b"2"), ("b", b"1"))
+        admin.trigger_compaction(TOPIC)
+        assert admin.compaction_status(TOPIC)["status"] == "RUNNING"
+        with pytest.raises(CompactionInProgressError, match="already in progress"):
+            admin.trigger_compaction(TOPIC)
+        await admin.wait_for_runs()
+        assert admin.compaction_status(TOPIC) == {"status": "SUCCESS", "lastError": ""}
+        stats = admin.internal_stats(TOPIC)
+        assert stats["compactedLedger"]["entries"] == 2
+        assert stats["cursors"]["__compaction"]["properties"] == {
+            "CompactedTopicLedger": stats["compactedLedger"]["ledgerId"]}
+        assert admin.stats(TOPIC)["compaction"]["lastCompactionRemovedEventCount"] == 1
+        broker.data_dir.ledgers.delete(stats["compactedLedger"]["ledgerId"])  # breaks the next run
+        publish(broker, TOPIC, ("c", b"1"))
+        admin.trigger_compaction(TOPIC)
+        await admin.wait_for_runs()
+        assert admin.compaction_status(TOPIC)["status"] == "ERROR"
+        assert "LedgerNotFoundError" in admin.compaction_status(TOPIC)["lastError"]
+        broker.data_dir.metadata.set_compaction_status(TOPIC, "RUNNING", "", 1)  # as if killed mid-run
+
+    async def second(broker: BrokerService) -> None:
+        status = broker.admin.compaction_status(TOPIC)
+        assert status["status"] == "ERROR" and "stopped during the run" in status["lastError"]
+
+    asyncio.run(_with_broker(tmp_path, first))
+    asyncio.run(_with_broker(tmp_path, second))
+
+
+def test_scheduler_tick_uses_policies_and_the_concurrency_limit(tmp_path: Path) -> None:
+    async def body(broker: BrokerService) -> None:
+        admin = broker.admin
+        for name, size in (("small", 10), ("big", 300), ("mid", 100)):
+            topic = f"persistent://public/default/{name}"
+            admin.create_topic(topic)
+            publish(broker, topic, *((f"k{i}", b"x" * 10) for i in range(size // 10)))
+        assert broker.scheduler_tick(now_ms=10).start == ()  # every threshold is off
+        admin.set_policy("public/default", "compactionThreshold", 50)
+        admin.set_policy(admin.topic_scope("persistent://public/default/mid"), "compactionThreshold", 0)
+        plan = broker.scheduler_tick(now_ms=10)
+        assert plan.start == ("persistent://public/default/big",)  # limit 1, largest backlog first
+        assert plan.queued == ()  # mid is off at topic level, small is under the namespace threshold
+        await admin.wait_for_runs()
+        assert admin.compaction_status("persistent://public/default/big")["status"] == "SUCCESS"
+        assert broker.scheduler_tick(now_ms=10).start == ()  # nothing new behind __compaction
+        admin.set_policy("public/default", "maxCompactionLagMs", 5)
+        assert set(broker.scheduler_tick(now_ms=10).start + broker.last_plan.queued) == {
+            "persistent://public/default/small", "persistent://public/default/mid"}
+        await admin.wait_for_runs()
+
+    asyncio.run(_with_broker(tmp_path, body, Settings(compaction_threshold_bytes=0, compaction_max_concurrent_runs=1)))
