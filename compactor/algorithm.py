@@ -7,7 +7,8 @@ touches storage, the clock or settings; the runner (``compactor.runner``) does t
 
 Phase one (``phase_one``) — what is the latest message of every key?
 
-1. Every entry is parsed; a server marker is skipped (it carries no application data).
+1. Every entry is read (``compactor.scan``: keys and tombstones only, no ``Message``
+   objects); a server marker is skipped (it carries no application data).
 2. Every message of the entry (one, or one per batch slot) that a previous run has not
    already dropped (``compacted_out``) is looked at, in order:
    * a keyed message with a value: its position becomes the key's latest;
@@ -28,6 +29,9 @@ Phase two (``phase_two``) — what survives, in original order?
   with no survivor is not written.
 * Positions and message ids never change, so compacting twice equals compacting once, and
   compacting A, then the result plus B, equals compacting A+B.
+* The stream comes in position order and packed positions keep that order, so phase two
+  finds the retained positions in one ascending walk (``AscendingLookup``), not a search
+  per message; a batch is split into slots once, and rewritten from those slots.
 
 Removed events (the run's ``removed_events``) = messages read − messages kept, an exact
 count where Pulsar's counter is an approximation (it counts a tombstone once, though it
@@ -39,12 +43,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from compactor.encoder import rewrite_batch
-from compactor.errors import MalformedEntryError
-from compactor.keymap import U64, KeyMap, PositionPacker, key_hash
-from compactor.message import Message, ParsedEntry, is_batch, is_encrypted, is_marker, iter_messages, parse_entry
+from compactor.encoder import rewrite_slots
+from compactor.keymap import AscendingLookup, KeyMap, PositionPacker, key_hash
+from compactor.scan import ScannedMessage, scan_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 
@@ -99,88 +100,100 @@ class CompactedEntry:
         return len(self.surviving) if self.batch_size else 1
 
 
-def _decode(entry: Entry) -> tuple[ParsedEntry, list[Message]] | None:
-    """(parsed entry, its messages), or None for an opaque entry.
-
-    A marker's payload is server data, not a value: it is never decoded, so a marker is
-    skipped even when its payload would not decode.
-    """
-    try:
-        parsed = parse_entry(entry.data)
-        if is_marker(parsed.metadata):
-            return parsed, []
-        return parsed, list(iter_messages(parsed))
-    except MalformedEntryError:  # UndecodablePayloadError included
-        return None
-
-
 def phase_one(entries: Iterable[Entry], *, retain_null_key: bool = False) -> PhaseOneResult:
     """Build the key map from ``entries`` (see the module docstring, phase one)."""
     del retain_null_key  # key-less messages never enter the map; phase two decides
     result = PhaseOneResult()
-    key_map, packer = result.key_map, result.packer
     for entry in entries:
         assert result.last_position is None or entry.position > result.last_position, "out of order"
         result.last_position = entry.position
         result.entries_read += 1
         result.bytes_read += len(entry.data)
-        decoded = _decode(entry)
-        if decoded is None:
+        scan = scan_entry(entry.data)
+        if scan.kind == "opaque":
             result.opaque_entries += 1
-            continue
-        parsed, messages = decoded
-        if is_marker(parsed.metadata):
+        elif scan.kind == "marker":
             result.markers += 1
-            continue
-        for message in messages:
-            if message.compacted_out:
-                continue
-            result.messages_read += 1
-            if message.key is None:
-                continue
-            if message.is_tombstone:
-                key_map.delete(key_hash(message.key))
-            else:
-                key_map.put(key_hash(message.key), packer.pack(entry.position.with_batch_index(message.batch_index)))
+        else:
+            result.messages_read += len(scan.messages)
+            _update(result.key_map, result.packer, entry.position, scan.messages)
     return result
+
+
+def _update(
+    key_map: KeyMap, packer: PositionPacker, position: Position, messages: Iterable[ScannedMessage]
+) -> None:
+    """Fold one entry's live messages into the key map, in batch_index order."""
+    packed_entry = -1  # the entry is packed at its first put: only then is its ledger met
+    for batch_index, key, tombstone in messages:
+        if key is None:
+            continue
+        if tombstone:
+            key_map.delete(key_hash(key))
+            continue
+        hashed = key_hash(key)
+        if packed_entry < 0:
+            packed_entry = packer.pack_entry(position)
+        key_map.put(hashed, packer.pack_slot(packed_entry, batch_index))
 
 
 def phase_two(
     entries: Iterable[Entry], result: PhaseOneResult, *, retain_null_key: bool = False
 ) -> Iterator[CompactedEntry]:
-    """The surviving entries of the same stream, in order (see the module docstring)."""
-    retained = result.key_map.sorted_positions()
+    """The surviving entries of the same stream, in order (see the module docstring).
+
+    ``entries`` must be the stream phase one read: retained positions are looked up in
+    one ascending walk (``AscendingLookup``), which relies on the stream's order.
+    """
+    retained = AscendingLookup(result.key_map.sorted_positions())
     for entry in entries:
-        decoded = _decode(entry)
-        if decoded is None:
+        scan = scan_entry(entry.data)
+        if scan.kind == "opaque":
             yield CompactedEntry(entry.position, entry.data)
             continue
-        parsed, messages = decoded
-        if is_marker(parsed.metadata):
+        if scan.kind == "marker":
             continue
-        keep = [m.batch_index for m in messages if _survives(m, entry.position, result.packer, retained, retain_null_key)]
+        keep = _surviving(scan.messages, entry.position, result.packer, retained, retain_null_key)
         if not keep:
             continue
-        if not is_batch(parsed.metadata) or is_encrypted(parsed.metadata):
+        if scan.batch is None:  # non-batched or encrypted: one message, kept verbatim
             yield CompactedEntry(entry.position, entry.data)
             continue
-        live = [m.batch_index for m in messages if not m.compacted_out]
-        data = entry.data if keep == live else rewrite_batch(parsed, set(keep))
-        yield CompactedEntry(entry.position, data, len(messages), tuple(keep))
+        batch = scan.batch
+        data = entry.data
+        if len(keep) < len(scan.messages):  # some live slot is dropped
+            data = rewrite_slots(
+                batch.metadata, batch.slots(), set(keep), with_checksum=batch.has_checksum
+            )
+        yield CompactedEntry(entry.position, data, scan.batch_size, tuple(keep))
 
 
-def _survives(
-    message: Message, position: Position, packer: PositionPacker, retained: U64, retain_null_key: bool
-) -> bool:
-    if message.compacted_out or message.is_tombstone:
-        return False
-    if message.key is None:
-        return retain_null_key
-    packed = packer.pack_known(position.with_batch_index(message.batch_index))
-    if packed is None:
-        return False
-    index = int(np.searchsorted(retained, np.uint64(packed)))
-    return index < len(retained) and int(retained[index]) == packed
+def _surviving(
+    messages: Iterable[ScannedMessage],
+    position: Position,
+    packer: PositionPacker,
+    retained: AscendingLookup,
+    retain_null_key: bool,
+) -> list[int]:
+    """Batch indexes of the entry's live messages that survive, in order.
+
+    A keyed message survives iff its packed position is retained; a position in a ledger
+    phase one never packed (no put there) cannot be.
+    """
+    keep = []
+    packed_entry: int | None = -1  # -1: not packed yet; None: the ledger is unknown
+    for batch_index, key, tombstone in messages:
+        if tombstone:
+            continue
+        if key is None:
+            if retain_null_key:
+                keep.append(batch_index)
+            continue
+        if packed_entry == -1:
+            packed_entry = packer.pack_entry_known(position)
+        if packed_entry is not None and retained.contains(packer.pack_slot(packed_entry, batch_index)):
+            keep.append(batch_index)
+    return keep
 
 
 def compact(entries: list[Entry], *, retain_null_key: bool = False) -> list[CompactedEntry]:

@@ -24,6 +24,7 @@ library's own exception, so callers handle one error type.
 
 from __future__ import annotations
 
+import threading
 import zlib
 
 import lz4.block
@@ -54,6 +55,10 @@ _CODEC_ERRORS: tuple[type[BaseException], ...] = (
     MemoryError,
 )
 """What the codec libraries raise on corrupt input; translated to MalformedEntryError."""
+
+
+_thread_state = threading.local()
+"""Per-thread codec objects (``_zstd_decompressor``)."""
 
 
 def compress(codec: int, data: bytes) -> bytes:
@@ -121,7 +126,7 @@ def _decompress_codec(codec: int, data: bytes, uncompressed_size: int) -> bytes:
         if declared not in (-1, uncompressed_size):
             raise ValueError(f"zstd frame declares {declared} bytes")
         output_bytes_max = max(uncompressed_size, 1)  # zstandard reads 0 as "no limit"
-        result = zstandard.ZstdDecompressor().decompress(data, max_output_size=output_bytes_max)
+        result = _zstd_decompressor().decompress(data, max_output_size=output_bytes_max)
         return bytes(result)
     if codec == pb.SNAPPY:
         # A raw snappy block starts with its uncompressed length; check it before allocating.
@@ -130,6 +135,20 @@ def _decompress_codec(codec: int, data: bytes, uncompressed_size: int) -> bytes:
             raise ValueError(f"snappy block declares {declared} bytes")
         return bytes(snappy.uncompress(data))
     raise AssertionError(f"decompress checked codec {codec} first")
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's zstd decompressor.
+
+    Creating one costs more than decompressing a small message, and the compaction phases
+    decompress every message; an instance must not be used by two threads at once, and
+    each ``decompress`` call starts afresh (the library resets the context first, even
+    after a failed call).
+    """
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_thread_state, "zstd", None)
+    if decompressor is None:
+        decompressor = _thread_state.zstd = zstandard.ZstdDecompressor()
+    return decompressor
 
 
 _SNAPPY_LENGTH_BYTES_MAX = 5

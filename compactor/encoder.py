@@ -24,7 +24,14 @@ from compactor.message import (
 )
 from compactor.proto import pulsar_api_pb2 as pb
 
-__all__ = ["COMPACTED_OUT_SLOT", "encode_batch", "encode_entry", "encode_slot", "rewrite_batch"]
+__all__ = [
+    "COMPACTED_OUT_SLOT",
+    "encode_batch",
+    "encode_entry",
+    "encode_slot",
+    "rewrite_batch",
+    "rewrite_slots",
+]
 
 _U32 = struct.Struct(">I")
 
@@ -98,13 +105,30 @@ def rewrite_batch(entry: ParsedEntry, keep: AbstractSet[int]) -> bytes:
     batch with nothing kept is the caller's business. Raises ``UndecodablePayloadError``
     when the body cannot be decoded; an encrypted entry cannot be rewritten (assertion).
     """
-    slots = batch_slots(entry)
+    slots = [slot.slot_bytes for slot in batch_slots(entry)]
+    return rewrite_slots(entry.metadata, slots, keep, with_checksum=entry.has_checksum)
+
+
+def rewrite_slots(
+    metadata: pb.MessageMetadata,
+    slots: Sequence[bytes],
+    keep: AbstractSet[int],
+    *,
+    with_checksum: bool,
+) -> bytes:
+    """``rewrite_batch`` for a batch whose body the caller has already split into slots.
+
+    ``metadata`` is the batch's MessageMetadata (not modified) and ``slots[i]`` the bytes of
+    slot ``i`` exactly as stored (size, metadata, payload), for every slot of the batch;
+    phase two passes what ``compactor.scan`` read, so a batch is split only once.
+    """
     assert keep <= set(range(len(slots))), f"keep {sorted(keep)} outside {len(slots)} slots"
     body = b"".join(
-        slot.slot_bytes if slot.batch_index in keep else COMPACTED_OUT_SLOT for slot in slots
+        slot if batch_index in keep else COMPACTED_OUT_SLOT
+        for batch_index, slot in enumerate(slots)
     )
     rewritten = pb.MessageMetadata()
-    rewritten.CopyFrom(entry.metadata)
+    rewritten.CopyFrom(metadata)
     rewritten.uncompressed_size = len(body)
-    payload = compress(entry.metadata.compression, body)
-    return encode_entry(rewritten, payload, with_checksum=entry.has_checksum)
+    payload = compress(metadata.compression, body)
+    return encode_entry(rewritten, payload, with_checksum=with_checksum)

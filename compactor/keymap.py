@@ -15,13 +15,20 @@ the buffer never holds more than a quarter of the map. A merge is a stable sort 
 Packed position (``PositionPacker``): ``ledger ordinal (20 bits) · entry_id (30 bits) ·
 batch_index + 1 (14 bits)``. Ordinals are given to ledger ids in ascending order as the
 stream meets them, so packed values order exactly as positions do. Positions that do not
-fit raise ``KeyMapLimitError`` rather than being truncated.
+fit raise ``KeyMapLimitError`` rather than being truncated. Slot ``b`` of an entry packs to
+the entry's packed value plus ``b + 1``, so phase one packs each entry once
+(``pack_entry``, then ``pack_slot`` per message).
+
+Lookup in phase two (``AscendingLookup``): phase two asks "is this position retained?" in
+ascending order, so it walks the sorted retained positions once instead of searching them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 from array import array
+from bisect import bisect_left
 
 import numpy as np
 import numpy.typing as npt
@@ -29,7 +36,14 @@ import numpy.typing as npt
 from compactor.errors import CompactorError
 from ledger.position import Position
 
-__all__ = ["BUFFER_UPDATES_MIN", "KeyMap", "KeyMapLimitError", "PositionPacker", "key_hash"]
+__all__ = [
+    "BUFFER_UPDATES_MIN",
+    "AscendingLookup",
+    "KeyMap",
+    "KeyMapLimitError",
+    "PositionPacker",
+    "key_hash",
+]
 
 U64 = npt.NDArray[np.uint64]
 
@@ -37,6 +51,10 @@ U64 = npt.NDArray[np.uint64]
 BUFFER_UPDATES_MIN = 1 << 16
 _LEDGER_BITS, _ENTRY_BITS, _BATCH_BITS = 20, 30, 14
 _TOMBSTONE = (1 << 64) - 1  # ordinal 2**20-1 is never handed out, so no position packs to this
+_HASH_HALVES = struct.Struct(">QQ")
+# Phase two looks positions up in chunks of this many Python ints: about 3 MiB at a time,
+# where converting a map of 100 million keys at once would take gigabytes.
+_MEMBERSHIP_CHUNK_POSITIONS = 1 << 16
 
 
 class KeyMapLimitError(CompactorError):
@@ -44,9 +62,10 @@ class KeyMapLimitError(CompactorError):
 
 
 def key_hash(key: str) -> tuple[int, int]:
-    """The 128-bit BLAKE2b hash of ``key`` as two unsigned 64-bit halves."""
+    """The 128-bit BLAKE2b hash of ``key`` as two unsigned 64-bit halves (big-endian)."""
     digest = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).digest()
-    return int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:], "big")
+    halves: tuple[int, int] = _HASH_HALVES.unpack(digest)
+    return halves
 
 
 class PositionPacker:
@@ -58,31 +77,59 @@ class PositionPacker:
 
     def pack(self, position: Position) -> int:
         """Pack ``position``; ledger ids must be met in ascending order."""
-        ordinal = self._ordinals.get(position.ledger_id)
-        if ordinal is None:
-            if self._ledger_ids and position.ledger_id < self._ledger_ids[-1]:
-                raise KeyMapLimitError(f"ledger {position.ledger_id} met after {self._ledger_ids[-1]}")
-            ordinal = len(self._ledger_ids)
-            if ordinal >= (1 << _LEDGER_BITS) - 1:
-                raise KeyMapLimitError(f"more than {(1 << _LEDGER_BITS) - 2} ledgers in one run")
-            self._ordinals[position.ledger_id] = ordinal
-            self._ledger_ids.append(position.ledger_id)
-        return self._pack(ordinal, position)
+        return self._pack(self._ordinal(position.ledger_id), position)
 
     def pack_known(self, position: Position) -> int | None:
         """Pack ``position`` if its ledger was met by ``pack``, else None."""
         ordinal = self._ordinals.get(position.ledger_id)
         return None if ordinal is None else self._pack(ordinal, position)
 
+    def pack_entry(self, position: Position) -> int:
+        """Pack ``position`` as a whole entry (its batch_index ignored), as ``pack`` would.
+
+        ``pack(p) == pack_slot(pack_entry(p), p.batch_index)``, with the same checks and
+        errors: a caller packing many slots of one entry packs the entry once.
+        """
+        ordinal = self._ordinals.get(position.ledger_id)
+        if ordinal is None:  # only the first entry of each ledger pays for the call
+            ordinal = self._ordinal(position.ledger_id)
+        return self._pack_entry(ordinal, position.entry_id)
+
+    def pack_entry_known(self, position: Position) -> int | None:
+        """``pack_entry(position)`` if its ledger was met by ``pack``, else None."""
+        ordinal = self._ordinals.get(position.ledger_id)
+        return None if ordinal is None else self._pack_entry(ordinal, position.entry_id)
+
+    @staticmethod
+    def pack_slot(packed_entry: int, batch_index: int) -> int:
+        """The packed position of slot ``batch_index`` of the entry packed to ``packed_entry``."""
+        if not -1 <= batch_index < (1 << _BATCH_BITS) - 1:
+            raise KeyMapLimitError(f"batch index {batch_index} does not fit {_BATCH_BITS} bits")
+        return packed_entry + batch_index + 1
+
+    def _ordinal(self, ledger_id: int) -> int:
+        """The ordinal of ``ledger_id``, handed out on first sight."""
+        ordinal = self._ordinals.get(ledger_id)
+        if ordinal is None:
+            if self._ledger_ids and ledger_id < self._ledger_ids[-1]:
+                raise KeyMapLimitError(f"ledger {ledger_id} met after {self._ledger_ids[-1]}")
+            ordinal = len(self._ledger_ids)
+            if ordinal >= (1 << _LEDGER_BITS) - 1:
+                raise KeyMapLimitError(f"more than {(1 << _LEDGER_BITS) - 2} ledgers in one run")
+            self._ordinals[ledger_id] = ordinal
+            self._ledger_ids.append(ledger_id)
+        return ordinal
+
     @staticmethod
     def _pack(ordinal: int, position: Position) -> int:
-        if not 0 <= position.entry_id < (1 << _ENTRY_BITS):
-            raise KeyMapLimitError(f"entry id {position.entry_id} does not fit {_ENTRY_BITS} bits")
-        if not -1 <= position.batch_index < (1 << _BATCH_BITS) - 1:
-            raise KeyMapLimitError(f"batch index {position.batch_index} does not fit {_BATCH_BITS} bits")
-        return (ordinal << (_ENTRY_BITS + _BATCH_BITS)) | (position.entry_id << _BATCH_BITS) | (
-            position.batch_index + 1
-        )
+        packed_entry = PositionPacker._pack_entry(ordinal, position.entry_id)
+        return PositionPacker.pack_slot(packed_entry, position.batch_index)
+
+    @staticmethod
+    def _pack_entry(ordinal: int, entry_id: int) -> int:
+        if not 0 <= entry_id < (1 << _ENTRY_BITS):
+            raise KeyMapLimitError(f"entry id {entry_id} does not fit {_ENTRY_BITS} bits")
+        return (ordinal << (_ENTRY_BITS + _BATCH_BITS)) | (entry_id << _BATCH_BITS)
 
     def unpack(self, packed: int) -> Position:
         """Inverse of ``pack``."""
@@ -100,22 +147,28 @@ class KeyMap:
         self._low: U64 = np.empty(0, dtype=np.uint64)
         self._packed: U64 = np.empty(0, dtype=np.uint64)
         self._buffer = array("Q")  # high, low, packed triples in stream order
+        self._buffer_items_max = self._merge_threshold()
         self.merges = 0
 
     def put(self, hashed: tuple[int, int], packed: int) -> None:
         """The key hashed to ``hashed`` now has its latest value at ``packed``."""
         assert packed != _TOMBSTONE
-        self._buffer.extend((hashed[0], hashed[1], packed))
-        self._maybe_merge()
+        self._buffer.extend(hashed)
+        self._buffer.append(packed)
+        if len(self._buffer) >= self._buffer_items_max:
+            self.merge()
 
     def delete(self, hashed: tuple[int, int]) -> None:
         """A tombstone: the key hashed to ``hashed`` has no value any more."""
-        self._buffer.extend((hashed[0], hashed[1], _TOMBSTONE))
-        self._maybe_merge()
-
-    def _maybe_merge(self) -> None:
-        if len(self._buffer) // 3 >= max(BUFFER_UPDATES_MIN, len(self._packed) // 4):
+        self._buffer.extend(hashed)
+        self._buffer.append(_TOMBSTONE)
+        if len(self._buffer) >= self._buffer_items_max:
             self.merge()
+
+    def _merge_threshold(self) -> int:
+        """Buffer length (3 items per update) that triggers a merge; the map's size decides,
+        so it changes only when a merge does."""
+        return 3 * max(BUFFER_UPDATES_MIN, len(self._packed) // 4)
 
     def merge(self) -> None:
         """Fold the buffered updates into the sorted arrays."""
@@ -134,6 +187,7 @@ class KeyMap:
         last[:-1] = (high[1:] != high[:-1]) | (low[1:] != low[:-1])
         last &= packed != np.uint64(_TOMBSTONE)
         self._high, self._low, self._packed = high[last], low[last], packed[last]
+        self._buffer_items_max = self._merge_threshold()
         self.merges += 1
 
     def get(self, hashed: tuple[int, int]) -> int | None:
@@ -162,3 +216,40 @@ class KeyMap:
         return int(self._high.nbytes + self._low.nbytes + self._packed.nbytes) + (
             self._buffer.itemsize * len(self._buffer)
         )
+
+
+class AscendingLookup:
+    """Membership in a sorted array of packed positions, asked in ascending order.
+
+    Phase two meets messages in position order, so instead of a binary search of the
+    whole array per message it walks the array once: each question resumes where the
+    previous one stopped (a bisection within the current chunk), and at most
+    ``_MEMBERSHIP_CHUNK_POSITIONS`` positions are Python ints at a time. Asking about a
+    smaller position than the previous question is a programmer error (assertion).
+    """
+
+    def __init__(self, sorted_positions: U64) -> None:
+        self._positions = sorted_positions
+        self._chunk: list[int] = []
+        self._chunk_end = 0  # index in ``_positions`` after the current chunk
+        self._index = 0  # index in ``_chunk`` of the first position not below the last question
+        self._last_question = -1
+
+    def contains(self, packed: int) -> bool:
+        """``packed`` is one of the positions; ``packed`` must not decrease between calls."""
+        assert packed >= self._last_question, f"{packed} asked after {self._last_question}"
+        self._last_question = packed
+        index = bisect_left(self._chunk, packed, self._index)
+        while index == len(self._chunk) and self._next_chunk():
+            index = bisect_left(self._chunk, packed)
+        self._index = index
+        return index < len(self._chunk) and self._chunk[index] == packed
+
+    def _next_chunk(self) -> bool:
+        """Load the next chunk; False when the array is exhausted."""
+        start = self._chunk_end
+        if start >= len(self._positions):
+            return False
+        self._chunk_end = min(start + _MEMBERSHIP_CHUNK_POSITIONS, len(self._positions))
+        self._chunk = self._positions[start : self._chunk_end].tolist()
+        return True

@@ -34,6 +34,10 @@ become keys, payloads and tombstones (``compactor/encoder.py`` writes the same f
   tombstone. Entries with ``marker_type`` are server markers and carry no application data.
 * **Encrypted entries** cannot be opened: ``iter_messages`` returns one opaque message for
   the whole entry, keyed by the entry's metadata, as Pulsar's compactor treats them.
+
+``iter_messages`` is the reference reader. The compaction phases use a lean second reader,
+``compactor/scan.py``, built on the same helpers (``parse_header``, ``read_slot``,
+``partition_key_of``) and tested to agree with this one.
 """
 
 from __future__ import annotations
@@ -61,12 +65,16 @@ __all__ = [
     "Message",
     "ParsedEntry",
     "batch_slots",
+    "check_slot_count",
     "decoded_payload",
     "is_batch",
     "is_encrypted",
     "is_marker",
     "iter_messages",
     "parse_entry",
+    "parse_header",
+    "partition_key_of",
+    "read_slot",
 ]
 
 CHECKSUM_MAGIC = b"\x0e\x01"
@@ -192,6 +200,13 @@ def is_marker(metadata: pb.MessageMetadata) -> bool:
     return metadata.HasField("marker_type")
 
 
+def partition_key_of(metadata: pb.MessageMetadata | pb.SingleMessageMetadata) -> str | None:
+    """The compaction key of a message (see "Keys and tombstones" above), or None."""
+    if metadata.null_partition_key or not metadata.HasField("partition_key"):
+        return None
+    return _text(metadata.partition_key)
+
+
 def parse_entry(data: bytes) -> ParsedEntry:
     """Split one stored entry into metadata and still-compressed payload.
 
@@ -201,6 +216,22 @@ def parse_entry(data: bytes) -> ParsedEntry:
     ``MalformedEntryError`` (and nothing else) for any input that is not such an entry.
     """
     data = bytes(data)
+    metadata, payload_start, has_checksum = parse_header(data)
+    return ParsedEntry(
+        metadata=metadata,
+        payload=data[payload_start:],
+        header_size=payload_start,
+        has_checksum=has_checksum,
+    )
+
+
+def parse_header(data: bytes) -> tuple[pb.MessageMetadata, int, bool]:
+    """``parse_entry`` without building a ParsedEntry or copying the payload.
+
+    Returns ``(metadata, header_size, has_checksum)``: the payload is ``data[header_size:]``.
+    Same checks and the same ``MalformedEntryError`` as ``parse_entry``; ``data`` must be
+    ``bytes``. Never mutate the metadata.
+    """
     position = _skip_broker_entry_metadata(data)
     has_checksum = data[position : position + 2] == CHECKSUM_MAGIC
     if has_checksum:
@@ -216,13 +247,7 @@ def parse_entry(data: bytes) -> ParsedEntry:
         raise MalformedEntryError(
             f"metadata size {metadata_size} runs past the end of a {len(data)}-byte entry"
         )
-    metadata = _parse_metadata(data[metadata_start:payload_start])
-    return ParsedEntry(
-        metadata=metadata,
-        payload=data[payload_start:],
-        header_size=payload_start,
-        has_checksum=has_checksum,
-    )
+    return _parse_metadata(data[metadata_start:payload_start]), payload_start, has_checksum
 
 
 def iter_messages(entry: ParsedEntry) -> Iterator[Message]:
@@ -334,40 +359,55 @@ def _missing_required_fields(metadata: pb.MessageMetadata) -> str:
 
 def _split_slots(body: bytes, count: int) -> list[BatchSlot]:
     """``count`` slots read from the start of a batch body."""
-    if count * _SLOT_BYTES_MIN > len(body):
-        raise UndecodablePayloadError(f"{len(body)}-byte batch body cannot hold {count} slots")
+    check_slot_count(body, count)
     slots = []
     position = 0
     for batch_index in range(count):
-        single, payload, end = _read_slot(body, position, batch_index)
+        single = pb.SingleMessageMetadata()
+        end = read_slot(body, position, batch_index, single)
+        payload = body[end - single.payload_size : end]
         slots.append(BatchSlot(batch_index, single, payload, body[position:end]))
         position = end
     return slots
 
 
-def _read_slot(
-    body: bytes, position: int, batch_index: int
-) -> tuple[pb.SingleMessageMetadata, bytes, int]:
-    """Slot ``batch_index`` at ``position``: (metadata, payload, position after the slot)."""
+def check_slot_count(body: bytes, count: int) -> None:
+    """Raise ``UndecodablePayloadError`` when ``body`` is too short for ``count`` slots.
+
+    Checked before reading any slot, so a corrupt count never drives a long loop.
+    """
+    if count * _SLOT_BYTES_MIN > len(body):
+        raise UndecodablePayloadError(f"{len(body)}-byte batch body cannot hold {count} slots")
+
+
+def read_slot(
+    body: bytes, position: int, batch_index: int, single: pb.SingleMessageMetadata
+) -> int:
+    """Parse slot ``batch_index``, at ``position`` of ``body``, into ``single``.
+
+    Returns the position after the slot; its payload is the ``single.payload_size`` bytes
+    just before it. ``single`` is cleared first, so one object can be reused slot after
+    slot. Raises ``UndecodablePayloadError`` when the slot is not well-formed.
+    """
     if position + 4 > len(body):
         raise UndecodablePayloadError(f"batch body ends before slot {batch_index}")
     size: int = _U32.unpack_from(body, position)[0]
     metadata_end = position + 4 + size
     if metadata_end > len(body):
         raise UndecodablePayloadError(f"slot {batch_index} metadata runs past the batch body")
-    single = pb.SingleMessageMetadata()
     try:
         single.ParseFromString(body[position + 4 : metadata_end])
     except _PROTOBUF_DECODE_ERRORS as error:
         raise UndecodablePayloadError(f"slot {batch_index} metadata: {error}") from error
     if not single.IsInitialized():
         raise UndecodablePayloadError(f"slot {batch_index} metadata lacks payload_size")
-    payload_end = metadata_end + single.payload_size
-    if single.payload_size < 0 or payload_end > len(body):
+    payload_size: int = single.payload_size
+    payload_end = metadata_end + payload_size
+    if payload_size < 0 or payload_end > len(body):
         raise UndecodablePayloadError(
-            f"slot {batch_index} payload_size {single.payload_size} runs past the batch body"
+            f"slot {batch_index} payload_size {payload_size} runs past the batch body"
         )
-    return single, body[metadata_end:payload_end], payload_end
+    return payload_end
 
 
 # --- message construction ----------------------------------------------------------------
@@ -388,12 +428,6 @@ def _properties(pairs: Sequence[pb.KeyValue]) -> Mapping[str, str]:
     return MappingProxyType({_text(pair.key): _text(pair.value) for pair in pairs})
 
 
-def _key(metadata: pb.MessageMetadata | pb.SingleMessageMetadata) -> str | None:
-    if metadata.null_partition_key or not metadata.HasField("partition_key"):
-        return None
-    return _text(metadata.partition_key)
-
-
 def _ordering_key(metadata: pb.MessageMetadata | pb.SingleMessageMetadata) -> bytes | None:
     return metadata.ordering_key if metadata.HasField("ordering_key") else None
 
@@ -402,7 +436,7 @@ def _entry_message(metadata: pb.MessageMetadata, payload: bytes) -> Message:
     """The one message of a non-batched entry (``payload`` already decompressed)."""
     return Message(
         batch_index=-1,
-        key=_key(metadata),
+        key=partition_key_of(metadata),
         partition_key_b64_encoded=metadata.partition_key_b64_encoded,
         ordering_key=_ordering_key(metadata),
         properties=_properties(metadata.properties),
@@ -428,7 +462,7 @@ def _slot_message(slot: BatchSlot) -> Message:
     single, payload = slot.metadata, slot.payload
     return Message(
         batch_index=slot.batch_index,
-        key=_key(single),
+        key=partition_key_of(single),
         partition_key_b64_encoded=single.partition_key_b64_encoded,
         ordering_key=_ordering_key(single),
         properties=_properties(single.properties),
