@@ -22,7 +22,7 @@ Phase two (``phase_two``) — what survives, in original order?
 
 * A message survives iff its position is some key's latest (equivalently: the map holds
   exactly its position for its key), or it is key-less and ``retain_null_key`` is set.
-  Tombstones never survive; markers never survive; opaque entries survive whole.
+  Tombstones never survive (but young ones, below); markers never survive; opaque entries survive whole.
 * A non-batched survivor is written verbatim. A batch with survivors keeps its slot
   numbering: if every slot not already dropped survives it is written verbatim, else it is
   rewritten with the dropped slots emptied (``compacted_out``, no payload bytes). A batch
@@ -32,6 +32,14 @@ Phase two (``phase_two``) — what survives, in original order?
 * The stream comes in position order and packed positions keep that order, so phase two
   finds the retained positions in one ascending walk (``AscendingLookup``), not a search
   per message; a batch is split into slots once, and rewritten from those slots.
+
+Tombstone retention (Kafka's ``delete.retention.ms``, the ``deleteRetentionMs`` policy):
+with ``keep_tombstones_since_ms`` set, a tombstone whose entry was published at or after
+that time is *young* and counts as a value in both phases: it becomes its key's latest
+and survives while it is, so a read-compacted reader sees the delete. An older tombstone
+deletes its key as above. ``None`` (the default) is Pulsar's behaviour: every tombstone
+deletes. The cut-off is an argument, never the clock: the runner computes it once per run
+(now − retention), so both phases and every engine decide alike.
 
 Removed events (the run's ``removed_events``) = messages read − messages kept, an exact
 count where Pulsar's counter is an approximation (it counts a tombstone once, though it
@@ -100,7 +108,9 @@ class CompactedEntry:
         return len(self.surviving) if self.batch_size else 1
 
 
-def phase_one(entries: Iterable[Entry], *, retain_null_key: bool = False) -> PhaseOneResult:
+def phase_one(
+    entries: Iterable[Entry], *, retain_null_key: bool = False, keep_tombstones_since_ms: int | None = None
+) -> PhaseOneResult:
     """Build the key map from ``entries`` (see the module docstring, phase one)."""
     del retain_null_key  # key-less messages never enter the map; phase two decides
     result = PhaseOneResult()
@@ -116,19 +126,26 @@ def phase_one(entries: Iterable[Entry], *, retain_null_key: bool = False) -> Pha
             result.markers += 1
         else:
             result.messages_read += len(scan.messages)
-            _update(result.key_map, result.packer, entry.position, scan.messages)
+            young = _young(scan.publish_time, keep_tombstones_since_ms)
+            _update(result.key_map, result.packer, entry.position, scan.messages, young)
     return result
 
 
+def _young(publish_time: int, keep_tombstones_since_ms: int | None) -> bool:
+    """Whether the entry's tombstones are young (kept as values; module docstring)."""
+    return keep_tombstones_since_ms is not None and publish_time >= keep_tombstones_since_ms
+
+
 def _update(
-    key_map: KeyMap, packer: PositionPacker, position: Position, messages: Iterable[ScannedMessage]
+    key_map: KeyMap, packer: PositionPacker, position: Position, messages: Iterable[ScannedMessage],
+    young: bool,
 ) -> None:
     """Fold one entry's live messages into the key map, in batch_index order."""
     packed_entry = -1  # the entry is packed at its first put: only then is its ledger met
     for batch_index, key, tombstone in messages:
         if key is None:
             continue
-        if tombstone:
+        if tombstone and not young:
             key_map.delete(key_hash(key))
             continue
         hashed = key_hash(key)
@@ -138,7 +155,8 @@ def _update(
 
 
 def phase_two(
-    entries: Iterable[Entry], result: PhaseOneResult, *, retain_null_key: bool = False
+    entries: Iterable[Entry], result: PhaseOneResult, *, retain_null_key: bool = False,
+    keep_tombstones_since_ms: int | None = None,
 ) -> Iterator[CompactedEntry]:
     """The surviving entries of the same stream, in order (see the module docstring).
 
@@ -153,7 +171,8 @@ def phase_two(
             continue
         if scan.kind == "marker":
             continue
-        keep = _surviving(scan.messages, entry.position, result.packer, retained, retain_null_key)
+        young = _young(scan.publish_time, keep_tombstones_since_ms)
+        keep = _surviving(scan.messages, entry.position, result.packer, retained, retain_null_key, young)
         if not keep:
             continue
         if scan.batch is None:  # non-batched or encrypted: one message, kept verbatim
@@ -174,16 +193,17 @@ def _surviving(
     packer: PositionPacker,
     retained: AscendingLookup,
     retain_null_key: bool,
+    young: bool,
 ) -> list[int]:
     """Batch indexes of the entry's live messages that survive, in order.
 
-    A keyed message survives iff its packed position is retained; a position in a ledger
-    phase one never packed (no put there) cannot be.
+    A keyed message (a young tombstone included) survives iff its packed position is
+    retained; a position in a ledger phase one never packed (no put there) cannot be.
     """
     keep = []
     packed_entry: int | None = -1  # -1: not packed yet; None: the ledger is unknown
     for batch_index, key, tombstone in messages:
-        if tombstone:
+        if tombstone and not young:
             continue
         if key is None:
             if retain_null_key:
@@ -196,7 +216,10 @@ def _surviving(
     return keep
 
 
-def compact(entries: list[Entry], *, retain_null_key: bool = False) -> list[CompactedEntry]:
+def compact(
+    entries: list[Entry], *, retain_null_key: bool = False, keep_tombstones_since_ms: int | None = None
+) -> list[CompactedEntry]:
     """Both phases over an in-memory stream: the reference the engines must agree with."""
-    result = phase_one(entries, retain_null_key=retain_null_key)
-    return list(phase_two(entries, result, retain_null_key=retain_null_key))
+    result = phase_one(entries, retain_null_key=retain_null_key, keep_tombstones_since_ms=keep_tombstones_since_ms)
+    return list(phase_two(entries, result, retain_null_key=retain_null_key,
+                          keep_tombstones_since_ms=keep_tombstones_since_ms))

@@ -9,9 +9,13 @@ status that must survive a restart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, field
 
-__all__ = ["CompactionRecord", "RunFigures"]
+__all__ = ["LATENCY_BUCKETS_MS", "CompactionRecord", "RunFigures"]
+
+LATENCY_BUCKETS_MS = (0.5, 1, 5, 10, 20, 50, 100, 200, 1000)
+"""Upper bounds of Pulsar's compaction append-latency buckets; one more counts overflow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,7 @@ class RunFigures:
         entries_written, bytes_written: the compacted ledger's content.
         phase_one_s, phase_two_s, duration_s: wall-clock times.
         key_map_bytes: phase one's key map at its end.
+        append_latencies_ms: each append to the compacted ledger, from call to durable.
     """
 
     ledger_id: int = -1
@@ -38,6 +43,7 @@ class RunFigures:
     phase_two_s: float = 0.0
     duration_s: float = 0.0
     key_map_bytes: int = 0
+    append_latencies_ms: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)
@@ -51,12 +57,15 @@ class CompactionRecord:
     last_success_ms: int = 0
     last_failure_ms: int = 0
     last_duration_ms: int = 0
+    total_duration_ms: int = 0
     last_error: str = ""
     bytes_read: int = 0
     bytes_written: int = 0
     compacted_entries: int = 0
     compacted_size_bytes: int = 0
     last_run: RunFigures | None = None
+    append_latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
+    """Appends per ``LATENCY_BUCKETS_MS`` bucket (not cumulative), the last for overflow."""
 
     def succeeded(self, figures: RunFigures, now_ms: int) -> None:
         """Fold a successful run in."""
@@ -65,6 +74,9 @@ class CompactionRecord:
         self.successes += 1
         self.last_success_ms = now_ms
         self.last_duration_ms = int(figures.duration_s * 1000)
+        self.total_duration_ms += self.last_duration_ms
+        for latency in figures.append_latencies_ms:
+            self.append_latency_counts[bisect.bisect_left(LATENCY_BUCKETS_MS, latency)] += 1
         self.bytes_read += figures.bytes_read
         self.bytes_written += figures.bytes_written
         if figures.ledger_id != -1:
@@ -77,4 +89,5 @@ class CompactionRecord:
         self.failures += 1
         self.last_failure_ms = now_ms
         self.last_duration_ms = int(duration_s * 1000)
+        self.total_duration_ms += self.last_duration_ms
         self.last_error = f"{type(error).__name__}: {error}"

@@ -45,7 +45,7 @@ from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 
-__all__ = ["CompactionConfig", "Compactor", "collect_orphans"]
+__all__ = ["CompactionConfig", "Compactor", "Progress", "collect_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,23 @@ class Compactor:
         self.config = config or CompactionConfig()
         self._clock = clock
 
-    def compact(self, topic: CompactedTopic) -> RunFigures:
-        """Run one compaction of ``topic`` and record its outcome; raises on failure."""
+    def compact(
+        self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None
+    ) -> RunFigures:
+        """Run one compaction of ``topic`` and record its outcome; raises on failure.
+
+        ``delete_retention_ms`` > 0 keeps tombstones published in the last that many ms
+        (measured from this run's start) as their keys' latest values
+        (``compactor.algorithm``, tombstone retention); 0 drops every tombstone, as Pulsar.
+        ``progress(phase, entries_done, entries_total)`` is called from the run's thread
+        as each phase ("phase-one", "phase-two") goes through the input stream: at its
+        start, after each read batch, and at its end.
+        """
         with topic.exclusive_run():
             started = time.monotonic()
+            cutoff = self._now_ms() - delete_retention_ms if delete_retention_ms > 0 else None
             try:
-                figures = self._run(topic, started)
+                figures = self._run(topic, started, cutoff, progress or _no_progress)
             except Exception as error:
                 log.warning("compaction of %s failed: %s", topic.name, error)
                 topic.record.failed(error, time.monotonic() - started, self._now_ms())
@@ -89,7 +100,7 @@ class Compactor:
             topic.record.succeeded(figures, self._now_ms())
             return figures
 
-    def _run(self, topic: CompactedTopic, started: float) -> RunFigures:
+    def _run(self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress) -> RunFigures:
         ledger = topic.ledger
         previous = topic.view  # raises CompactedLedgerMissingError: never publish a partial view
         cursor = ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
@@ -97,9 +108,12 @@ class Compactor:
         if stop.entry_id < 0 or stop <= cursor.mark_delete_position:
             return RunFigures(duration_s=time.monotonic() - started)
         horizon = cursor.mark_delete_position
-        first = self._phase_one(topic, previous, horizon, stop)
+        total = (previous.entries if previous is not None else 0) + ledger.entries_between(horizon, stop)
+        first = self._phase_one(topic, previous, horizon, stop, cutoff, _Counted("phase-one", total, progress))
         phase_one_s = time.monotonic() - started
-        new_ledger_id, entries_written, bytes_written, kept = self._phase_two(topic, previous, horizon, stop, first)
+        latencies: list[float] = []
+        new_ledger_id, entries_written, bytes_written, kept = self._phase_two(
+            topic, previous, horizon, stop, first, cutoff, _Counted("phase-two", total, progress), latencies)
         self._publish(topic, cursor, stop, new_ledger_id, previous)
         duration_s = time.monotonic() - started
         return RunFigures(
@@ -114,6 +128,7 @@ class Compactor:
             phase_two_s=duration_s - phase_one_s,
             duration_s=duration_s,
             key_map_bytes=first.key_map.nbytes,
+            append_latencies_ms=tuple(latencies),
         )
 
     # -- the input stream ---------------------------------------------------------------
@@ -138,14 +153,15 @@ class Compactor:
             position = ledger.next_valid_position(batch[-1].position)
 
     def _phase_one(
-        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position
+        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
+        cutoff: int | None, counted: _Counted,
     ) -> PhaseOneResult:
         timeout_s = self.config.phase_one_read_timeout_s
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="phase-one-read")
 
         def timed(read: Callable[[], list[Entry]]) -> list[Entry]:
             try:
-                return reader.submit(read).result(timeout=timeout_s)
+                return counted(reader.submit(read).result(timeout=timeout_s))
             except FutureTimeoutError:
                 raise CompactionTimeoutError(
                     f"{topic.name}: a phase-one read took longer than {timeout_s} s"
@@ -153,7 +169,10 @@ class Compactor:
 
         try:
             stream = self._stream(topic, previous, horizon, stop, timed)
-            return phase_one(stream, retain_null_key=self.config.retain_null_key)
+            counted.start()
+            result = phase_one(stream, retain_null_key=self.config.retain_null_key, keep_tombstones_since_ms=cutoff)
+            counted.end()
+            return result
         finally:
             # A timed-out read may never return: leave it behind, as Pulsar does.
             reader.shutdown(wait=False, cancel_futures=True)
@@ -162,7 +181,7 @@ class Compactor:
 
     def _phase_two(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        first: PhaseOneResult,
+        first: PhaseOneResult, cutoff: int | None, counted: _Counted, latencies: list[float],
     ) -> tuple[int, int, int, int]:
         """Write the survivors to a new sealed ledger: (ledger id, entries, bytes, messages)."""
         store = topic.ledger.store
@@ -171,9 +190,12 @@ class Compactor:
             "topic": topic.name, "compactedTo": str(stop),
         })
         try:
-            stream = self._stream(topic, previous, horizon, stop, lambda read: read())
-            survivors = phase_two(stream, first, retain_null_key=self.config.retain_null_key)
-            entries, size, messages = self._write(topic, ledger_id, survivors)
+            stream = self._stream(topic, previous, horizon, stop, lambda read: counted(read()))
+            counted.start()
+            survivors = phase_two(stream, first, retain_null_key=self.config.retain_null_key,
+                                  keep_tombstones_since_ms=cutoff)
+            entries, size, messages = self._write(topic, ledger_id, survivors, latencies)
+            counted.end()
             store.close(ledger_id)
         except Exception:
             store.delete(ledger_id)
@@ -181,14 +203,17 @@ class Compactor:
         return ledger_id, entries, size, messages
 
     def _write(
-        self, topic: CompactedTopic, ledger_id: int, survivors: Iterator[CompactedEntry]
+        self, topic: CompactedTopic, ledger_id: int, survivors: Iterator[CompactedEntry], latencies: list[float],
     ) -> tuple[int, int, int]:
-        """Append every survivor, at most OUTSTANDING_APPENDS_MAX in flight: (entries, bytes, messages)."""
+        """Append every survivor, at most OUTSTANDING_APPENDS_MAX in flight: (entries, bytes,
+        messages); each append's latency (ms, call to durable) goes to ``latencies``."""
         outstanding: deque[Future[int]] = deque()
         entries = size = messages = 0
         for survivor in survivors:
             data = encode_compacted_entry(survivor)
-            outstanding.append(topic.ledger.store.append(ledger_id, data))
+            appended = topic.ledger.store.append(ledger_id, data)
+            appended.add_done_callback(functools.partial(_took, time.monotonic(), latencies))
+            outstanding.append(appended)
             entries += 1
             size += len(data)
             messages += survivor.messages
@@ -219,6 +244,38 @@ class Compactor:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def _took(started: float, latencies: list[float], done: Future[int]) -> None:
+    """Done-callback of an append (any thread; ``list.append`` is atomic)."""
+    del done
+    latencies.append((time.monotonic() - started) * 1000)
+
+
+Progress = Callable[[str, int, int], None]
+"""``progress(phase, entries_done, entries_total)``; see ``Compactor.compact``."""
+
+
+def _no_progress(phase: str, done: int, total: int) -> None:
+    del phase, done, total
+
+
+class _Counted:
+    """Counts the entries a phase's reads hand out and reports them to ``progress``."""
+
+    def __init__(self, phase: str, total: int, progress: Progress) -> None:
+        self.phase, self.total, self.progress, self.done = phase, total, progress, 0
+
+    def __call__(self, batch: list[Entry]) -> list[Entry]:
+        self.done += len(batch)
+        self.progress(self.phase, self.done, max(self.total, self.done))
+        return batch
+
+    def start(self) -> None:
+        self.progress(self.phase, 0, self.total)
+
+    def end(self) -> None:
+        self.progress(self.phase, self.done, max(self.total, self.done))
 
 
 def _read_previous(previous: CompactedView, first: int, last: int) -> list[Entry]:

@@ -82,6 +82,9 @@ class EntryScan(NamedTuple):
     """Slots of a "batch", ``compacted_out`` ones included; 0 for every other kind."""
     batch: BatchBody | None = None
     """The split body of a "batch"; None for every other kind."""
+    publish_time: int = 0
+    """The entry's ``publish_time`` (ms), shared by every message of a batch; 0 for
+    "opaque" and "marker"."""
 
 
 _OPAQUE = EntryScan("opaque")
@@ -122,7 +125,7 @@ def _one_message(metadata: pb.MessageMetadata, payload_size: int) -> EntryScan:
     """A "single" entry: its one message, keyed by the entry's metadata."""
     key = partition_key_of(metadata)
     tombstone = key is not None and (metadata.null_value or payload_size == 0)
-    return EntryScan("single", ((-1, key, tombstone),))
+    return EntryScan("single", ((-1, key, tombstone),), publish_time=metadata.publish_time)
 
 
 def _batch(
@@ -145,7 +148,7 @@ def _batch(
         tombstone = key is not None and (single.null_value or single.payload_size == 0)
         messages.append((batch_index, key, tombstone))
     batch = BatchBody(metadata, has_checksum, body, slot_ends)
-    return EntryScan("batch", tuple(messages), count, batch)
+    return EntryScan("batch", tuple(messages), count, batch, metadata.publish_time)
 
 
 def _decoded(metadata: pb.MessageMetadata, data: bytes, header_size: int) -> bytes:

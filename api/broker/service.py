@@ -11,6 +11,7 @@ ledger, which makes (or fails) every pending append before it returns.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -72,6 +73,7 @@ class BrokerService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.admin = Admin(self)
         self.last_plan = Plan()
+        self.runs_queued = 0  # compact() calls waiting for a free run slot
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -150,8 +152,17 @@ class BrokerService:
     async def compact(self, text: str) -> RunFigures:
         """Run one compaction of the topic in a worker thread, then trim what it covered."""
         topic = self.get_topic(text, create=False)
-        async with self._runs:
-            figures = await asyncio.to_thread(self.compactor.compact, topic.compacted)
+        retention = self.delete_retention_ms(topic)
+        self.runs_queued += 1
+        try:
+            await self._runs.acquire()
+        finally:
+            self.runs_queued -= 1
+        try:
+            figures = await asyncio.to_thread(
+                functools.partial(self.compactor.compact, topic.compacted, delete_retention_ms=retention))
+        finally:
+            self._runs.release()
         topic.ledger.trim()
         return figures
 
@@ -192,6 +203,15 @@ class BrokerService:
             compacted_bytes=compacted_bytes, oldest_uncompacted_publish_ms=oldest,
             running=topic.compacted.running,
         )
+
+    def delete_retention_ms(self, topic: Topic) -> int:
+        """The topic's ``deleteRetentionMs``: topic policy, else namespace policy, else 0."""
+        metadata = self.data_dir.metadata
+        for scope in (str(topic.name), topic.name.namespace_name):
+            value = metadata.get_policy(scope, "deleteRetentionMs")
+            if value is not None:
+                return int(value)
+        return 0
 
     def _policy(self, topic: Topic) -> CompactionPolicy:
         metadata, scope, namespace = self.data_dir.metadata, str(topic.name), topic.name.namespace_name

@@ -213,3 +213,59 @@ def test_compacted_ledger_metadata(ml: ManagedLedger) -> None:
     assert metadata["compactedTo"] == str(positions[-1])
     assert ml.store.info(topic.view.ledger_id).sealed
     assert isinstance(topic.view, CompactedView)
+
+
+def published_at(key: str, value: bytes, publish_time_ms: int) -> bytes:
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=publish_time_ms,
+                                  partition_key=key)
+    return encode_entry(metadata, value, with_checksum=False)
+
+
+def test_delete_retention_keeps_a_young_tombstone_until_a_later_run_finds_it_old(ml: ManagedLedger) -> None:
+    """The run's cut-off is its clock's now − ``delete_retention_ms``; 0 is Pulsar's drop."""
+    now = [100.0]  # seconds, the runner's clock
+    compactor = Compactor(clock=lambda: now[0])
+    append(ml, published_at("k", b"v", 90_000), published_at("k", b"", 99_000), published_at("j", b"1", 99_000))
+    topic = CompactedTopic.restore(ml)
+    compactor.compact(topic, delete_retention_ms=5_000)  # cut-off 95 s: the tombstone is young
+    kept = list(topic.view.iter_all())  # type: ignore[union-attr]
+    assert values(kept) == [("k", b""), ("j", b"1")]
+    now[0] = 110.0
+    append(ml, published_at("j", b"2", 109_000))
+    compactor.compact(topic, delete_retention_ms=5_000)  # cut-off 105 s: now it is old
+    assert values(list(topic.view.iter_all())) == [("j", b"2")]  # type: ignore[union-attr]
+
+
+def test_delete_retention_zero_drops_tombstones_at_once(ml: ManagedLedger) -> None:
+    append(ml, published_at("k", b"v", 1), published_at("k", b"", 2))
+    topic = CompactedTopic.restore(ml)
+    Compactor(clock=lambda: 0.0).compact(topic, delete_retention_ms=0)  # even "from the future"
+    assert list(topic.view.iter_all()) == []  # type: ignore[union-attr]
+
+
+def test_progress_reports_both_phases_up_to_the_entries_read(ml: ManagedLedger) -> None:
+    append(ml, *(message(f"k{i % 3}", b"v") for i in range(7)))
+    topic = CompactedTopic.restore(ml)
+    calls: list[tuple[str, int, int]] = []
+    Compactor(CompactionConfig(read_batch_entries=2)).compact(topic, progress=lambda *call: calls.append(call))
+    for phase in ("phase-one", "phase-two"):
+        seen = [(done, total) for name, done, total in calls if name == phase]
+        assert seen[0] == (0, 7) and seen[-1] == (7, 7)
+        assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # never goes back
+    assert [name for name, _, _ in calls] == sorted(name for name, _, _ in calls)  # one phase, then the other
+    append(ml, message("k0", b"w"))
+    calls.clear()
+    Compactor().compact(topic, progress=lambda *call: calls.append(call))
+    assert calls[-1] == ("phase-two", 4, 4)  # 3 compacted entries + 1 new one
+
+
+def test_record_keeps_total_duration_and_append_latency_buckets(ml: ManagedLedger) -> None:
+    append(ml, message("a", b"1"), message("b", b"1"))
+    topic = CompactedTopic.restore(ml)
+    figures = Compactor().compact(topic)
+    assert len(figures.append_latencies_ms) == figures.entries_written == 2
+    assert sum(topic.record.append_latency_counts) == 2
+    append(ml, message("c", b"1"))
+    Compactor().compact(topic)
+    assert sum(topic.record.append_latency_counts) == 5  # 2, then 3 survivors
+    assert topic.record.total_duration_ms >= topic.record.last_duration_ms

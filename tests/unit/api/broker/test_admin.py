@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,3 +125,28 @@ def test_scheduler_tick_uses_policies_and_the_concurrency_limit(tmp_path: Path) 
         await admin.wait_for_runs()
 
     asyncio.run(_with_broker(tmp_path, body, Settings(compaction_threshold_bytes=0, compaction_max_concurrent_runs=1)))
+
+
+def test_delete_retention_policy_topic_over_namespace_and_its_runs(tmp_path: Path) -> None:
+    """``deleteRetentionMs``: topic policy, else namespace policy, else 0 (Pulsar's drop);
+    a run through the broker keeps a tombstone younger than it."""
+    async def body(broker: BrokerService) -> None:
+        admin = broker.admin
+        admin.create_topic(TOPIC)
+        topic = broker.get_topic(TOPIC)
+        assert broker.delete_retention_ms(topic) == 0
+        admin.set_policy("public/default", "deleteRetentionMs", 60_000)
+        assert broker.delete_retention_ms(topic) == 60_000
+        admin.set_policy(TOPIC, "deleteRetentionMs", 3_600_000)
+        assert broker.delete_retention_ms(topic) == 3_600_000
+        now_ms = int(time.time() * 1000)
+        for key, value in (("gone", b"1"), ("gone", b"")):
+            topic.ledger.append(entry(key, value, publish_ms=now_ms)).result(timeout=10)
+        await broker.compact(TOPIC)
+        assert topic.compacted.view is not None and topic.compacted.view.entries == 1  # the tombstone
+        admin.remove_policy(TOPIC, "deleteRetentionMs")
+        admin.remove_policy("public/default", "deleteRetentionMs")
+        topic.ledger.append(entry("other", b"x", publish_ms=now_ms)).result(timeout=10)
+        await broker.compact(TOPIC)
+        assert topic.compacted.view.entries == 1  # "other" only: the tombstone is dropped now
+    asyncio.run(_with_broker(tmp_path, body))
