@@ -21,6 +21,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
+from api import admin_cli, offline
 from api.config import ConfigError, Settings, load_settings, require_supported, setting_specs
 from ledger.errors import CompactionServiceError
 
@@ -98,6 +99,10 @@ ConfigFile = Annotated[str | None, typer.Option(
 @app.callback()
 def _root() -> None:
     """compactd: a Pulsar-compatible broker whose reason to exist is topic compaction."""
+
+
+app.add_typer(admin_cli.app, name="admin")
+app.command("compact-topic")(offline.compact_topic_command)
 
 
 @app.command()

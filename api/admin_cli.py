@@ -1,0 +1,436 @@
+"""``compactd admin``: the admin REST API from the command line, as ``pulsar-admin`` does it.
+
+Every verb is one HTTP request (``compaction-status -w``: a bounded series of them) to the
+admin REST API of INTERFACES §3, made with httpx::
+
+    compactd admin [--admin-url URL] [--auth-token TOKEN] topics|namespaces VERB [OPTIONS] NAME
+
+Names follow Pulsar's rules: a topic ``t`` is ``persistent://public/default/t``, a topic
+``tenant/namespace/t`` is ``persistent://tenant/namespace/t``; a namespace is
+``tenant/namespace``. Sizes are bytes, or a number with a ``K``, ``M``, ``G`` or ``T``
+suffix (1024-based, as ``pulsar-admin``); durations are milliseconds, or a number with an
+``ms``, ``s``, ``m``, ``h``, ``d``, ``w`` or ``y`` suffix. A value that does not parse is a
+usage error (exit 2) naming the value.
+
+Output: JSON documents on stdout (pretty-printed by rich on a terminal, plain JSON
+otherwise), topic lists one name a line; verbs that change state print nothing, like
+``pulsar-admin``. Failures print one line to stderr and exit 1, never a traceback:
+``error: <reason> (HTTP <code>)`` for an error answer, a line naming the URL when the
+API cannot be reached.
+
+The pure parts (``parse_size``, ``parse_duration_ms``, ``parse_ratio``, ``topic_path``,
+``namespace_path``) raise ``ValueError`` naming the bad value; the command layer turns
+that into typer's ``BadParameter``.
+
+This module deliberately has no ``from __future__ import annotations``: the policy verbs
+are built by a factory, and typer reads their annotations as live objects.
+"""
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+from rich.console import Console
+
+__all__ = [
+    "ADMIN_URL_ENV",
+    "AUTH_TOKEN_ENV",
+    "DEFAULT_ADMIN_URL",
+    "AdminClient",
+    "AdminError",
+    "PolicySpec",
+    "app",
+    "namespace_path",
+    "parse_duration_ms",
+    "parse_ratio",
+    "parse_size",
+    "topic_path",
+]
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+ADMIN_URL_ENV = "COMPACTD_ADMIN_URL"
+AUTH_TOKEN_ENV = "COMPACTD_AUTH_TOKEN"
+EXIT_FAILURE = 1
+# One admin request answers in milliseconds; one that takes this long is a stuck broker.
+REQUEST_TIMEOUT_S = 30.0
+# ``compaction-status -w``: pulsar-admin polls every second and waits without a bound;
+# we bound the wait (a run over a large topic takes minutes, not hours) and say so.
+WAIT_TIMEOUT_S_DEFAULT = 600.0
+POLL_INTERVAL_S_DEFAULT = 1.0
+
+_PART = re.compile(r"^[A-Za-z0-9_.=:\-]+$")  # Pulsar's allowed characters for each part
+_SIZE = re.compile(r"^(\d+)([kKmMgGtT]?)$")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)?$")
+_DURATION_MS = {
+    None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
+    "w": 7 * 86_400_000, "y": 365 * 86_400_000,
+}
+
+
+# -- the pure parts --------------------------------------------------------------------
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``text``: ``1048576``, ``100M``, ``2g`` (1024-based suffixes K, M, G, T)."""
+    match = _SIZE.match(text.strip())
+    if match is None:
+        raise ValueError(
+            f"invalid size {text!r}: expected a number of bytes, or a number with a K, M, G or T "
+            "suffix (e.g. 100M); negative sizes are not allowed"
+        )
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+def parse_duration_ms(text: str) -> int:
+    """Milliseconds of ``text``: ``5000`` (ms), ``30s``, ``10m``, ``1h``, ``7d``, ``2w``, ``1y``."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise ValueError(
+            f"invalid duration {text!r}: expected milliseconds, or a number with an ms, s, m, h, "
+            "d, w or y suffix (e.g. 1h); negative durations are not allowed"
+        )
+    return int(match.group(1)) * _DURATION_MS[match.group(2)]
+
+
+def parse_ratio(text: str) -> float:
+    """A ratio between 0 and 1 inclusive: ``0.5``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"invalid ratio {text!r}: expected a number between 0 and 1") from None
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise ValueError(f"invalid ratio {text!r}: expected a number between 0 and 1")
+    return value
+
+
+def topic_path(text: str) -> str:
+    """The REST path of topic ``text``: ``t`` → ``/admin/v2/persistent/public/default/t``."""
+    name = text.strip()
+    if "://" not in name:
+        name = f"persistent://{name}" if name.count("/") == 2 else f"persistent://public/default/{name}"
+    domain, _, rest = name.partition("://")
+    if domain != "persistent":
+        raise ValueError(f"invalid topic name {text!r}: only persistent:// topics exist in compactd")
+    parts = rest.split("/")
+    if len(parts) != 3 or not all(_PART.match(part) for part in parts):
+        raise ValueError(f"invalid topic name {text!r}: expected persistent://tenant/namespace/topic")
+    return "/admin/v2/persistent/" + "/".join(parts)
+
+
+def namespace_path(text: str) -> str:
+    """The REST path of namespace ``tenant/namespace``: ``/admin/v2/namespaces/tenant/namespace``."""
+    parts = text.strip().split("/")
+    if len(parts) != 2 or not all(_PART.match(part) for part in parts):
+        raise ValueError(f"invalid namespace {text!r}: expected tenant/namespace")
+    return "/admin/v2/namespaces/" + "/".join(parts)
+
+
+def namespace_topics_path(text: str) -> str:
+    """The REST path listing the topics of namespace ``tenant/namespace``."""
+    return "/admin/v2/persistent/" + namespace_path(text).removeprefix("/admin/v2/namespaces/")
+
+
+# -- HTTP ------------------------------------------------------------------------------
+
+
+class AdminError(Exception):
+    """A request that failed: ``message`` is the one line to print, ``status`` the HTTP code."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AdminClient:
+    """The admin REST API at ``url``; every method raises ``AdminError`` on failure."""
+
+    def __init__(self, url: str, *, token: str | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=REQUEST_TIMEOUT_S,
+                                  transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, *, body: object = None, has_body: bool = False) -> Any:
+        """Send one request; the decoded JSON answer, or None for an empty one (204)."""
+        content = json.dumps(body).encode() if has_body else None
+        headers = {"Content-Type": "application/json"} if has_body else None
+        try:
+            response = self._http.request(method, path, content=content, headers=headers)
+        except httpx.ConnectError as error:
+            raise AdminError(f"cannot reach the admin API at {self.url}: {_cause(error)}") from None
+        except httpx.TimeoutException:
+            raise AdminError(
+                f"the admin API at {self.url} did not answer within {REQUEST_TIMEOUT_S:g} s") from None
+        except httpx.HTTPError as error:
+            raise AdminError(f"request to the admin API at {self.url} failed: {_cause(error)}") from None
+        if response.status_code >= 400:
+            raise AdminError(f"{_reason(response)} (HTTP {response.status_code})",
+                             status=response.status_code)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+
+def _cause(error: Exception) -> str:
+    text = str(error)
+    if "refused" in text.lower() or "Errno 111" in text:
+        return "connection refused (is compactd serve running?)"
+    return text or type(error).__name__
+
+
+def _reason(response: httpx.Response) -> str:
+    """Pulsar's error body ``{"reason": …}``; FastAPI's ``{"detail": …}``; else the text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip() or response.reason_phrase
+    if isinstance(body, dict):
+        for field in ("reason", "detail"):
+            if field in body:
+                value = body[field]
+                return value if isinstance(value, str) else json.dumps(value)
+    return json.dumps(body)
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def _print_json(value: object) -> None:
+    console = Console()
+    if console.is_terminal:
+        console.print_json(json.dumps(value))
+    else:
+        typer.echo(json.dumps(value, indent=2))
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_FAILURE)
+
+
+def _client(ctx: typer.Context) -> AdminClient:
+    client = ctx.find_object(AdminClient)
+    assert client is not None, "the admin callback sets the client"
+    return client
+
+
+def _call(ctx: typer.Context, method: str, path: str, **body: Any) -> Any:
+    try:
+        return _client(ctx).request(method, path, **body)
+    except AdminError as error:
+        _fail(str(error))
+
+
+def _parsed(parse: Callable[[str], Any], text: str, hint: str) -> Any:
+    try:
+        return parse(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint=hint) from None
+
+
+def _topic(text: str) -> str:
+    path: str = _parsed(topic_path, text, "'TOPIC'")
+    return path
+
+
+def _namespace(text: str) -> str:
+    path: str = _parsed(namespace_path, text, "'NAMESPACE'")
+    return path
+
+
+# -- the commands ------------------------------------------------------------------------
+
+app = typer.Typer(name="admin", no_args_is_help=True, add_completion=False,
+                  help="Administer a running compactd through its REST API (like pulsar-admin).")
+topics = typer.Typer(name="topics", no_args_is_help=True, help="Operations on topics.")
+namespaces = typer.Typer(name="namespaces", no_args_is_help=True, help="Operations on namespaces.")
+app.add_typer(topics)
+app.add_typer(namespaces)
+
+Topic = Annotated[str, typer.Argument(metavar="TOPIC", help="persistent://tenant/namespace/topic, or its short form.")]
+Namespace = Annotated[str, typer.Argument(metavar="NAMESPACE", help="tenant/namespace, e.g. public/default.")]
+
+
+@app.callback()
+def _admin(
+    ctx: typer.Context,
+    admin_url: Annotated[str, typer.Option(
+        "--admin-url", envvar=ADMIN_URL_ENV, metavar="URL",
+        help="Base URL of the admin REST API.")] = DEFAULT_ADMIN_URL,
+    auth_token: Annotated[str | None, typer.Option(
+        "--auth-token", envvar=AUTH_TOKEN_ENV, metavar="TOKEN", show_default=False,
+        help="Token sent as 'Authorization: Bearer TOKEN'.")] = None,
+) -> None:
+    """Administer a running compactd through its REST API (like pulsar-admin)."""
+    # Tests hand an httpx transport in as ``obj``; users never do.
+    transport = ctx.obj if isinstance(ctx.obj, httpx.BaseTransport) else None
+    client = AdminClient(admin_url, token=auth_token, transport=transport)
+    ctx.call_on_close(client.close)
+    ctx.obj = client
+
+
+@topics.command("create")
+def create_topic(ctx: typer.Context, topic: Topic) -> None:
+    """Create a topic (HTTP 409 when it exists)."""
+    _call(ctx, "PUT", _topic(topic))
+
+
+@topics.command("delete")
+def delete_topic(ctx: typer.Context, topic: Topic) -> None:
+    """Delete a topic, its ledgers and its compacted ledger."""
+    _call(ctx, "DELETE", _topic(topic))
+
+
+@topics.command("list")
+def list_topics(ctx: typer.Context, namespace: Namespace) -> None:
+    """List the topics of a namespace, one a line."""
+    path: str = _parsed(namespace_topics_path, namespace, "'NAMESPACE'")
+    for name in _call(ctx, "GET", path) or []:
+        typer.echo(name)
+
+
+@topics.command("stats")
+def topic_stats(ctx: typer.Context, topic: Topic) -> None:
+    """Print the topic's stats (with its compaction section)."""
+    _print_json(_call(ctx, "GET", f"{_topic(topic)}/stats"))
+
+
+@topics.command("stats-internal")
+def topic_internal_stats(ctx: typer.Context, topic: Topic) -> None:
+    """Print the topic's internal stats (ledgers, cursors, compacted ledger)."""
+    _print_json(_call(ctx, "GET", f"{_topic(topic)}/internalStats"))
+
+
+@topics.command("compact")
+def compact(ctx: typer.Context, topic: Topic) -> None:
+    """Start a compaction of the topic (HTTP 409 when one is running)."""
+    path = _topic(topic)
+    _call(ctx, "PUT", f"{path}/compaction")
+    typer.echo(f"Topic compaction requested for {_full_name(path)}")
+
+
+@topics.command("compaction-status")
+def compaction_status(
+    ctx: typer.Context,
+    topic: Topic,
+    wait: Annotated[bool, typer.Option("--wait-complete", "-w", help="Wait until the run ends.")] = False,
+    wait_timeout_s: Annotated[float, typer.Option(
+        "--wait-timeout", metavar="SECONDS", min=0.0,
+        help="With -w: give up (exit 1) after this long.")] = WAIT_TIMEOUT_S_DEFAULT,
+    poll_interval_s: Annotated[float, typer.Option(
+        "--poll-interval", metavar="SECONDS", min=0.01,
+        help="With -w: time between two status requests.")] = POLL_INTERVAL_S_DEFAULT,
+) -> None:
+    """Print the status of the topic's compaction; exit 1 when it is ERROR."""
+    path = f"{_topic(topic)}/compaction"
+    status = _call(ctx, "GET", path)
+    deadline = time.monotonic() + wait_timeout_s
+    while wait and _status_word(status) == "RUNNING":
+        if time.monotonic() >= deadline:
+            _print_json(status)
+            _fail(f"compaction of {_full_name(_topic(topic))} still RUNNING after {wait_timeout_s:g} s")
+        time.sleep(min(poll_interval_s, max(0.0, deadline - time.monotonic())))
+        status = _call(ctx, "GET", path)
+    _print_json(status)
+    if _status_word(status) == "ERROR":
+        last_error = status.get("lastError") if isinstance(status, dict) else None
+        _fail(f"compaction failed: {last_error or 'no error given'}")
+
+
+@topics.command("delete-subscription")
+def delete_subscription(
+    ctx: typer.Context,
+    topic: Topic,
+    subscription: Annotated[str, typer.Option("--subscription", "-s", metavar="NAME",
+                                              help="The subscription to delete.")],
+) -> None:
+    """Delete a subscription; deleting __compaction drops the compacted view."""
+    if not subscription:
+        raise typer.BadParameter("the subscription name is empty", param_hint="'--subscription'")
+    quoted = httpx.URL(f"/{subscription}").raw_path.decode("ascii").lstrip("/")
+    _call(ctx, "DELETE", f"{_topic(topic)}/subscription/{quoted}")
+
+
+def _status_word(status: object) -> str | None:
+    return status.get("status") if isinstance(status, dict) else None
+
+
+def _full_name(path: str) -> str:
+    return "persistent://" + path.removeprefix("/admin/v2/persistent/")
+
+
+# -- policies, on topics and on namespaces --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """One policy: its verb suffix, its REST name, its value option and how it parses."""
+
+    verb: str  # compaction-threshold: set-compaction-threshold, get-…, remove-…
+    name: str  # compactionThreshold: the REST path's last part
+    flag: str  # --threshold
+    metavar: str
+    what: str  # the help text's description of the value
+    parse: Callable[[str], object]
+
+
+POLICIES = (
+    PolicySpec("compaction-threshold", "compactionThreshold", "--threshold", "SIZE",
+               "backlog size that triggers a compaction (bytes, or 100M, 1G: 1024-based)", parse_size),
+    PolicySpec("min-cleanable-dirty-ratio", "minCleanableDirtyRatio", "--ratio", "RATIO",
+               "share of the topic not yet compacted that triggers a compaction (0 to 1)", parse_ratio),
+    PolicySpec("max-compaction-lag", "maxCompactionLagMs", "--lag", "DURATION",
+               "longest time a message stays uncompacted (ms, or 30s, 10m, 1h, 7d)", parse_duration_ms),
+    PolicySpec("delete-retention", "deleteRetentionMs", "--retention", "DURATION",
+               "time a tombstone stays in the compacted view (ms, or 1h, 1d)", parse_duration_ms),
+)
+
+
+def _add_policy_verbs(group: typer.Typer, spec: PolicySpec, scope: str, to_path: Callable[[str], str]) -> None:
+    """``set-``, ``get-`` and ``remove-`` ``spec.verb`` on ``group`` (topics or namespaces)."""
+    target_help = ("persistent://tenant/namespace/topic, or its short form." if scope == "topic"
+                   else "tenant/namespace, e.g. public/default.")
+    metavar = "TOPIC" if scope == "topic" else "NAMESPACE"
+
+    def set_policy(
+        ctx: typer.Context,
+        target: str = typer.Argument(..., metavar=metavar, help=target_help),
+        value: str = typer.Option(..., spec.flag, metavar=spec.metavar, help=f"The {spec.what}."),
+    ) -> None:
+        parsed = _parsed(spec.parse, value, f"'{spec.flag}'")
+        _call(ctx, "POST", f"{to_path(target)}/{spec.name}", body=parsed, has_body=True)
+
+    def get_policy(
+        ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help),
+    ) -> None:
+        _print_json(_call(ctx, "GET", f"{to_path(target)}/{spec.name}"))
+
+    def remove_policy(
+        ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help),
+    ) -> None:
+        _call(ctx, "DELETE", f"{to_path(target)}/{spec.name}")
+
+    group.command(f"set-{spec.verb}", help=f"Set the {scope}'s {spec.name}: the {spec.what}.")(set_policy)
+    group.command(f"get-{spec.verb}", help=f"Print the {scope}'s {spec.name} (null when unset).")(get_policy)
+    group.command(f"remove-{spec.verb}", help=f"Remove the {scope}'s {spec.name}.")(remove_policy)
+
+
+for _spec in POLICIES:
+    _add_policy_verbs(topics, _spec, "topic", _topic)
+    _add_policy_verbs(namespaces, _spec, "namespace", _namespace)
+

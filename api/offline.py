@@ -1,0 +1,194 @@
+"""``compactd compact-topic``: one compaction of one topic of a stopped broker's data dir.
+
+Pulsar's ``bin/pulsar compact-topic``. ``compact_offline`` does what the broker does for a
+triggered run, in this order:
+
+1. refuse a path that holds no compactd data dir (nothing is created there);
+2. open the data dir, taking its lock first: a running broker holds it, and the run is
+   refused (``DataDirLockedError``) before anything is touched;
+3. collect the orphan ledgers a crashed run left behind, as ``compactd serve`` does at start;
+4. refuse a topic the metadata does not know (``TopicNotFoundError``): opening a managed
+   ledger would create it;
+5. load the topic: its managed ledger (the broker's ledger settings), the durable
+   ``__compaction`` cursor, ``CompactedTopic.restore``;
+6. record the status RUNNING, run ``Compactor.compact`` once with the broker's settings
+   (retain null key, phase-one read timeout) and the topic's ``deleteRetentionMs`` policy
+   (else its namespace's), then record SUCCESS or ERROR — what ``topics
+   compaction-status`` reads after the broker restarts;
+7. trim the ledgers the run covered, close the topic and the data dir.
+
+Settings come from the environment and ``COMPACTD_CONFIG`` as for ``compactd serve``
+(flags > environment > config file > defaults), so an offline run compacts as the broker
+would. The command prints a rich progress bar on stderr when it is a terminal, and exactly
+one line of JSON on stdout at the end (``summary``). Errors are one line on stderr:
+exit 1 for an operating error (locked data dir, unknown topic, a failed run), exit 2 for a
+usage error (a malformed topic name, the spark engine, which is not available yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from api.config import ConfigError, Settings
+from compactor.record import RunFigures
+from ledger.errors import CompactionServiceError
+
+__all__ = ["ENGINES", "OfflineError", "compact_offline", "compact_topic_command", "summary"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+ENGINES = ("local", "spark")
+METADATA_FILE = "metadata.db"  # what makes a directory a compactd data dir (ledger.data_dir)
+DELETE_RETENTION_POLICY = "deleteRetentionMs"
+PHASE_LABELS = {"phase-one": "phase one", "phase-two": "phase two"}
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+class OfflineError(CompactionServiceError):
+    """The offline run cannot start: no data dir at the path."""
+
+
+def summary(topic: str, figures: RunFigures) -> dict[str, Any]:
+    """The one-line JSON summary of a successful run."""
+    return {
+        "topic": topic,
+        "status": "SUCCESS",
+        "ledgerId": figures.ledger_id,
+        "removedEvents": figures.removed_events,
+        "entriesRead": figures.entries_read,
+        "messagesRead": figures.messages_read,
+        "entriesWritten": figures.entries_written,
+        "bytesWritten": figures.bytes_written,
+        "durationMs": int(figures.duration_s * 1000),
+    }
+
+
+def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallback | None = None) -> tuple[str, RunFigures]:
+    """Run one compaction of ``topic`` in ``settings.data_dir``; (full topic name, figures)."""
+    from api.broker.errors import TopicNotFoundError
+    from api.broker.topic_name import TopicName
+    from compactor.runner import CompactionConfig, Compactor, collect_orphans
+    from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
+    from cursor.cursor import InitialPosition, ManagedCursor
+    from ledger.data_dir import DataDir
+    from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+    from ledger.storage.base import SyncPolicy
+
+    name = TopicName.parse(topic)
+    full_name = str(name)
+    path = settings.data_dir
+    if not os.path.isfile(os.path.join(path, METADATA_FILE)):
+        raise OfflineError(f"no compactd data dir at {os.path.abspath(path)} (no {METADATA_FILE})")
+    data_dir = DataDir.open(path, sync=SyncPolicy(settings.fsync))
+    try:
+        collect_orphans(data_dir)
+        metadata = data_dir.metadata
+        if not metadata.topic_exists(full_name):
+            raise TopicNotFoundError(f"topic {full_name} not found in data dir {data_dir.path}")
+        ledger = ManagedLedger.open(full_name, data_dir.ledgers, metadata, ManagedLedgerConfig(
+            max_entries_per_ledger=settings.managed_ledger_max_entries_per_ledger,
+            max_size_per_ledger_bytes=settings.managed_ledger_max_size_per_ledger_bytes,
+        ))
+        try:
+            compacted = CompactedTopic.restore(ledger)
+            ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+            compactor = Compactor(CompactionConfig(
+                retain_null_key=settings.topic_compaction_retain_null_key,
+                phase_one_read_timeout_s=settings.compaction_phase_one_loop_timeout_seconds,
+            ))
+            retention = metadata.get_policy(full_name, DELETE_RETENTION_POLICY)
+            if retention is None:
+                retention = metadata.get_policy(name.namespace_name, DELETE_RETENTION_POLICY)
+            metadata.set_compaction_status(full_name, "RUNNING", "", _now_ms())
+            try:
+                figures = compactor.compact(compacted, delete_retention_ms=int(retention or 0), progress=progress)
+            except Exception as error:
+                metadata.set_compaction_status(full_name, "ERROR", f"{type(error).__name__}: {error}", _now_ms())
+                raise
+            metadata.set_compaction_status(full_name, "SUCCESS", "", _now_ms())
+            ledger.trim()
+        finally:
+            ledger.close()
+    finally:
+        data_dir.close()
+    return full_name, figures
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@contextmanager
+def _progress_bar(console: Console) -> Iterator[ProgressCallback | None]:
+    """A progress callback drawing one bar per phase on ``console``; None off a terminal."""
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("entries"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(PHASE_LABELS.get(phase, phase), total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        yield update
+
+
+def _fail(message: object, code: int) -> NoReturn:
+    typer.echo(f"compactd: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def compact_topic_command(
+    data_dir: Annotated[str, typer.Option("--data-dir", metavar="PATH",
+                                          help="Data dir of a stopped compactd broker.")],
+    topic: Annotated[str, typer.Option("--topic", metavar="TOPIC",
+                                       help="persistent://tenant/namespace/topic, or its short form.")],
+    engine: Annotated[str, typer.Option("--engine", metavar="{local,spark}",
+                                        help="Compaction engine.")] = "local",
+    spark_master: Annotated[str | None, typer.Option(
+        "--spark-master", metavar="URL", show_default=False,
+        help="Spark master URL of the spark engine.")] = None,
+) -> None:
+    """Compact one topic of a stopped broker's data dir (Pulsar's compact-topic).
+
+    Shows a progress bar on a terminal and prints one line of JSON at the end:
+    topic, status, ledgerId, removedEvents, entriesRead, messagesRead, entriesWritten,
+    bytesWritten, durationMs. Settings (retain null key, phase-one timeout, ledger sizes)
+    come from the environment and COMPACTD_CONFIG, as for compactd serve.
+    """
+    from api.broker.errors import InvalidTopicNameError, NotAllowedError
+    from api.cli import settings_from_command_line
+
+    if engine not in ENGINES:
+        _fail(f"--engine: {engine!r} is not one of local, spark", EXIT_USAGE)
+    if engine == "spark":
+        _fail("the spark engine is not available yet; use --engine local", EXIT_USAGE)
+    flags: dict[str, object] = {"data_dir": data_dir, "compaction_engine": engine}
+    if spark_master is not None:
+        flags["spark_master"] = spark_master
+    try:
+        settings = settings_from_command_line(flags, os.environ)
+    except ConfigError as error:
+        _fail(error, EXIT_USAGE)
+    try:
+        with _progress_bar(Console(stderr=True)) as progress:
+            full_name, figures = compact_offline(settings, topic, progress=progress)
+    except (InvalidTopicNameError, NotAllowedError) as error:
+        _fail(error, EXIT_USAGE)
+    except CompactionServiceError as error:
+        _fail(error, EXIT_FAILURE)
+    typer.echo(json.dumps(summary(full_name, figures)))
