@@ -27,6 +27,7 @@ are built by a factory, and typer reads their annotations as live objects.
 """
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -277,6 +278,9 @@ def _admin(
         help="Token sent as 'Authorization: Bearer TOKEN'.")] = None,
 ) -> None:
     """Administer a running compactd through its REST API (like pulsar-admin)."""
+    # ``compactd`` logs at INFO to stderr; httpx would log every request there.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     # Tests hand an httpx transport in as ``obj``; users never do.
     transport = ctx.obj if isinstance(ctx.obj, httpx.BaseTransport) else None
     client = AdminClient(admin_url, token=auth_token, transport=transport)
