@@ -28,6 +28,7 @@ from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNo
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
 from compactor.errors import CompactionInProgressError
+from compactor.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import ManagedCursor
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ class Admin:
         topic = self.topic(text)
         if subscription == DEDUP_CURSOR:
             raise TopicNotFoundError(f"Subscription {subscription} not found")
+        if subscription == COMPACTION_SUBSCRIPTION and topic.compacted.running:
+            # dropping the view waits for the run (a thread); refuse rather than block the loop
+            raise CompactionInProgressError(str(topic.name))
         topic.delete_subscription(subscription)
 
     # -- compaction -----------------------------------------------------------------

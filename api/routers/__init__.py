@@ -1,0 +1,19 @@
+"""The admin REST routers, one module per resource; each only parses, calls the core, shapes.
+
+* ``topics`` — list, create, delete topics; delete a subscription.
+* ``compaction`` — trigger a run, read its status.
+* ``policies`` — the compaction policies of topics and namespaces.
+* ``stats`` — topic stats, internal stats, Prometheus metrics.
+
+``common`` holds what they share: the ``Admin`` dependency, path parameters and the
+documented error answers.
+"""
+
+from api.routers.compaction import router as compaction_router
+from api.routers.policies import router as policies_router
+from api.routers.stats import router as stats_router
+from api.routers.topics import router as topics_router
+
+__all__ = ["ROUTERS"]
+
+ROUTERS = (topics_router, compaction_router, policies_router, stats_router)

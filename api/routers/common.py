@@ -1,0 +1,72 @@
+"""What the routers share: the ``Admin`` dependency, path parameters, documented errors.
+
+The admin core is reached through ``AdminDependency`` (``broker.admin`` of the broker
+service on ``app.state``), so tests may swap it with ``app.dependency_overrides``. Route
+handlers and dependencies are ``async`` and call the core directly: the application runs
+on the broker's event loop (``api.server``), where the core must be called (FastAPI would
+run a plain ``def`` in a worker thread).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Path, Request
+
+from api.broker.admin import Admin
+from api.schemas import ErrorBody
+
+__all__ = [
+    "PERSISTENT_PREFIX",
+    "TOPIC_PATH",
+    "AdminDependency",
+    "Namespace",
+    "Tenant",
+    "TopicPart",
+    "errors",
+    "get_admin",
+    "topic_name",
+]
+
+PERSISTENT_PREFIX = "/admin/v2/persistent"
+TOPIC_PATH = PERSISTENT_PREFIX + "/{tenant}/{namespace}/{topic}"
+
+Tenant = Annotated[str, Path(description="Tenant, e.g. `public`.")]
+Namespace = Annotated[str, Path(description="Namespace within the tenant, e.g. `default`.")]
+TopicPart = Annotated[str, Path(description="Local name of the persistent topic.")]
+
+_ERROR_DESCRIPTIONS = {
+    400: "Malformed request: the body is not JSON of the expected type.",
+    404: "The topic (or subscription) does not exist.",
+    405: "The operation is not allowed on this topic or subscription.",
+    409: "Conflict with the current state.",
+    412: "A name or value is not valid (e.g. `Topic name is not valid`, a negative threshold), "
+         "or a precondition failed.",
+    500: "Internal error (logged by the broker).",
+    503: "The broker service is not available.",
+}
+
+
+def errors(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for error ``codes``, each with Pulsar's ``{"reason"}`` body;
+    ``descriptions`` (``c409="…"``) override the generic text of a code."""
+    return {
+        code: {"model": ErrorBody, "description": descriptions.get(f"c{code}", _ERROR_DESCRIPTIONS[code])}
+        for code in (*codes, 500)
+    }
+
+
+async def get_admin(request: Request) -> Admin:
+    """The broker's admin core; 503 when the application was built without a broker."""
+    admin = getattr(request.app.state.broker, "admin", None)
+    if not isinstance(admin, Admin):
+        raise HTTPException(503, "The broker service is not available")
+    return admin
+
+
+AdminDependency = Annotated[Admin, Depends(get_admin)]
+
+
+def topic_name(tenant: str, namespace: str, topic: str) -> str:
+    """The full name of the persistent topic a path names (validated by the core)."""
+    return f"persistent://{tenant}/{namespace}/{topic}"

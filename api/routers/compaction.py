@@ -1,0 +1,53 @@
+"""Compaction of one topic: trigger a run, read the status of the last or current run.
+
+A trigger starts the run in the background and answers at once (204); the run's outcome
+is the status, which is persisted, so it survives a broker restart (a run cut short by a
+stop reads ERROR).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from api.routers.common import (
+    TOPIC_PATH,
+    AdminDependency,
+    Namespace,
+    Tenant,
+    TopicPart,
+    errors,
+    topic_name,
+)
+from api.schemas import CompactionStatus
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["compaction"])
+
+COMPACTION_PATH = TOPIC_PATH + "/compaction"
+
+
+@router.put(
+    COMPACTION_PATH, status_code=204, response_class=Response,
+    summary="Trigger a compaction",
+    responses={204: {"description": "The run started; poll its status."},
+               **errors(404, 412, 409, c409="`Compaction already in progress`.")},
+)
+async def trigger_compaction(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                             topic: TopicPart) -> Response:
+    """Start a compaction run of the topic in the background (it waits for a free run slot
+    when `compaction_max_concurrent_runs` are running)."""
+    admin.trigger_compaction(topic_name(tenant, namespace, topic))
+    return Response(status_code=204)
+
+
+@router.get(
+    COMPACTION_PATH, response_model=CompactionStatus,
+    summary="Status of the last compaction",
+    responses={200: {"description": "NOT_RUN, RUNNING, SUCCESS or ERROR, with the last error."},
+               **errors(404, 412)},
+)
+async def compaction_status(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                            topic: TopicPart) -> CompactionStatus:
+    """Pulsar's `LongRunningProcessStatus` of the topic's last or current run."""
+    return CompactionStatus.model_validate(admin.compaction_status(topic_name(tenant, namespace, topic)))

@@ -1,0 +1,83 @@
+"""Topics: list a namespace's topics, create and delete a topic, delete a subscription.
+
+Pulsar's answers: create 204 (409 when it exists), delete 204 (404 missing, 412 while
+producers or consumers are attached, 409 while a compaction runs). Deleting a topic deletes
+its ledgers and its compacted ledger; deleting the ``__compaction`` subscription drops the
+compacted view and deletes its ledger (the next run rebuilds it from the raw topic).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from api.routers.common import (
+    PERSISTENT_PREFIX,
+    TOPIC_PATH,
+    AdminDependency,
+    Namespace,
+    Tenant,
+    TopicPart,
+    errors,
+    topic_name,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["topics"])
+
+
+@router.get(
+    PERSISTENT_PREFIX + "/{tenant}/{namespace}", response_model=list[str],
+    summary="List the topics of a namespace",
+    responses={200: {"description": "Full names of the namespace's persistent topics."}, **errors(412)},
+)
+async def list_topics(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> list[str]:
+    """Every persistent topic of `tenant/namespace`, as `persistent://tenant/namespace/topic`.
+    A namespace without topics answers an empty list."""
+    return admin.list_topics(admin.namespace_scope(tenant, namespace))
+
+
+@router.put(
+    TOPIC_PATH, status_code=204, response_class=Response,
+    summary="Create a non-partitioned topic",
+    responses={204: {"description": "Created."},
+               **errors(412, 409, c409="The topic already exists.")},
+)
+async def create_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                       topic: TopicPart) -> Response:
+    """Create the persistent topic (topics are also created on first use by a client)."""
+    admin.create_topic(topic_name(tenant, namespace, topic))
+    return Response(status_code=204)
+
+
+@router.delete(
+    TOPIC_PATH, status_code=204, response_class=Response,
+    summary="Delete a topic",
+    responses={204: {"description": "Deleted, with its ledgers and compacted ledger."},
+               **errors(404, 412, 409,
+                        c404="The topic does not exist.",
+                        c412="Producers or consumers are attached, or the name is not valid.",
+                        c409="A compaction of the topic is running.")},
+)
+async def delete_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                       topic: TopicPart) -> Response:
+    """Delete the topic: its ledgers, cursors and compacted ledger. Refused while clients
+    are attached (Pulsar's delete without `force`)."""
+    admin.delete_topic(topic_name(tenant, namespace, topic))
+    return Response(status_code=204)
+
+
+@router.delete(
+    TOPIC_PATH + "/subscription/{subscription}", status_code=204, response_class=Response,
+    summary="Delete a subscription",
+    responses={204: {"description": "Deleted."},
+               **errors(404, 405, 409, 412,
+                        c404="The topic or the subscription does not exist.",
+                        c409="`__compaction` while a compaction of the topic runs.")},
+)
+async def delete_subscription(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                              topic: TopicPart, subscription: str) -> Response:
+    """Delete the subscription and its cursor; its consumers are disconnected. Deleting
+    `__compaction` drops the compacted view and deletes the compacted ledger."""
+    admin.delete_subscription(topic_name(tenant, namespace, topic), subscription)
+    return Response(status_code=204)

@@ -1,0 +1,149 @@
+"""The JSON shapes of the admin REST API: the only place pydantic models live (STYLE P10).
+
+Answers keep Pulsar's field names (camelCase), so that what reads a Pulsar broker's admin
+JSON reads compactd's. Policy values are validated here, at the edge, by their annotated
+types; the core stores what it is given.
+
+* ``ErrorBody`` — every 4xx and 5xx answer: Pulsar's ``{"reason": "…"}``.
+* ``CompactionStatus`` — Pulsar's ``LongRunningProcessStatus``.
+* ``TopicStats``, ``InternalStats`` — the fields of Pulsar's topic stats and internal stats
+  that compactd fills.
+* ``POLICIES`` — each policy's name, value type (with its bounds) and description.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "JAVA_LONG_MAX",
+    "POLICIES",
+    "CompactedLedgerInfo",
+    "CompactionSection",
+    "CompactionStatus",
+    "CursorInternalStats",
+    "ErrorBody",
+    "InternalStats",
+    "LedgerInternalInfo",
+    "PolicySpec",
+    "SubscriptionStats",
+    "TopicStats",
+]
+
+# Pulsar keeps these policies in Java ``long``s; a larger value is refused here rather than
+# accepted and later misread by a Pulsar tool (or overflowing SQLite's 64-bit integers).
+JAVA_LONG_MAX = 2**63 - 1
+
+
+
+class ErrorBody(BaseModel):
+    """Pulsar's error answer."""
+
+    reason: str = Field(description="What was wrong, naming the bad value.")
+
+
+class CompactionStatus(BaseModel):
+    """The state of the topic's last or current compaction run (persisted across restarts)."""
+
+    status: Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"] = Field(
+        description="NOT_RUN (never triggered), RUNNING, SUCCESS or ERROR.")
+    lastError: str = Field(description="The error of the last run when it failed; empty otherwise.")
+
+
+class _Open(BaseModel):
+    """Pulsar's stats carry more fields than compactd fills; extra ones are allowed."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class CompactionSection(_Open):
+    lastCompactionRemovedEventCount: int = Field(description="Entries the last successful run removed.")
+    lastCompactionSucceedTimestamp: int = Field(description="End of the last successful run, ms since epoch; 0 if none.")
+    lastCompactionFailedTimestamp: int = Field(description="End of the last failed run, ms since epoch; 0 if none.")
+    lastCompactionDurationTimeInMills: int = Field(description="Duration of the last run, ms.")
+
+
+class ConsumerStats(_Open):
+    consumerName: str
+
+
+class SubscriptionStats(_Open):
+    msgBacklog: int = Field(description="Entries not yet acknowledged.")
+    backlogSize: int = Field(description="Estimated bytes not yet acknowledged.")
+    type: str = Field(description="Exclusive, Shared or Failover.")
+    isDurable: bool
+    consumers: list[ConsumerStats]
+
+
+class TopicStats(_Open):
+    """Pulsar's ``TopicStats``, with the compaction section."""
+
+    msgInCounter: int = Field(description="Entries ever added to the topic.")
+    storageSize: int = Field(description="Bytes stored for the topic.")
+    publishers: list[dict[str, Any]]
+    subscriptions: dict[str, SubscriptionStats]
+    compaction: CompactionSection
+
+
+class LedgerInternalInfo(_Open):
+    ledgerId: int
+    entries: int
+    size: int
+
+
+class CursorInternalStats(_Open):
+    markDeletePosition: str = Field(description='"ledgerId:entryId".')
+    readPosition: str = Field(description='"ledgerId:entryId".')
+    properties: dict[str, int] = Field(description="Cursor properties, e.g. CompactedTopicLedger.")
+
+
+class CompactedLedgerInfo(_Open):
+    ledgerId: int = Field(description="The compacted ledger; -1 when there is none.")
+    entries: int = Field(description="Its entries; -1 when there is none.")
+    size: int = Field(description="Its bytes; -1 when there is none.")
+
+
+class InternalStats(_Open):
+    """Pulsar's ``PersistentTopicInternalStats``."""
+
+    entriesAddedCounter: int
+    numberOfEntries: int
+    totalSize: int
+    ledgers: list[LedgerInternalInfo]
+    cursors: dict[str, CursorInternalStats]
+    compactedLedger: CompactedLedgerInfo
+
+
+class PolicySpec(NamedTuple):
+    """One compaction policy as the API exposes it."""
+
+    name: str
+    kind: Literal["long", "ratio"]  # a JSON integer in [0, JAVA_LONG_MAX], or a number in [0, 1]
+    summary: str
+    description: str
+
+
+POLICIES = (
+    PolicySpec(
+        "compactionThreshold", "long", "compaction threshold (bytes)",
+        "Backlog of the `__compaction` subscription, in bytes, past which the scheduler "
+        "starts a compaction run; 0 turns it off (Pulsar's policy). A JSON integer >= 0.",
+    ),
+    PolicySpec(
+        "minCleanableDirtyRatio", "ratio", "minimum cleanable dirty ratio",
+        "Beyond Pulsar (Kafka's min.cleanable.dirty.ratio): a run is started only when the "
+        "uncompacted share of the topic is at least this. A JSON number from 0 to 1.",
+    ),
+    PolicySpec(
+        "maxCompactionLagMs", "long", "maximum compaction lag (ms)",
+        "Beyond Pulsar (Kafka's max.compaction.lag.ms): a run is started once the oldest "
+        "uncompacted message is this old, whatever the threshold. A JSON integer >= 0.",
+    ),
+    PolicySpec(
+        "deleteRetentionMs", "long", "tombstone retention (ms)",
+        "Beyond Pulsar (Kafka's delete.retention.ms): how long a tombstone stays in the "
+        "compacted view before a run drops it. A JSON integer >= 0.",
+    ),
+)
