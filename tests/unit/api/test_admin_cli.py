@@ -237,6 +237,15 @@ def test_documents_print_as_plain_json_off_a_terminal() -> None:
     assert internal.calls[0][1] == "/admin/v2/persistent/public/default/t/internalStats"
 
 
+def test_documents_are_pretty_printed_by_rich_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich: treat stdout as a terminal
+
+    result = _admin(Recorder(httpx.Response(200, json={"msgInCounter": 3})), "topics", "stats", "t")
+
+    assert result.exit_code == 0
+    assert "\x1b[" in result.stdout and "msgInCounter" in result.stdout
+
+
 def test_list_prints_one_topic_a_line() -> None:
     names = ["persistent://public/default/a", "persistent://public/default/b"]
     recorder = Recorder(httpx.Response(200, json=names))
