@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ TOPIC = "persistent://public/default/rest"
 TOPIC_URL = "/admin/v2/persistent/public/default/rest"
 NAMESPACE_URL = "/admin/v2/namespaces/public/default"
 WAIT_S = 30.0
+HOLD_S = 2.0  # how long a held run lasts at most in the 409 test
 Body = Callable[[BrokerService, httpx.AsyncClient], Awaitable[None]]
 
 
@@ -273,10 +275,25 @@ def test_deleting_compaction_subscription_or_topic_while_a_run_holds_it_answers_
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
         await client.put(TOPIC_URL)
         compacted = broker.get_topic(TOPIC).compacted
-        with compacted.exclusive_run():  # as a run in its worker thread holds it
+        release = threading.Event()
+
+        def run() -> None:  # holds the topic as a run in its worker thread does
+            with compacted.exclusive_run():
+                release.wait(HOLD_S)  # bounded: a blocked loop would otherwise never set it
+        holder = threading.Thread(target=run)
+        holder.start()
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while not compacted.running:
+                    await asyncio.sleep(0.001)
+            # dropping the view waits for the run: answered at once instead of blocking the loop
             assert_reason(await client.delete(TOPIC_URL + "/subscription/__compaction"), 409, "in progress")
             assert_reason(await client.delete(TOPIC_URL), 409, "in progress")
             assert_reason(await client.put(TOPIC_URL + "/compaction"), 409, "in progress")
+            assert holder.is_alive()
+        finally:
+            release.set()
+            holder.join(WAIT_S)
         assert (await client.delete(TOPIC_URL + "/subscription/__compaction")).status_code == 204
 
     run(tmp_path, body)
