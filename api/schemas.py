@@ -1,8 +1,8 @@
 """The JSON shapes of the admin REST API: the only place pydantic models live (STYLE P10).
 
 Answers keep Pulsar's field names (camelCase), so that what reads a Pulsar broker's admin
-JSON reads compactd's. Policy values are validated here, at the edge, by their annotated
-types; the core stores what it is given.
+JSON reads compactd's. Policy values are validated at the edge (``api.routers.policies``,
+by ``PolicySpec.kind``); the core stores what it is given.
 
 * ``ErrorBody`` — every 4xx and 5xx answer: Pulsar's ``{"reason": "…"}``.
 * ``CompactionStatus`` — Pulsar's ``LongRunningProcessStatus``.
