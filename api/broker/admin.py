@@ -72,8 +72,9 @@ class Admin:
         topic = self.topic(text)
         if any(s.consumers for s in topic.subscriptions.values()) or topic.producers_connected():
             raise PreconditionFailedError(f"Topic {topic.name} has active producers or consumers")
-        if topic.compacted.running:
-            raise CompactionInProgressError(str(topic.name))
+        queued = self._runs.get(str(topic.name))
+        if topic.compacted.running or (queued is not None and not queued.done()):
+            raise CompactionInProgressError(str(topic.name))  # running, or waiting for a run slot
         self.broker.topics.pop(str(topic.name), None)
         topic.delete()
 

@@ -150,3 +150,20 @@ def test_delete_retention_policy_topic_over_namespace_and_its_runs(tmp_path: Pat
         await broker.compact(TOPIC)
         assert topic.compacted.view.entries == 1  # "other" only: the tombstone is dropped now
     asyncio.run(_with_broker(tmp_path, body))
+
+
+def test_a_topic_whose_run_waits_for_a_slot_is_not_deleted(tmp_path: Path) -> None:
+    """A triggered run queued behind the concurrency limit counts as in progress."""
+    async def body(broker: BrokerService) -> None:
+        admin = broker.admin
+        publish(broker, TOPIC, ("a", b"1"))
+        await broker._runs.acquire()  # the only slot (limit 1) is taken
+        admin.trigger_compaction(TOPIC)
+        with pytest.raises(CompactionInProgressError):
+            admin.delete_topic(TOPIC)
+        broker._runs.release()
+        await admin.wait_for_runs()
+        assert admin.compaction_status(TOPIC)["status"] == "SUCCESS"
+        admin.delete_topic(TOPIC)
+        assert admin.list_topics("public/default") == []
+    asyncio.run(_with_broker(tmp_path, body))
