@@ -22,7 +22,9 @@ Settings come from the environment and ``COMPACTD_CONFIG`` as for ``compactd ser
 would. The command prints a rich progress bar on stderr when it is a terminal, and exactly
 one line of JSON on stdout at the end (``summary``). Errors are one line on stderr:
 exit 1 for an operating error (locked data dir, unknown topic, a failed run), exit 2 for a
-usage error (a malformed topic name, the spark engine, which is not available yet).
+usage error (a malformed topic name, an unknown engine). ``--engine spark`` runs phase one
+on Spark (``--spark-master``, default the ``spark_master`` setting); without PySpark
+installed (the ``spark`` extra) or Java, the run fails with exit 1 and a message saying so.
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ def summary(topic: str, figures: RunFigures) -> dict[str, Any]:
 def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallback | None = None) -> tuple[str, RunFigures]:
     """Run one compaction of ``topic`` in ``settings.data_dir``; (full topic name, figures)."""
     from api.broker.errors import TopicNotFoundError
+    from api.broker.service import compaction_config
     from api.broker.topic_name import TopicName
-    from compactor.runner import CompactionConfig, Compactor, collect_orphans
+    from compactor.runner import Compactor, collect_orphans
     from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
     from cursor.cursor import InitialPosition, ManagedCursor
     from ledger.data_dir import DataDir
@@ -102,10 +105,7 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
         try:
             compacted = CompactedTopic.restore(ledger)
             ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
-            compactor = Compactor(CompactionConfig(
-                retain_null_key=settings.topic_compaction_retain_null_key,
-                phase_one_read_timeout_s=settings.compaction_phase_one_loop_timeout_seconds,
-            ))
+            compactor = Compactor(compaction_config(settings))
             retention = metadata.get_policy(full_name, DELETE_RETENTION_POLICY)
             if retention is None:
                 retention = metadata.get_policy(name.namespace_name, DELETE_RETENTION_POLICY)
@@ -115,6 +115,8 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
             except Exception as error:
                 metadata.set_compaction_status(full_name, "ERROR", f"{type(error).__name__}: {error}", _now_ms())
                 raise
+            finally:
+                compactor.close()
             metadata.set_compaction_status(full_name, "SUCCESS", "", _now_ms())
             ledger.trim()
         finally:
@@ -175,8 +177,6 @@ def compact_topic_command(
 
     if engine not in ENGINES:
         _fail(f"--engine: {engine!r} is not one of local, spark", EXIT_USAGE)
-    if engine == "spark":
-        _fail("the spark engine is not available yet; use --engine local", EXIT_USAGE)
     flags: dict[str, object] = {"data_dir": data_dir, "compaction_engine": engine}
     if spark_master is not None:
         flags["spark_master"] = spark_master

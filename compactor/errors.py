@@ -7,6 +7,8 @@
         ├── CompactionInProgressError        a run was asked for while one runs on the topic
         ├── CompactedLedgerMissingError      the published compacted ledger is gone
         ├── CompactionTimeoutError           a phase-one read took longer than its limit
+        ├── SparkEngineError                 the Spark engine could not run (PySpark or
+        │                                    Java missing, a failed job, an unusable store)
         ├── KeyMapLimitError (keymap.py)     a position does not fit the key map's packing
         └── MalformedEntryError (ValueError) entry bytes that are not a valid Pulsar message
             └── UndecodablePayloadError      metadata parsed, but the payload (batch body or
@@ -29,6 +31,7 @@ __all__ = [
     "CompactionTimeoutError",
     "CompactorError",
     "MalformedEntryError",
+    "SparkEngineError",
     "UndecodablePayloadError",
 ]
 
@@ -83,3 +86,16 @@ class MalformedEntryError(CompactorError, ValueError):
 
 class UndecodablePayloadError(MalformedEntryError):
     """The metadata is valid but the payload cannot be decompressed or split into slots."""
+
+
+class SparkEngineError(CompactorError):
+    """The Spark engine could not run phase one; the run fails and nothing is published.
+
+    Errors from PySpark and py4j are re-raised as this one at the adapter boundary
+    (``compactor.spark``); ``retriable`` is True for a failed job (the cluster may recover),
+    False when PySpark or the ledger files are not there to use.
+    """
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable

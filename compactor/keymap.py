@@ -131,6 +131,29 @@ class PositionPacker:
             raise KeyMapLimitError(f"entry id {entry_id} does not fit {_ENTRY_BITS} bits")
         return (ordinal << (_ENTRY_BITS + _BATCH_BITS)) | (entry_id << _BATCH_BITS)
 
+    def pack_many(self, ledger_ids: U64, entry_ids: U64, batch_indexes: npt.NDArray[np.int64]) -> U64:
+        """``pack`` of many positions at once (numpy arrays of one length), in any order.
+
+        Their ledger ids, ascending, must all be after the ledgers met so far. This is how a
+        phase one computed elsewhere (the Spark engine) hands its retained positions over.
+        """
+        for ledger_id in np.unique(ledger_ids).tolist():
+            self._ordinal(int(ledger_id))
+        if len(entry_ids) and int(entry_ids.max()) >= 1 << _ENTRY_BITS:
+            raise KeyMapLimitError(f"entry id {int(entry_ids.max())} does not fit {_ENTRY_BITS} bits")
+        if len(batch_indexes) and not (
+            -1 <= int(batch_indexes.min()) and int(batch_indexes.max()) < (1 << _BATCH_BITS) - 1
+        ):
+            raise KeyMapLimitError(f"a batch index does not fit {_BATCH_BITS} bits")
+        known = np.array(self._ledger_ids, dtype=np.uint64)
+        ordinals = np.searchsorted(known, ledger_ids).astype(np.uint64)
+        slots = (batch_indexes + 1).astype(np.uint64)
+        packed: U64 = (
+            (ordinals << np.uint64(_ENTRY_BITS + _BATCH_BITS))
+            | (entry_ids.astype(np.uint64) << np.uint64(_BATCH_BITS))
+        ) + slots
+        return packed
+
     def unpack(self, packed: int) -> Position:
         """Inverse of ``pack``."""
         ordinal = packed >> (_ENTRY_BITS + _BATCH_BITS)
@@ -149,6 +172,19 @@ class KeyMap:
         self._buffer = array("Q")  # high, low, packed triples in stream order
         self._buffer_items_max = self._merge_threshold()
         self.merges = 0
+
+    @classmethod
+    def from_latest(cls, high: U64, low: U64, packed: U64) -> KeyMap:
+        """A merged map of distinct key hashes (halves ``high``, ``low``) and their latest
+        packed positions, as a phase one computed elsewhere (the Spark engine) found them."""
+        assert len(high) == len(low) == len(packed)
+        key_map = cls()
+        order = np.lexsort((low, high))
+        key_map._high, key_map._low, key_map._packed = high[order], low[order], packed[order]
+        assert not np.any((key_map._high[1:] == key_map._high[:-1]) & (key_map._low[1:] == key_map._low[:-1]))
+        assert not np.any(key_map._packed == np.uint64(_TOMBSTONE))
+        key_map._buffer_items_max = key_map._merge_threshold()
+        return key_map
 
     def put(self, hashed: tuple[int, int], packed: int) -> None:
         """The key hashed to ``hashed`` now has its latest value at ``packed``."""

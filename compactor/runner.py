@@ -9,7 +9,10 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    and the run succeeds with ``ledger_id = -1``.
 3. Phase one over the input stream: the previous compacted ledger's entries (with their
    original positions), then the raw entries after the horizon up to the stop marker.
-   Every store read must finish within ``phase_one_read_timeout_s``.
+   The engine (``compactor.engine.choose_engine``: ``local``, ``spark``, or ``auto`` by the
+   estimated key map against ``memory_budget_bytes``) runs it: ``local`` here, where every
+   store read must finish within ``phase_one_read_timeout_s``; ``spark`` as a Spark job
+   over the same ledgers (``compactor.spark.engine``), whose result phase two takes alike.
 4. Phase two over the same stream writes the survivors to a new ledger (metadata:
    component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
    original message id and, for batches, the surviving-slot mask. If every key was
@@ -27,7 +30,9 @@ persisted state always names a complete, sealed compacted ledger or none.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -36,7 +41,15 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 
 from compactor.algorithm import CompactedEntry, PhaseOneResult, phase_one, phase_two
-from compactor.errors import CompactionTimeoutError
+from compactor.engine import (
+    EngineName,
+    LedgerRange,
+    PhaseOneEngine,
+    PhaseOneInput,
+    choose_engine,
+    raw_ranges,
+)
+from compactor.errors import CompactionTimeoutError, SparkEngineError
 from compactor.record import RunFigures
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, encode_compacted_entry
@@ -45,12 +58,15 @@ from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 
-__all__ = ["CompactionConfig", "Compactor", "Progress", "collect_orphans"]
+__all__ = ["MEMORY_BUDGET_BYTES_DEFAULT", "CompactionConfig", "Compactor", "Progress", "collect_orphans"]
 
 log = logging.getLogger(__name__)
 
 # Pulsar's MAX_OUTSTANDING: appends to the new compacted ledger in flight at once.
 OUTSTANDING_APPENDS_MAX = 500
+# Default memory the local key map may take before ``auto`` moves phase one to Spark:
+# 1 GiB holds about 45 million live keys at 24 bytes each.
+MEMORY_BUDGET_BYTES_DEFAULT = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,19 +78,34 @@ class CompactionConfig:
         phase_one_read_timeout_s: limit on each phase-one read
             (``brokerServiceCompactionPhaseOneLoopTimeInSeconds``, 30).
         read_batch_entries: raw entries per store read.
+        engine: which engine runs phase one: ``local``, ``spark`` or ``auto``
+            (``compactor.engine.choose_engine``).
+        spark_master: the Spark master URL of the ``spark`` engine.
+        memory_budget_bytes: the key map ``auto`` allows the local engine.
     """
 
     retain_null_key: bool = False
     phase_one_read_timeout_s: float = 30.0
     read_batch_entries: int = 1000
+    engine: EngineName = "local"
+    spark_master: str = "local[*]"
+    memory_budget_bytes: int = MEMORY_BUDGET_BYTES_DEFAULT
 
 
 class Compactor:
     """Runs compactions with one configuration; safe to share between topics."""
 
-    def __init__(self, config: CompactionConfig | None = None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, config: CompactionConfig | None = None, *, clock: Callable[[], float] = time.time,
+        spark_engine: PhaseOneEngine | None = None,
+    ) -> None:
+        """``spark_engine`` runs phase one when the spark engine is chosen; by default a
+        ``compactor.spark.SparkPhaseOne`` on ``config.spark_master``, made on first use."""
         self.config = config or CompactionConfig()
         self._clock = clock
+        self._spark_engine = spark_engine
+        self._owns_spark_engine = False
+        self._spark_lock = threading.Lock()
 
     def compact(
         self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None
@@ -153,6 +184,56 @@ class Compactor:
             position = ledger.next_valid_position(batch[-1].position)
 
     def _phase_one(
+        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
+        cutoff: int | None, counted: _Counted,
+    ) -> PhaseOneResult:
+        engine = choose_engine(
+            self.config.engine, estimated_keys=counted.total,
+            memory_budget_bytes=self.config.memory_budget_bytes, spark_available=_spark_installed(),
+        )
+        log.info("%s: phase one on the %s engine", topic.name, engine)
+        if engine == "spark":
+            return self._spark_phase_one(topic, previous, horizon, stop, cutoff, counted)
+        return self._local_phase_one(topic, previous, horizon, stop, cutoff, counted)
+
+    def _spark_phase_one(
+        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
+        cutoff: int | None, counted: _Counted,
+    ) -> PhaseOneResult:
+        """Phase one on the spark engine, over the same stream as ``_stream`` reads."""
+        root = getattr(topic.ledger.store, "root", None)
+        if not isinstance(root, str):
+            raise SparkEngineError(f"{topic.name}: the spark engine reads ledger files, and this store has none")
+        ranges = [] if previous is None or previous.entries == 0 else [
+            LedgerRange(previous.ledger_id, 0, previous.entries - 1, compacted=True)]
+        ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
+        request = PhaseOneInput(root, tuple(ranges), stop, self.config.retain_null_key, cutoff)
+        counted.start()
+        result = self._spark().phase_one(request)
+        counted.done = result.entries_read
+        counted.end()
+        return result
+
+    def _spark(self) -> PhaseOneEngine:
+        with self._spark_lock:
+            if self._spark_engine is None:
+                from compactor.spark.engine import SparkPhaseOne  # PySpark loads only here
+
+                self._spark_engine = SparkPhaseOne(self.config.spark_master)
+                self._owns_spark_engine = True
+            return self._spark_engine
+
+    def close(self) -> None:
+        """Stop the Spark session this compactor started, if any (idempotent)."""
+        with self._spark_lock:
+            if not self._owns_spark_engine:
+                return
+            engine, self._spark_engine, self._owns_spark_engine = self._spark_engine, None, False
+        stop = getattr(engine, "stop", None)
+        if stop is not None:
+            stop()
+
+    def _local_phase_one(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
         cutoff: int | None, counted: _Counted,
     ) -> PhaseOneResult:
@@ -244,6 +325,11 @@ class Compactor:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def _spark_installed() -> bool:
+    """PySpark can be imported (the ``spark`` extra); ``auto`` never picks spark without it."""
+    return importlib.util.find_spec("pyspark") is not None
 
 
 def _took(started: float, latencies: list[float], done: Future[int]) -> None:

@@ -26,8 +26,10 @@ start-up collects) but never leaves a reference to a deleted ledger.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -138,15 +140,23 @@ class CursorRecord:
 
 
 class MetadataStore:
-    """The SQLite metadata database at ``path`` (``":memory:"`` for tests)."""
+    """The SQLite metadata database at ``path`` (``":memory:"`` for tests).
 
-    def __init__(self, path: str) -> None:
+    ``read_only=True`` opens an existing, up-to-date database without owning it: no
+    migration, no pragma that writes, and every write raises ``MetadataError``.
+    """
+
+    def __init__(self, path: str, *, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
         self._lock = threading.RLock()
         try:
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            if read_only:
+                self._db = self._connect_read_only(path)
+            else:
+                self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=5000")
             self._migrate()
         except sqlite3.Error as error:
@@ -157,6 +167,16 @@ class MetadataStore:
 
     # -- lifecycle and transactions -----------------------------------------------------
 
+    @staticmethod
+    def _connect_read_only(path: str) -> sqlite3.Connection:
+        """A connection that never writes: for readers of a live data dir (the Spark data
+        source), which take no lock. WAL lets them read while the owner writes; they see
+        each committed transaction whole. The file must exist (nothing is created)."""
+        if not os.path.isfile(path):
+            raise MetadataError(f"no metadata store at {path}")
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+        return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > len(MIGRATIONS):
@@ -164,6 +184,12 @@ class MetadataStore:
                 f"{self.path} has schema version {version}; this compactd knows up to "
                 f"{len(MIGRATIONS)}: upgrade compactd"
             )
+        if self.read_only:
+            if version < len(MIGRATIONS):  # only the owner brings a schema up to date
+                raise SchemaVersionError(
+                    f"{self.path} has schema version {version}; open it read-write once to upgrade it"
+                )
+            return
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             self._db.executescript(f"BEGIN IMMEDIATE; {script}; PRAGMA user_version = {number}; COMMIT;")
 

@@ -24,7 +24,7 @@ from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
 from compactor.errors import CompactionInProgressError
 from compactor.record import RunFigures
-from compactor.runner import CompactionConfig, Compactor
+from compactor.runner import MEMORY_BUDGET_BYTES_DEFAULT, CompactionConfig, Compactor
 from compactor.scheduler import (
     CompactionPolicy,
     Plan,
@@ -41,12 +41,24 @@ from ledger.position import Position
 if TYPE_CHECKING:
     from api.wire.connection import ServerConnection
 
-__all__ = ["TRIM_INTERVAL_S", "BrokerService"]
+__all__ = ["TRIM_INTERVAL_S", "BrokerService", "compaction_config"]
 
 log = logging.getLogger(__name__)
 
 # How often consumed ledgers are trimmed (Pulsar's retentionCheckIntervalInSeconds: 120).
 TRIM_INTERVAL_S = 120.0
+
+
+def compaction_config(settings: Any) -> CompactionConfig:
+    """The compactor's settings (broker.conf names in ``CompactionConfig``), shared with
+    ``compactd compact-topic`` so that an offline run compacts as the broker would."""
+    return CompactionConfig(
+        retain_null_key=bool(getattr(settings, "topic_compaction_retain_null_key", False)),
+        phase_one_read_timeout_s=float(getattr(settings, "compaction_phase_one_loop_timeout_seconds", 30)),
+        engine=getattr(settings, "compaction_engine", "auto"),
+        spark_master=str(getattr(settings, "spark_master", "local[*]")),
+        memory_budget_bytes=int(getattr(settings, "compaction_memory_budget_bytes", MEMORY_BUDGET_BYTES_DEFAULT)),
+    )
 
 
 class BrokerService:
@@ -57,10 +69,7 @@ class BrokerService:
         self.settings = settings
         self.topics: dict[str, Topic] = {}
         self.connections: set[ServerConnection] = set()
-        self.compactor = Compactor(CompactionConfig(
-            retain_null_key=bool(getattr(settings, "topic_compaction_retain_null_key", False)),
-            phase_one_read_timeout_s=float(getattr(settings, "compaction_phase_one_loop_timeout_seconds", 30)),
-        ))
+        self.compactor = Compactor(compaction_config(settings))
         self.ledger_config = ManagedLedgerConfig(
             max_entries_per_ledger=int(getattr(settings, "managed_ledger_max_entries_per_ledger", 50_000)),
             max_size_per_ledger_bytes=int(getattr(settings, "managed_ledger_max_size_per_ledger_bytes", 2 << 30)),
@@ -108,6 +117,7 @@ class BrokerService:
             except Exception as error:  # noqa: BLE001 - keep closing the others; the data dir syncs the rest
                 log.warning("closing %s: %s", topic.name, error)
         self.topics.clear()
+        self.compactor.close()  # stops the Spark session if the spark engine started one
 
     async def _trim_periodically(self) -> None:
         while True:

@@ -1,0 +1,36 @@
+"""compactd on Apache Spark: the ``compactd`` PySpark data source and the Spark engine.
+
+* ``CompactdDataSource`` (``compactor.spark.source``): a topic, or its compacted view, as
+  a DataFrame — ``spark.dataSource.register(CompactdDataSource)``, then
+  ``spark.read.format("compactd")``.
+* ``SparkPhaseOne`` (``compactor.spark.engine``): phase one as a distributed aggregation,
+  the ``spark`` engine of ``compactor.runner.Compactor``.
+
+This package is the only one that imports PySpark, and it does so lazily: importing
+``compactor.spark`` loads nothing; the names above load their module (and PySpark) on
+first access, so a compactd without the ``spark`` extra still imports everything.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compactor.spark.engine import SparkPhaseOne
+    from compactor.spark.source import CompactdDataSource, PhaseOneDataSource
+
+__all__ = ["CompactdDataSource", "PhaseOneDataSource", "SparkPhaseOne"]
+
+_MODULES = {
+    "CompactdDataSource": "compactor.spark.source",
+    "PhaseOneDataSource": "compactor.spark.source",
+    "SparkPhaseOne": "compactor.spark.engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'compactor.spark' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,213 @@
+"""What an executor makes of one ledger range: Arrow record batches, no PySpark needed.
+
+Both Spark data sources read ledger files directly through a read-only ``FileLedgerStore``
+(no lock: the owning broker may be running) and turn one ``LedgerRange`` into rows:
+
+* ``message_batches`` — one row per message, as a reader of the topic gets it (the
+  ``compactd`` data source, ``MESSAGE_SCHEMA``). Raw entries: markers, entries that do not
+  decode (opaque) and slots a previous run dropped (``compacted_out``) give no row.
+  Compacted entries: the surviving slots only (the ``ack_set`` a read-compacted reader is
+  sent). A key that is not valid UTF-8 (a producer's raw bytes) has its bad bytes
+  replaced, as Arrow strings must be text; ``value`` is null for a ``send(None)``.
+* ``phase_one_batches`` — phase one's view of the stream (``PHASE_ONE_SCHEMA``), exactly
+  what ``compactor.algorithm.phase_one`` reads: one row per keyed live message with its
+  key's 128-bit hash (two signed int64 halves), its position and whether it deletes the
+  key (an old tombstone; a young one counts as a value), and one *figures* row per range
+  (null hash) counting entries, messages, bytes, markers and opaque entries.
+
+Reads go ``READ_BATCH_ENTRIES_MAX`` entries at a time and rows leave in record batches of
+at most ``ROWS_PER_BATCH_MAX``, so an executor's memory stays bounded whatever the ledger.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from compactor.algorithm import CompactedEntry
+from compactor.engine import LedgerRange
+from compactor.errors import MalformedEntryError
+from compactor.keymap import key_hash
+from compactor.message import is_marker, iter_messages, parse_entry
+from compactor.scan import scan_entry
+from compactor.view import decode_compacted_entry
+from ledger.position import Position
+from ledger.storage.base import SyncPolicy
+from ledger.storage.file import FileLedgerStore
+
+__all__ = [
+    "MESSAGE_SCHEMA",
+    "MESSAGE_SCHEMA_DDL",
+    "PHASE_ONE_SCHEMA",
+    "PHASE_ONE_SCHEMA_DDL",
+    "ledgers_root_of",
+    "message_batches",
+    "open_store",
+    "phase_one_batches",
+    "read_range",
+]
+
+# Entries per store read: a few MiB of entry bytes at typical sizes.
+READ_BATCH_ENTRIES_MAX = 2000
+# Rows per Arrow record batch handed to Spark.
+ROWS_PER_BATCH_MAX = 8192
+
+MESSAGE_SCHEMA_DDL = (
+    "key string, value binary, ledger_id bigint, entry_id bigint, batch_index int, "
+    "publish_time bigint, event_time bigint, properties map<string,string>, tombstone boolean"
+)
+MESSAGE_SCHEMA = pa.schema([
+    ("key", pa.string()), ("value", pa.binary()), ("ledger_id", pa.int64()),
+    ("entry_id", pa.int64()), ("batch_index", pa.int32()), ("publish_time", pa.int64()),
+    ("event_time", pa.int64()), ("properties", pa.map_(pa.string(), pa.string())),
+    ("tombstone", pa.bool_()),
+])
+PHASE_ONE_SCHEMA_DDL = (
+    "hash_high bigint, hash_low bigint, ledger_id bigint, entry_id bigint, batch_index int, "
+    "deletes boolean, entries bigint, messages bigint, entry_bytes bigint, markers bigint, "
+    "opaque_entries bigint"
+)
+PHASE_ONE_SCHEMA = pa.schema([
+    ("hash_high", pa.int64()), ("hash_low", pa.int64()), ("ledger_id", pa.int64()),
+    ("entry_id", pa.int64()), ("batch_index", pa.int32()), ("deletes", pa.bool_()),
+    ("entries", pa.int64()), ("messages", pa.int64()), ("entry_bytes", pa.int64()),
+    ("markers", pa.int64()), ("opaque_entries", pa.int64()),
+])
+_SIGN = 1 << 63
+
+
+def open_store(ledgers_root: str) -> FileLedgerStore:
+    """A read-only view of the ledger files under ``ledgers_root`` (no lock, no writes)."""
+    return FileLedgerStore(ledgers_root, sync=SyncPolicy.NONE, read_only=True)
+
+
+def read_range(store: FileLedgerStore, ledger_range: LedgerRange) -> Iterator[CompactedEntry]:
+    """The range's entries at their original positions (compacted entries decoded)."""
+    last = ledger_range.last_entry_id
+    for first in range(ledger_range.first_entry_id, last + 1, READ_BATCH_ENTRIES_MAX):
+        chunk = store.read(ledger_range.ledger_id, first, min(last, first + READ_BATCH_ENTRIES_MAX - 1))
+        for offset, data in enumerate(chunk):
+            if ledger_range.compacted:
+                yield decode_compacted_entry(data)
+            else:
+                yield CompactedEntry(Position(ledger_range.ledger_id, first + offset), data)
+
+
+def _text(key: str | None) -> str | None:
+    """``key`` as valid text (undecodable bytes kept by ``surrogateescape`` replaced)."""
+    if key is None:
+        return None
+    return key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _signed(half: int) -> int:
+    return half - (1 << 64) if half >= _SIGN else half
+
+
+class _Columns:
+    """Rows gathered column by column, cut into record batches of a schema."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.columns: list[list[Any]] = [[] for _ in schema.names]
+
+    def add(self, *row: Any) -> None:
+        for column, value in zip(self.columns, row, strict=True):
+            column.append(value)
+
+    def full(self) -> bool:
+        return len(self.columns[0]) >= ROWS_PER_BATCH_MAX
+
+    def take(self) -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(column, type=field.type) for column, field in zip(self.columns, self.schema, strict=True)],
+            schema=self.schema,
+        )
+        self.columns = [[] for _ in self.schema.names]
+        return batch
+
+
+def message_batches(ledgers_root: str, ledger_range: LedgerRange) -> Iterator[pa.RecordBatch]:
+    """One row per message of the range (see the module docstring)."""
+    store = open_store(ledgers_root)
+    try:
+        columns = _Columns(MESSAGE_SCHEMA)
+        for entry in read_range(store, ledger_range):
+            _add_messages(columns, entry)
+            if columns.full():
+                yield columns.take()
+        if columns.columns[0]:
+            yield columns.take()
+    finally:
+        store.shutdown()
+
+
+def _add_messages(columns: _Columns, entry: CompactedEntry) -> None:
+    """The rows of one entry: none for a marker or an entry that does not decode."""
+    try:
+        parsed = parse_entry(entry.data)
+        if is_marker(parsed.metadata):
+            return
+        messages = list(iter_messages(parsed))
+    except MalformedEntryError:
+        return
+    surviving = set(entry.surviving) if entry.batch_size else None
+    position = entry.position
+    publish_time = parsed.metadata.publish_time
+    for message in messages:
+        if message.compacted_out or (surviving is not None and message.batch_index not in surviving):
+            continue
+        columns.add(
+            _text(message.key), None if message.null_value else message.payload,
+            position.ledger_id, position.entry_id, message.batch_index, publish_time,
+            message.event_time, [(_text(k), _text(v)) for k, v in message.properties.items()],
+            message.is_tombstone,
+        )
+
+
+def phase_one_batches(
+    ledgers_root: str, ledger_range: LedgerRange, keep_tombstones_since_ms: int | None
+) -> Iterator[pa.RecordBatch]:
+    """Phase one's rows of the range (see the module docstring)."""
+    store = open_store(ledgers_root)
+    try:
+        columns = _Columns(PHASE_ONE_SCHEMA)
+        figures = [0, 0, 0, 0, 0]  # entries, messages, entry bytes, markers, opaque entries
+        for entry in read_range(store, ledger_range):
+            _add_keys(columns, entry, figures, keep_tombstones_since_ms)
+            if columns.full():
+                yield columns.take()
+        columns.add(None, None, None, None, None, None, *figures)
+        yield columns.take()
+    finally:
+        store.shutdown()
+
+
+def _add_keys(columns: _Columns, entry: CompactedEntry, figures: list[int], cutoff: int | None) -> None:
+    """One entry as ``compactor.algorithm.phase_one`` reads it."""
+    figures[0] += 1
+    figures[2] += len(entry.data)
+    scan = scan_entry(entry.data)
+    if scan.kind == "opaque":
+        figures[4] += 1
+        return
+    if scan.kind == "marker":
+        figures[3] += 1
+        return
+    figures[1] += len(scan.messages)
+    young = cutoff is not None and scan.publish_time >= cutoff
+    ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
+    for batch_index, key, tombstone in scan.messages:
+        if key is None:
+            continue
+        high, low = key_hash(key)
+        columns.add(_signed(high), _signed(low), ledger_id, entry_id, batch_index,
+                    tombstone and not young, None, None, None, None, None)
+
+
+def ledgers_root_of(data_dir: str) -> str:
+    """Where a data dir keeps its ledger files (``ledger.data_dir``'s layout)."""
+    return os.path.join(os.path.abspath(data_dir), "ledgers")

@@ -1,0 +1,193 @@
+"""PySpark data sources over a compactd data dir: a topic (or its compacted view) as a DataFrame.
+
+``CompactdDataSource`` (format ``"compactd"``), registered the PySpark way::
+
+    spark.dataSource.register(CompactdDataSource)
+    df = (spark.read.format("compactd")
+          .option("dataDir", "/var/lib/compactd").option("topic", "my-table")
+          .option("readCompacted", "true")        # default "false": the raw topic
+          .option("includeOpenLedger", "false")   # default: sealed ledgers only
+          .load())
+
+gives one row per message (``compactor.spark.rows.MESSAGE_SCHEMA_DDL``: key, value,
+ledger_id, entry_id, batch_index, publish_time and event_time in ms since the epoch,
+properties, tombstone) and one partition per ledger, so executors read ledgers in
+parallel. Options:
+
+* ``dataDir`` (required): the data dir; it is opened **read-only** and without its lock,
+  so a running broker keeps serving: the metadata through a read-only SQLite connection
+  (WAL readers see committed transactions whole), the ledger files through a read-only
+  ``FileLedgerStore``. Executors must see the same path (one machine, or a shared disk).
+* ``topic`` (required): ``persistent://tenant/namespace/topic``, ``tenant/namespace/topic``
+  or a short name in ``public/default``.
+* ``readCompacted``: ``"true"`` reads what a read-compacted reader gets: the published
+  compacted ledger (surviving messages only, at their original ids), then the raw ledgers
+  after the horizon; ``"false"`` (default) reads the raw ledgers.
+* ``includeOpenLedger``: ``"true"`` also reads the open (current) ledger up to its last
+  confirmed entry at planning time; default ``"false"``: sealed ledgers only, which never
+  change under a running broker.
+
+``PhaseOneDataSource`` (format ``"compactd-phase-one"``) is the Spark engine's internal
+input: the ranges of one run (a JSON option) as ``rows.PHASE_ONE_SCHEMA_DDL`` rows.
+
+Only ``compactor.spark`` imports PySpark; this module is loaded on first use of
+``compactor.spark.CompactdDataSource``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from compactor.engine import LedgerRange
+from compactor.errors import CompactorError
+from compactor.spark import rows
+from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
+from ledger.errors import LedgerNotFoundError
+from ledger.metadata import LedgerRecord, MetadataStore
+from ledger.position import Position
+
+__all__ = ["CompactdDataSource", "PhaseOneDataSource", "full_topic_name", "plan_ranges"]
+
+METADATA_FILE = "metadata.db"  # ledger.data_dir's layout
+TRUE_WORDS = {"true": True, "false": False}
+
+
+def full_topic_name(topic: str) -> str:
+    """``topic`` in its full form (Pulsar's short forms: ``t``, ``tenant/ns/t``)."""
+    if "://" in topic:
+        return topic
+    parts = topic.split("/")
+    if len(parts) == 1:
+        return f"persistent://public/default/{topic}"
+    if len(parts) == 3:
+        return f"persistent://{topic}"
+    raise CompactorError(f"topic {topic!r} is neither a short name nor tenant/namespace/topic")
+
+
+def _flag(options: Any, name: str) -> bool:
+    value = str(options.get(name, "false")).strip().lower()
+    if value not in TRUE_WORDS:
+        raise CompactorError(f"option {name}: {value!r} is not true or false")
+    return TRUE_WORDS[value]
+
+
+def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool) -> list[LedgerRange]:
+    """The ledger ranges a read of ``topic`` covers, in topic order (see the module docstring)."""
+    path = os.path.join(os.path.abspath(data_dir), METADATA_FILE)
+    metadata = MetadataStore(path, read_only=True)
+    try:
+        records = metadata.topic_ledgers(topic)
+        if not records and not metadata.topic_exists(topic):
+            raise CompactorError(f"topic {topic} not found in data dir {data_dir}")
+        cursor = metadata.load_cursor(topic, COMPACTION_SUBSCRIPTION) if read_compacted else None
+    finally:
+        metadata.close()
+    store = rows.open_store(rows.ledgers_root_of(data_dir))
+    try:
+        ranges: list[LedgerRange] = []
+        horizon = Position(-1, -1)
+        if cursor is not None and COMPACTED_TOPIC_LEDGER in cursor.properties:
+            compacted_id = cursor.properties[COMPACTED_TOPIC_LEDGER]
+            horizon = cursor.mark_delete_position
+            last = store.last_add_confirmed(compacted_id)
+            if last >= 0:
+                ranges.append(LedgerRange(compacted_id, 0, last, compacted=True))
+        ranges.extend(_raw_after(store, records, horizon, include_open_ledger))
+        return ranges
+    finally:
+        store.shutdown()
+
+
+def _raw_after(
+    store: Any, records: Sequence[LedgerRecord], horizon: Position, include_open_ledger: bool
+) -> Iterator[LedgerRange]:
+    """Raw entries after ``horizon``: sealed ledgers, and the open one if asked for."""
+    for record in records:
+        if record.ledger_id < horizon.ledger_id:
+            continue
+        entries = record.entries
+        if record.is_open:
+            if not include_open_ledger:
+                continue
+            try:
+                entries = store.last_add_confirmed(record.ledger_id) + 1
+            except LedgerNotFoundError:
+                continue
+        first = horizon.entry_id + 1 if record.ledger_id == horizon.ledger_id else 0
+        if first <= entries - 1:
+            yield LedgerRange(record.ledger_id, first, entries - 1)
+
+
+class CompactdDataSource(DataSource):
+    """Format ``"compactd"``: one row per message of a topic (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "compactd"
+
+    def schema(self) -> str:
+        return rows.MESSAGE_SCHEMA_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        del schema
+        return _MessageReader(dict(self.options))
+
+
+class _MessageReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        lowered = {key.lower(): value for key, value in options.items()}
+        data_dir, topic = lowered.get("datadir"), lowered.get("topic")
+        if not data_dir or not topic:
+            raise CompactorError("the compactd data source needs the options dataDir and topic")
+        self.data_dir = os.path.abspath(data_dir)
+        self.topic = full_topic_name(topic)
+        self.read_compacted = _flag(lowered, "readcompacted")
+        self.include_open_ledger = _flag(lowered, "includeopenledger")
+
+    def partitions(self) -> Sequence[InputPartition]:
+        ranges = plan_ranges(self.data_dir, self.topic, read_compacted=self.read_compacted,
+                             include_open_ledger=self.include_open_ledger)
+        return [InputPartition(ledger_range) for ledger_range in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        yield from rows.message_batches(rows.ledgers_root_of(self.data_dir), partition.value)
+
+
+class PhaseOneDataSource(DataSource):
+    """Format ``"compactd-phase-one"``: the Spark engine's view of one run's stream.
+
+    Options: ``ledgersRoot``, ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
+    last_entry_id, compacted]``) and ``keepTombstonesSinceMs`` (absent: every tombstone
+    deletes).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "compactd-phase-one"
+
+    def schema(self) -> str:
+        return rows.PHASE_ONE_SCHEMA_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        del schema
+        return _PhaseOneReader(dict(self.options))
+
+
+class _PhaseOneReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        lowered = {key.lower(): value for key, value in options.items()}
+        self.ledgers_root = lowered["ledgersroot"]
+        self.ranges = [LedgerRange(int(a), int(b), int(c), bool(d)) for a, b, c, d in json.loads(lowered["ranges"])]
+        cutoff = lowered.get("keeptombstonessincems")
+        self.keep_tombstones_since_ms = None if cutoff in (None, "") else int(cutoff)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [InputPartition(ledger_range) for ledger_range in self.ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        yield from rows.phase_one_batches(self.ledgers_root, partition.value, self.keep_tombstones_since_ms)
