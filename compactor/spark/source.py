@@ -155,6 +155,8 @@ class _MessageReader(DataSourceReader):
         return [InputPartition(ledger_range) for ledger_range in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if partition is None or partition.value is None:  # no ledger to read: Spark's one empty partition
+            return
         yield from rows.message_batches(rows.ledgers_root_of(self.data_dir), partition.value)
 
 
@@ -190,4 +192,6 @@ class _PhaseOneReader(DataSourceReader):
         return [InputPartition(ledger_range) for ledger_range in self.ranges]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if partition is None or partition.value is None:  # no range to read: Spark's one empty partition
+            return
         yield from rows.phase_one_batches(self.ledgers_root, partition.value, self.keep_tombstones_since_ms)

@@ -1,0 +1,144 @@
+"""Helpers of the Spark tests: a topic in a real data dir, and what the local reader sees of it.
+
+``TopicDir`` is a data dir as the broker keeps it (file ledgers with small ledgers, so a
+topic spans several; SQLite metadata; the lock held while it is open), with one topic, its
+``__compaction`` cursor and a compactor. ``local_messages`` is the reference the data
+source must agree with: every message ``compactor.message.iter_messages`` gives, read
+through the local stores, as the rows ``compactor.spark.rows.MESSAGE_SCHEMA_DDL`` names.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from compactor.algorithm import CompactedEntry
+from compactor.errors import MalformedEntryError
+from compactor.message import is_marker, iter_messages, parse_entry
+from compactor.record import RunFigures
+from compactor.runner import Compactor
+from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
+from cursor.cursor import InitialPosition, ManagedCursor
+from ledger.data_dir import DataDir
+from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ledger.position import Position
+from ledger.storage.base import SyncPolicy
+
+TOPIC = "persistent://public/default/spark-topic"
+# A fixed clock: both engines compute the same tombstone cut-off (now - deleteRetentionMs).
+NOW_S = 1_700_000_000.0
+
+Row = tuple[Any, ...]
+
+
+class TopicDir:
+    """One topic in a data dir at ``path``; see the module docstring."""
+
+    def __init__(self, path: Path, *, entries_per_ledger: int = 5) -> None:
+        self.path = path
+        self.data_dir = DataDir.open(str(path), sync=SyncPolicy.NONE)
+        self.ledger = ManagedLedger.open(
+            TOPIC, self.data_dir.ledgers, self.data_dir.metadata,
+            ManagedLedgerConfig(max_entries_per_ledger=entries_per_ledger),
+        )
+        ManagedCursor.open_durable(self.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        self.topic = CompactedTopic.restore(self.ledger)
+
+    def append(self, entries: Iterable[bytes]) -> None:
+        for data in entries:
+            self.ledger.append(data).result()
+
+    def compact(self, compactor: Compactor, *, delete_retention_ms: int = 0) -> RunFigures:
+        return compactor.compact(self.topic, delete_retention_ms=delete_retention_ms)
+
+    def compacted_ledger(self) -> list[bytes]:
+        """Every entry of the published compacted ledger, as stored ([] when none)."""
+        view = self.topic.view
+        if view is None or view.entries == 0:
+            return []
+        return list(self.data_dir.ledgers.read(view.ledger_id, 0, view.entries - 1))
+
+    def close(self) -> None:
+        self.ledger.close()
+        self.data_dir.close()
+
+
+def local_messages(topic_dir: TopicDir, *, read_compacted: bool, include_open_ledger: bool = False) -> list[Row]:
+    """The rows the data source must give, read through the local stores (module docstring)."""
+    ledger = topic_dir.ledger
+    entries: list[CompactedEntry] = []
+    horizon = Position(-1, -1)
+    view = topic_dir.topic.view if read_compacted else None
+    if view is not None:
+        entries.extend(view.iter_all())
+        horizon = view.horizon
+    current = ledger.current_ledger_id
+    for record in ledger.ledger_list():
+        if record.ledger_id < horizon.ledger_id or (record.ledger_id == current and not include_open_ledger):
+            continue
+        first = horizon.entry_id + 1 if record.ledger_id == horizon.ledger_id else 0
+        if first <= record.entries - 1:
+            read = ledger.store.read(record.ledger_id, first, record.entries - 1)
+            entries.extend(CompactedEntry(Position(record.ledger_id, first + i), d) for i, d in enumerate(read))
+    return [row for entry in entries for row in _rows(entry)]
+
+
+def _rows(entry: CompactedEntry) -> list[Row]:
+    try:
+        parsed = parse_entry(entry.data)
+        if is_marker(parsed.metadata):
+            return []
+        messages = list(iter_messages(parsed))
+    except MalformedEntryError:
+        return []
+    rows = []
+    for message in messages:
+        if message.compacted_out or (entry.batch_size and message.batch_index not in entry.surviving):
+            continue
+        key = None if message.key is None else message.key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        rows.append((
+            key, None if message.null_value else bytes(message.payload), entry.position.ledger_id,
+            entry.position.entry_id, message.batch_index, parsed.metadata.publish_time, message.event_time,
+            dict(message.properties), message.is_tombstone,
+        ))
+    return rows
+
+
+def spark_rows(frame: Any) -> list[Row]:
+    """A DataFrame of the ``compactd`` format as plain tuples, in topic order."""
+    rows = frame.orderBy("ledger_id", "entry_id", "batch_index").collect()
+    return [
+        (row.key, None if row.value is None else bytes(row.value), row.ledger_id, row.entry_id,
+         row.batch_index, row.publish_time, row.event_time, dict(row.properties or {}), row.tombstone)
+        for row in rows
+    ]
+
+
+def run_both(
+    parts: list[list[bytes]], path: Path, compactors: dict[str, Compactor],
+    retention: Callable[[int], int] = lambda run: 0,
+) -> dict[str, list[tuple[list[bytes], RunFigures]]]:
+    """Append ``parts`` one after the other to one data dir per engine, compacting after
+    each; every run's compacted ledger and figures, per engine."""
+    results: dict[str, list[tuple[list[bytes], RunFigures]]] = {}
+    for name, compactor in compactors.items():
+        topic_dir = TopicDir(path / name)
+        try:
+            runs = []
+            for number, part in enumerate(parts):
+                topic_dir.append(part)
+                figures = topic_dir.compact(compactor, delete_retention_ms=retention(number))
+                runs.append((topic_dir.compacted_ledger(), figures))
+            results[name] = runs
+        finally:
+            topic_dir.close()
+    return results
+
+
+def pyspark_home() -> str:
+    """Where the PySpark distribution (bin/, jars/) is installed."""
+    import pyspark
+
+    return os.path.dirname(os.path.abspath(pyspark.__file__))
