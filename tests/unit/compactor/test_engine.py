@@ -1,0 +1,98 @@
+"""Engine selection and the seam a phase one computed elsewhere goes through (no Spark here).
+
+``choose_engine`` and ``raw_ranges`` are pure; ``PositionPacker.pack_many`` and
+``KeyMap.from_latest`` rebuild, from a retained set, the ``PhaseOneResult`` the local phase
+two takes: checked against the local phase one over generated streams. Importing compactd
+loads no PySpark.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from compactor.algorithm import PhaseOneResult, phase_one, phase_two
+from compactor.engine import KEY_MAP_BYTES_PER_KEY, LedgerRange, choose_engine, raw_ranges
+from compactor.keymap import KeyMap, KeyMapLimitError, PositionPacker
+from ledger.metadata import LedgerRecord
+from ledger.position import Position
+from tests.strategies import entries_of, streams
+
+BUDGET = 1000 * KEY_MAP_BYTES_PER_KEY
+
+
+@pytest.mark.parametrize(("engine", "keys", "available", "chosen"), [
+    ("local", 10**9, True, "local"),
+    ("spark", 1, False, "spark"),
+    ("auto", 1000, True, "local"),  # exactly the budget fits
+    ("auto", 1001, True, "spark"),
+    ("auto", 1001, False, "local"),  # without PySpark, auto stays local
+])
+def test_choose_engine(engine: str, keys: int, available: bool, chosen: str) -> None:
+    assert choose_engine(engine, estimated_keys=keys, memory_budget_bytes=BUDGET,  # type: ignore[arg-type]
+                         spark_available=available) == chosen
+
+
+def _record(ledger_id: int, entries: int) -> LedgerRecord:
+    return LedgerRecord(ledger_id, "t", "data", entries, 0, 0, 1)
+
+
+def test_raw_ranges_cover_exactly_the_entries_after_the_horizon_up_to_the_stop() -> None:
+    ledgers = [_record(3, 5), _record(4, 0), _record(7, 4), _record(9, 6)]
+    assert raw_ranges(ledgers, Position(3, 2), Position(9, 1)) == [
+        LedgerRange(3, 3, 4), LedgerRange(7, 0, 3), LedgerRange(9, 0, 1)]
+    assert raw_ranges(ledgers, Position(3, -1), Position(3, 4)) == [LedgerRange(3, 0, 4)]
+    assert raw_ranges(ledgers, Position(3, 4), Position(7, 3)) == [LedgerRange(7, 0, 3)]
+    assert raw_ranges(ledgers, Position(9, 5), Position(9, 5)) == []
+
+
+def _rebuilt(result: PhaseOneResult) -> PhaseOneResult:
+    """``result`` as the Spark engine hands it over: hashes and positions only."""
+    result.key_map.merge()
+    positions = [result.packer.unpack(int(p)) for p in result.key_map._packed]
+    packer = PositionPacker()
+    packed = packer.pack_many(
+        np.array([p.ledger_id for p in positions], dtype=np.uint64),
+        np.array([p.entry_id for p in positions], dtype=np.uint64),
+        np.array([p.batch_index for p in positions], dtype=np.int64),
+    )
+    key_map = KeyMap.from_latest(result.key_map._high.copy(), result.key_map._low.copy(), packed)
+    return PhaseOneResult(key_map=key_map, packer=packer)
+
+
+@settings(max_examples=100)
+@given(stream=streams())
+def test_a_rebuilt_retained_set_gives_phase_two_the_same_survivors(stream: list) -> None:
+    entries = entries_of(stream)
+    result = phase_one(entries)
+    expected = list(phase_two(entries, result))
+    assert list(phase_two(entries, _rebuilt(result))) == expected
+
+
+def test_pack_many_packs_as_pack_does_and_refuses_what_does_not_fit() -> None:
+    positions = [Position(9, 3, -1), Position(2, 0, 4), Position(9, 1, 0)]
+    reference = PositionPacker()
+    expected = [reference.pack(p) for p in sorted(positions)]
+    packer = PositionPacker()
+    packed = packer.pack_many(np.array([9, 2, 9], dtype=np.uint64), np.array([3, 0, 1], dtype=np.uint64),
+                              np.array([-1, 4, 0], dtype=np.int64))
+    assert sorted(packed.tolist()) == expected
+    assert [packer.unpack(int(p)) for p in packed] == positions
+    with pytest.raises(KeyMapLimitError):
+        PositionPacker().pack_many(np.array([1], dtype=np.uint64), np.array([1 << 30], dtype=np.uint64),
+                                   np.array([0], dtype=np.int64))
+    with pytest.raises(KeyMapLimitError):
+        PositionPacker().pack_many(np.array([1], dtype=np.uint64), np.array([0], dtype=np.uint64),
+                                   np.array([1 << 14], dtype=np.int64))
+
+
+def test_importing_compactd_loads_no_pyspark() -> None:
+    code = ("import sys, compactor, compactor.spark, compactor.engine, compactor.runner, "
+            "api.broker.service, api.offline, api.cli\n"
+            "assert 'pyspark' not in sys.modules, 'pyspark was imported'\n"
+            "assert 'pyarrow' not in sys.modules, 'pyarrow was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
