@@ -142,3 +142,25 @@ def pyspark_home() -> str:
     import pyspark
 
     return os.path.dirname(os.path.abspath(pyspark.__file__))
+
+
+def published_compacted_ledger(path: Path) -> tuple[Position, list[bytes]]:
+    """The horizon and the entries of the compacted ledger published in the (stopped) data
+    dir at ``path``, read without opening it for writing."""
+    from compactor.topic import COMPACTED_TOPIC_LEDGER
+    from ledger.metadata import MetadataStore
+    from ledger.storage.file import FileLedgerStore
+
+    metadata = MetadataStore(str(path / "metadata.db"), read_only=True)
+    try:
+        cursor = metadata.load_cursor(TOPIC, COMPACTION_SUBSCRIPTION)
+    finally:
+        metadata.close()
+    assert cursor is not None and COMPACTED_TOPIC_LEDGER in cursor.properties
+    store = FileLedgerStore(str(path / "ledgers"), sync=SyncPolicy.NONE, read_only=True)
+    try:
+        ledger_id = cursor.properties[COMPACTED_TOPIC_LEDGER]
+        last = store.last_add_confirmed(ledger_id)
+        return cursor.mark_delete_position, list(store.read(ledger_id, 0, last)) if last >= 0 else []
+    finally:
+        store.shutdown()
