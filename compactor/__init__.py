@@ -3,6 +3,9 @@
 Pure core: ``algorithm`` (phase one and two over entries) and ``keymap`` (the bounded key
 map). I/O at the edges: ``runner`` (a run against storage and its publish), ``topic``
 (a topic's compaction state and read-compacted dispatch), ``view`` (the compacted ledger).
+``engine`` chooses where phase one runs (local, spark, auto); ``compactor.spark`` holds the
+Spark engine and the ``compactd`` PySpark data source, and is the only place that imports
+PySpark (lazily: nothing here imports it).
 """
 
 from compactor.algorithm import CompactedEntry, PhaseOneResult, compact, phase_one, phase_two

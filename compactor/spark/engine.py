@@ -3,8 +3,8 @@
 ``SparkPhaseOne.phase_one(request)`` computes what ``compactor.algorithm.phase_one``
 computes over the same stream, as one Spark job:
 
-1. Read: ``PhaseOneDataSource`` gives one partition per ledger range (ranges longer than
-   ``PARTITION_ENTRIES_MAX`` entries are split), read by the executors straight from the
+1. Read: ``PhaseOneDataSource`` gives one partition per piece of a ledger range (ranges
+   are cut so that every core gets work: ``piece_entries``), read by the executors straight from the
    ledger files, and one row per keyed live message: the key's 128-bit hash, its position
    and whether it deletes the key (an old tombstone), plus a figures row per partition.
 2. Aggregate: group by key hash and keep the row with the greatest position
@@ -44,14 +44,25 @@ from compactor.engine import LedgerRange, PhaseOneInput
 from compactor.errors import SparkEngineError
 from compactor.keymap import KeyMap, PositionPacker
 
-__all__ = ["PARTITION_ENTRIES_MAX", "SparkPhaseOne", "split_ranges"]
+__all__ = ["PARTITION_ENTRIES_MAX", "PARTITION_ENTRIES_MIN", "SparkPhaseOne", "piece_entries", "split_ranges"]
 
 log = logging.getLogger(__name__)
 
-# Entries per Spark partition: enough work to amortise a task's start (tens of ms), small
-# enough that a 50 000-entry ledger keeps several cores busy.
+# Entries per Spark partition: at most PARTITION_ENTRIES_MAX, so that a 50 000-entry ledger
+# keeps several cores busy and a failed task redoes little; at least PARTITION_ENTRIES_MIN
+# (enough work to amortise a task's start, tens of ms), else as many partitions as
+# PARTITIONS_PER_CORE times the cluster's cores.
 PARTITION_ENTRIES_MAX = 10_000
+PARTITION_ENTRIES_MIN = 500
+PARTITIONS_PER_CORE = 2
 APP_NAME = "compactd"
+
+
+def piece_entries(ranges: tuple[LedgerRange, ...], cores: int) -> int:
+    """Entries per partition for ``ranges`` on ``cores`` cores (see the constants)."""
+    total = sum(whole.last_entry_id - whole.first_entry_id + 1 for whole in ranges)
+    wanted = -(-total // max(1, PARTITIONS_PER_CORE * cores))
+    return max(PARTITION_ENTRIES_MIN, min(PARTITION_ENTRIES_MAX, wanted))
 
 
 def split_ranges(ranges: tuple[LedgerRange, ...], entries_max: int = PARTITION_ENTRIES_MAX) -> list[LedgerRange]:
@@ -82,10 +93,11 @@ class SparkPhaseOne:
 
     def phase_one(self, request: PhaseOneInput) -> PhaseOneResult:
         """Phase one of ``request`` on Spark (see the module docstring)."""
-        pieces = split_ranges(request.ranges)
-        if not pieces:
+        if not request.ranges:
             return PhaseOneResult(last_position=None)
         try:
+            cores = int(self.session().sparkContext.defaultParallelism)
+            pieces = split_ranges(request.ranges, piece_entries(request.ranges, cores))
             table = self._aggregate(request, pieces)
         except SparkEngineError:
             raise

@@ -103,10 +103,6 @@ def _text(key: str | None) -> str | None:
     return key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def _signed(half: int) -> int:
-    return half - (1 << 64) if half >= _SIGN else half
-
-
 class _Columns:
     """Rows gathered column by column, cut into record batches of a schema."""
 
@@ -174,19 +170,49 @@ def phase_one_batches(
     """Phase one's rows of the range (see the module docstring)."""
     store = open_store(ledgers_root)
     try:
-        columns = _Columns(PHASE_ONE_SCHEMA)
+        keys = _KeyColumns()
         figures = [0, 0, 0, 0, 0]  # entries, messages, entry bytes, markers, opaque entries
         for entry in read_range(store, ledger_range):
-            _add_keys(columns, entry, figures, keep_tombstones_since_ms)
-            if columns.full():
-                yield columns.take()
-        columns.add(None, None, None, None, None, None, *figures)
-        yield columns.take()
+            _add_keys(keys, entry, figures, keep_tombstones_since_ms)
+            if len(keys.highs) >= ROWS_PER_BATCH_MAX:
+                yield keys.take()
+        if keys.highs:
+            yield keys.take()
+        figures_row = _Columns(PHASE_ONE_SCHEMA)
+        figures_row.add(None, None, None, None, None, None, *figures)
+        yield figures_row.take()
     finally:
         store.shutdown()
 
 
-def _add_keys(columns: _Columns, entry: CompactedEntry, figures: list[int], cutoff: int | None) -> None:
+class _KeyColumns:
+    """Phase one's keyed rows, column by column (the figures columns are all null)."""
+
+    def __init__(self) -> None:
+        self.highs: list[int] = []
+        self.lows: list[int] = []
+        self.ledger_ids: list[int] = []
+        self.entry_ids: list[int] = []
+        self.batch_indexes: list[int] = []
+        self.deletes: list[bool] = []
+
+    def _clear(self) -> None:
+        for column in (self.highs, self.lows, self.ledger_ids, self.entry_ids, self.batch_indexes, self.deletes):
+            column.clear()
+
+    def take(self) -> pa.RecordBatch:
+        count = len(self.highs)
+        columns = [
+            pa.array(self.highs, pa.int64()), pa.array(self.lows, pa.int64()),
+            pa.array(self.ledger_ids, pa.int64()), pa.array(self.entry_ids, pa.int64()),
+            pa.array(self.batch_indexes, pa.int32()), pa.array(self.deletes, pa.bool_()),
+            *[pa.nulls(count, pa.int64()) for _ in range(5)],
+        ]
+        self._clear()  # pa.array copied the values: the lists start the next batch
+        return pa.RecordBatch.from_arrays(columns, schema=PHASE_ONE_SCHEMA)
+
+
+def _add_keys(keys: _KeyColumns, entry: CompactedEntry, figures: list[int], cutoff: int | None) -> None:
     """One entry as ``compactor.algorithm.phase_one`` reads it."""
     figures[0] += 1
     figures[2] += len(entry.data)
@@ -204,8 +230,12 @@ def _add_keys(columns: _Columns, entry: CompactedEntry, figures: list[int], cuto
         if key is None:
             continue
         high, low = key_hash(key)
-        columns.add(_signed(high), _signed(low), ledger_id, entry_id, batch_index,
-                    tombstone and not young, None, None, None, None, None)
+        keys.highs.append(high - (1 << 64) if high >= _SIGN else high)
+        keys.lows.append(low - (1 << 64) if low >= _SIGN else low)
+        keys.ledger_ids.append(ledger_id)
+        keys.entry_ids.append(entry_id)
+        keys.batch_indexes.append(batch_index)
+        keys.deletes.append(tombstone and not young)
 
 
 def ledgers_root_of(data_dir: str) -> str:

@@ -24,9 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor.algorithm import PhaseOneResult
-from compactor.engine import PhaseOneInput
+from compactor.engine import LedgerRange, PhaseOneInput
+from compactor.errors import SparkEngineError
 from compactor.runner import CompactionConfig, Compactor
 from compactor.spark import CompactdDataSource, SparkPhaseOne
+from ledger.position import Position
 from tests.integration.spark.support import NOW_S, TopicDir, local_messages, run_both, spark_rows
 from tests.strategies import stream_entries
 
@@ -155,3 +157,19 @@ def test_one_partition_per_ledger_and_the_open_tail_on_request(engine: SparkPhas
     finally:
         topic_dir.close()
 
+
+
+def test_a_failed_spark_job_is_a_retriable_spark_engine_error(engine: SparkPhaseOne, tmp_path: Path) -> None:
+    request = PhaseOneInput(str(tmp_path / "no-ledgers"), (LedgerRange(1, 0, 0),), Position(1, 0))
+    with pytest.raises(SparkEngineError, match="spark phase one failed") as caught:
+        engine.phase_one(request)
+    assert caught.value.retriable
+
+
+def test_the_data_source_refuses_an_unknown_topic_or_missing_options(engine: SparkPhaseOne, tmp_path: Path) -> None:
+    spark = engine.session()
+    TopicDir(tmp_path / "data").close()
+    with pytest.raises(Exception, match="not found in data dir"):
+        spark.read.format("compactd").option("dataDir", str(tmp_path / "data")).option("topic", "nope").load().count()
+    with pytest.raises(Exception, match="needs the options dataDir and topic"):
+        spark.read.format("compactd").option("dataDir", str(tmp_path / "data")).load().count()

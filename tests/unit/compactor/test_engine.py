@@ -96,3 +96,16 @@ def test_importing_compactd_loads_no_pyspark() -> None:
             "assert 'pyspark' not in sys.modules, 'pyspark was imported'\n"
             "assert 'pyarrow' not in sys.modules, 'pyarrow was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_spark_partitions_cut_ranges_so_that_every_core_gets_work() -> None:
+    from compactor.spark.engine import PARTITION_ENTRIES_MAX, PARTITION_ENTRIES_MIN, piece_entries, split_ranges
+
+    one_ledger = (LedgerRange(4, 0, 4999),)
+    assert piece_entries(one_ledger, cores=2) == 1250  # 4 partitions for 2 cores
+    assert piece_entries((LedgerRange(4, 0, 99),), cores=8) == PARTITION_ENTRIES_MIN
+    assert piece_entries((LedgerRange(4, 0, 10**6),), cores=2) == PARTITION_ENTRIES_MAX
+    ranges = (LedgerRange(1, 0, 9, compacted=True), LedgerRange(4, 3, 12))
+    assert split_ranges(ranges, 4) == [
+        LedgerRange(1, 0, 3, True), LedgerRange(1, 4, 7, True), LedgerRange(1, 8, 9, True),
+        LedgerRange(4, 3, 6), LedgerRange(4, 7, 10), LedgerRange(4, 11, 12)]
