@@ -99,7 +99,12 @@ def test_importing_compactd_loads_no_pyspark() -> None:
 
 
 def test_spark_partitions_cut_ranges_so_that_every_core_gets_work() -> None:
-    from compactor.spark.engine import PARTITION_ENTRIES_MAX, PARTITION_ENTRIES_MIN, piece_entries, split_ranges
+    from compactor.spark.engine import (
+        PARTITION_ENTRIES_MAX,
+        PARTITION_ENTRIES_MIN,
+        piece_entries,
+        split_ranges,
+    )
 
     one_ledger = (LedgerRange(4, 0, 4999),)
     assert piece_entries(one_ledger, cores=2) == 1250  # 4 partitions for 2 cores
