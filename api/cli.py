@@ -77,6 +77,8 @@ MaxConcurrentRuns = Annotated[str | None, _option(
     "compaction_max_concurrent_runs", "--compaction-max-concurrent-runs", "N")]
 Engine = Annotated[str | None, _option("compaction_engine", "--compaction-engine", "{auto,local,spark}")]
 SparkMaster = Annotated[str | None, _option("spark_master", "--spark-master", "URL")]
+MemoryBudget = Annotated[str | None, _option(
+    "compaction_memory_budget_bytes", "--compaction-memory-budget-bytes", "BYTES")]
 Fsync = Annotated[str | None, _option("fsync", "--fsync", "{always,group,none}")]
 MaxEntries = Annotated[str | None, _option(
     "managed_ledger_max_entries_per_ledger", "--managed-ledger-max-entries-per-ledger", "N")]
@@ -115,7 +117,8 @@ def serve(  # one parameter per setting, each named as its key
     compaction_phase_one_loop_timeout_seconds: PhaseOneTimeout = None,
     topic_compaction_retain_null_key: RetainNullKey = None,
     compaction_max_concurrent_runs: MaxConcurrentRuns = None,
-    compaction_engine: Engine = None, spark_master: SparkMaster = None, fsync: Fsync = None,
+    compaction_engine: Engine = None, spark_master: SparkMaster = None,
+    compaction_memory_budget_bytes: MemoryBudget = None, fsync: Fsync = None,
     managed_ledger_max_entries_per_ledger: MaxEntries = None,
     managed_ledger_max_size_per_ledger_bytes: MaxBytes = None,
     authentication_enabled: AuthenticationEnabled = None,

@@ -102,6 +102,9 @@ class Settings:
     compaction_engine: CompactionEngine = _setting(  # noqa: RUF009 - a str, immutable
         "auto", "Engine of phase one: auto, local or spark.")
     spark_master: str = _setting("local[*]", "Spark master URL of the spark engine.")
+    compaction_memory_budget_bytes: int = _setting(
+        1 << 30, "Key-map memory the local engine may use before the auto engine moves phase one "
+        "to Spark (24 bytes a live key).", minimum=1)
     fsync: FsyncPolicy = _setting(  # noqa: RUF009 - a str, immutable
         "group", "When an append is durable: always (fsync each), group (group commit), "
         "none (tests and benchmarks only).")

@@ -229,7 +229,6 @@ def test_a_path_without_a_data_dir_is_refused_and_left_alone(tmp_path: Path) -> 
 @pytest.mark.parametrize(("args", "message"), [
     (["--topic", "non-persistent://public/default/t"], "non-persistent"),
     (["--topic", "persistent://a/b"], "invalid topic name"),
-    (["--topic", TOPIC, "--engine", "spark"], "the spark engine is not available yet"),
     (["--topic", TOPIC, "--engine", "flink"], "'flink' is not one of local, spark"),
 ])
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
