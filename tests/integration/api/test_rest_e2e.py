@@ -29,12 +29,7 @@ Every wait is bounded; every process, pipe and client is closed.
 from __future__ import annotations
 
 import itertools
-import queue
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,70 +39,27 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.serve_process import ServeProcess
+
 pulsar = pytest.importorskip("pulsar")
 
 pytestmark = pytest.mark.integration
 
-PROCESS_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 30.0  # a compaction of these small topics ends within seconds
 POLL_S = 0.05
-READY = re.compile(r"compactd ready broker=(pulsar://\S+) http=(http://\S+)")
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
-class Serve:
-    """``compactd serve`` as a real process on ``data_dir``, ports picked by the system."""
+class Serve(ServeProcess):
+    """``compactd serve`` (fsync none: these tests kill nothing) with an HTTP client on its port."""
 
     def __init__(self, data_dir: Path, log_path: Path, *flags: str) -> None:
-        executable = Path(sys.executable).with_name("compactd")
-        if not executable.exists():
-            pytest.skip("the compactd console script is not installed")
-        self.log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [str(executable), "serve", "--broker-port", "0", "--http-port", "0",
-             "--data-dir", str(data_dir), "--fsync", "none", *flags],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-        )
-        line = self._readline()
-        match = READY.match(line)
-        if match is None:
-            self.kill()
-            pytest.fail(f"no ready line: {line!r}\n{log_path.read_text()}")
-        self.broker_url, self.http_url = match.group(1), match.group(2)
+        super().__init__(data_dir, log_path, "--fsync", "none", *flags)
         self.http = httpx.Client(base_url=self.http_url, timeout=30)
 
-    def _readline(self) -> str:
-        lines: queue.Queue[str] = queue.Queue()
-        stdout = self.process.stdout
-        assert stdout is not None
-        threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-        try:
-            return lines.get(timeout=PROCESS_TIMEOUT_S)
-        except queue.Empty:
-            self.kill()
-            pytest.fail(f"no line from compactd serve within {PROCESS_TIMEOUT_S} s")
-
-    def terminate(self) -> int:
-        """SIGTERM and wait: the exit code."""
-        self.http.close()
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(PROCESS_TIMEOUT_S)
-        finally:
-            self._close()
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(PROCESS_TIMEOUT_S)
-        self._close()
-
     def _close(self) -> None:
-        if hasattr(self, "http"):
-            self.http.close()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        self.log.close()
+        self.http.close()
+        super()._close()
 
 
 @pytest.fixture
@@ -122,7 +74,7 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Serve]]:
 
     yield run
     for serve in started:
-        if serve.process.poll() is None:
+        if serve.running:
             assert serve.terminate() == 0
         else:
             serve.kill()

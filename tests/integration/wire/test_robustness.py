@@ -26,7 +26,6 @@ Every wait is bounded.
 
 from __future__ import annotations
 
-import queue
 import signal
 import socket
 import struct
@@ -55,6 +54,7 @@ from compactor.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.helpers import RECEIVE_MS
 from tests.integration.wire.helpers import drain as _drain
 from tests.integration.wire.helpers import unique_topic as _topic
+from tests.serve_process import ServeProcess, readline
 
 pytestmark = pytest.mark.integration
 
@@ -334,22 +334,9 @@ def _start_vanishing_consumer(url: str, topic: str, sub_type: str, expected: int
         [sys.executable, "-c", _VANISHING_CONSUMER, url, topic, "sub", sub_type, str(expected)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
-    line = _readline(process, PROCESS_TIMEOUT_S)
+    line = readline(process, PROCESS_TIMEOUT_S)
     assert line.startswith("received "), line
     return process, set(line.split(" ", 1)[1].strip().split(","))
-
-
-def _readline(process: subprocess.Popen[str], timeout_s: float) -> str:
-    """The next stdout line of ``process`` within ``timeout_s`` ("" at EOF)."""
-    lines: queue.Queue[str] = queue.Queue()
-    assert process.stdout is not None
-    stdout = process.stdout
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    try:
-        return lines.get(timeout=timeout_s)
-    except queue.Empty:
-        process.kill()
-        pytest.fail(f"no line from the subprocess within {timeout_s} s")
 
 
 def _kill(process: subprocess.Popen[str]) -> None:
@@ -549,39 +536,10 @@ def test_broker_keepalive_closes_only_silent_connections(
 # -- a killed `compactd serve` loses no acknowledged message --------------------------------------
 
 
-class _Serve:
-    """``compactd serve`` as a real process on ``data_dir``."""
-
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
-        executable = Path(sys.executable).with_name("compactd")
-        if not executable.exists():
-            pytest.skip("the compactd console script is not installed")
-        self.log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [str(executable), "serve", "--broker-port", "0", "--http-port", "0", "--data-dir", str(data_dir)],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-        )
-        line = _readline(self.process, PROCESS_TIMEOUT_S)
-        assert line.startswith("compactd ready broker=pulsar://"), (line, log_path.read_text())
-        self.url = line.split()[2].removeprefix("broker=")
-
-    def kill(self) -> None:
-        _kill(self.process)
-        self.log.close()
-
-    def terminate(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(PROCESS_TIMEOUT_S)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        self.log.close()
-        return code
-
-
 def test_serve_sigkill_mid_production_loses_no_acknowledged_message(tmp_path: Path) -> None:
     data_dir, log_path = tmp_path / "data", tmp_path / "serve.log"
     topic = _topic("sigkill")
-    serve = _Serve(data_dir, log_path)
+    serve = ServeProcess(data_dir, log_path)
     acknowledged: dict[bytes, str] = {}  # payload -> message id of its receipt
     failed: list[Any] = []
     lock = threading.Lock()
@@ -598,7 +556,7 @@ def test_serve_sigkill_mid_production_loses_no_acknowledged_message(tmp_path: Pa
         return done
 
     killed = False
-    client = pulsar.Client(serve.url, operation_timeout_seconds=5, logger=QUIET)
+    client = pulsar.Client(serve.broker_url, operation_timeout_seconds=5, logger=QUIET)
     try:
         consumer = client.subscribe(topic, "e2e", initial_position=pulsar.InitialPosition.Earliest)
         producers = {
@@ -644,9 +602,9 @@ def test_serve_sigkill_mid_production_loses_no_acknowledged_message(tmp_path: Pa
     with lock:
         survivors = dict(acknowledged)
 
-    serve = _Serve(data_dir, log_path)  # same data dir: comes up, no lock left behind
+    serve = ServeProcess(data_dir, log_path)  # same data dir: comes up, no lock left behind
     try:
-        client = pulsar.Client(serve.url, operation_timeout_seconds=10, logger=QUIET)
+        client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10, logger=QUIET)
         try:
             messages = _read_all(client, topic)
             stored = {m.data(): str(m.message_id()) for m in messages}

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from api.admin_cli import (
     topic_path,
 )
 from api.cli import app
+from tests.serve_process import ServeProcess
 
 PROCESS_TIMEOUT_S = 60
 WAIT_FOR_RUN_S = "60"
@@ -379,71 +377,26 @@ def test_every_verb_of_interfaces_section_1_exists() -> None:
 # -- end to end, against a real ``compactd serve`` -----------------------------------------
 
 
-def _readline(process: subprocess.Popen[str], timeout_s: float) -> str:
-    lines: queue.Queue[str] = queue.Queue()
-    assert process.stdout is not None
-    stdout = process.stdout
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    try:
-        return lines.get(timeout=timeout_s)
-    except queue.Empty:
-        process.kill()
-        pytest.fail(f"no line from compactd serve within {timeout_s} s")
-
-
-class Serve:
-    """``compactd serve`` as a real process; ``broker_url`` and ``admin_url`` from its ready line."""
-
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
-        executable = Path(sys.executable).with_name("compactd")
-        if not executable.exists():
-            pytest.skip("the compactd console script is not installed")
-        self.log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [str(executable), "serve", "--broker-port", "0", "--http-port", "0", "--data-dir", str(data_dir),
-             "--compaction-monitor-interval-seconds", "0"],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-        )
-        line = _readline(self.process, PROCESS_TIMEOUT_S)
-        if not line.startswith("compactd ready"):
-            self.stop()
-            pytest.fail(f"compactd serve did not start: {line!r} {log_path.read_text()}")
-        fields = dict(part.split("=", 1) for part in line.split()[2:])
-        self.broker_url, self.admin_url = fields["broker"], fields["http"]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(PROCESS_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(PROCESS_TIMEOUT_S)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     pytest.importorskip("api.routers", reason="the admin REST routes (api/routers) have not landed")
     directory = tmp_path_factory.mktemp("serve")
-    server = Serve(directory / "data", directory / "serve.log")
+    server = ServeProcess(directory / "data", directory / "serve.log", "--compaction-monitor-interval-seconds", "0")
     yield server
-    server.stop()
+    server.terminate()
 
 
-def _run(serve: Serve, *args: str) -> Result:
-    return CliRunner().invoke(app, ["admin", "--admin-url", serve.admin_url, *args])
+def _run(serve: ServeProcess, *args: str) -> Result:
+    return CliRunner().invoke(app, ["admin", "--admin-url", serve.http_url, *args])
 
 
-def _ok(serve: Serve, *args: str) -> str:
+def _ok(serve: ServeProcess, *args: str) -> str:
     result = _run(serve, *args)
     assert result.exit_code == 0, (args, result.output)
     return result.stdout
 
 
-def _produce(serve: Serve, topic: str, pairs: list[tuple[str, bytes]]) -> None:
+def _produce(serve: ServeProcess, topic: str, pairs: list[tuple[str, bytes]]) -> None:
     pulsar = pytest.importorskip("pulsar")
     client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -456,7 +409,7 @@ def _produce(serve: Serve, topic: str, pairs: list[tuple[str, bytes]]) -> None:
         client.close()
 
 
-def test_e2e_create_list_and_delete_topics(serve: Serve) -> None:
+def test_e2e_create_list_and_delete_topics(serve: ServeProcess) -> None:
     assert _ok(serve, "topics", "create", "e2e-a") == ""
     assert "persistent://public/default/e2e-a" in _ok(serve, "topics", "list", "public/default").splitlines()
 
@@ -471,7 +424,7 @@ def test_e2e_create_list_and_delete_topics(serve: Serve) -> None:
     assert "(HTTP 404)" in missing.stderr and "e2e-a" in missing.stderr
 
 
-def test_e2e_compact_and_wait_then_stats(serve: Serve) -> None:
+def test_e2e_compact_and_wait_then_stats(serve: ServeProcess) -> None:
     topic = "persistent://public/default/e2e-compact"
     _produce(serve, topic, [(f"k{index % 3}", f"v{index}".encode()) for index in range(30)])
     assert json.loads(_ok(serve, "topics", "compaction-status", topic))["status"] == "NOT_RUN"
@@ -488,13 +441,13 @@ def test_e2e_compact_and_wait_then_stats(serve: Serve) -> None:
     assert internal["compactedLedger"]["entries"] == 3
 
 
-def test_e2e_compaction_of_a_missing_topic_is_404(serve: Serve) -> None:
+def test_e2e_compaction_of_a_missing_topic_is_404(serve: ServeProcess) -> None:
     result = _run(serve, "topics", "compact", "e2e-never-created")
     assert result.exit_code == 1
     assert "(HTTP 404)" in result.stderr
 
 
-def test_e2e_thresholds_set_get_remove_on_topics_and_namespaces(serve: Serve) -> None:
+def test_e2e_thresholds_set_get_remove_on_topics_and_namespaces(serve: ServeProcess) -> None:
     _ok(serve, "topics", "create", "e2e-policy")
     assert _ok(serve, "topics", "get-compaction-threshold", "e2e-policy").strip() == "null"
     _ok(serve, "topics", "set-compaction-threshold", "--threshold", "100M", "e2e-policy")
@@ -513,7 +466,7 @@ def test_e2e_thresholds_set_get_remove_on_topics_and_namespaces(serve: Serve) ->
     ("max-compaction-lag", "--lag", "1h", 3_600_000),
     ("delete-retention", "--retention", "30s", 30_000),
 ])
-def test_e2e_kafka_style_policies(serve: Serve, suffix: str, flag: str, value: str, stored: object) -> None:
+def test_e2e_kafka_style_policies(serve: ServeProcess, suffix: str, flag: str, value: str, stored: object) -> None:
     _run(serve, "topics", "create", "e2e-kafka")  # 409 after the first case
     for group, target in (("topics", "e2e-kafka"), ("namespaces", "public/default")):
         _ok(serve, group, f"set-{suffix}", flag, value, target)
@@ -522,13 +475,13 @@ def test_e2e_kafka_style_policies(serve: Serve, suffix: str, flag: str, value: s
         assert _ok(serve, group, f"get-{suffix}", target).strip() == "null"
 
 
-def test_e2e_policy_of_a_missing_topic_is_404(serve: Serve) -> None:
+def test_e2e_policy_of_a_missing_topic_is_404(serve: ServeProcess) -> None:
     result = _run(serve, "topics", "set-compaction-threshold", "--threshold", "1M", "e2e-no-such-topic")
     assert result.exit_code == 1
     assert "(HTTP 404)" in result.stderr
 
 
-def test_e2e_delete_subscription(serve: Serve) -> None:
+def test_e2e_delete_subscription(serve: ServeProcess) -> None:
     topic = "persistent://public/default/e2e-subscription"
     pulsar = pytest.importorskip("pulsar")
     client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10,
@@ -547,10 +500,10 @@ def test_e2e_delete_subscription(serve: Serve) -> None:
     assert "(HTTP 404)" in again.stderr
 
 
-def test_e2e_the_console_script_talks_to_the_server(serve: Serve) -> None:
+def test_e2e_the_console_script_talks_to_the_server(serve: ServeProcess) -> None:
     executable = Path(sys.executable).with_name("compactd")
     env = {name: value for name, value in os.environ.items() if not name.startswith("COMPACTD_")}
-    env["COMPACTD_ADMIN_URL"] = serve.admin_url
+    env["COMPACTD_ADMIN_URL"] = serve.http_url
     _ok(serve, "topics", "create", "e2e-script")
 
     result = subprocess.run([str(executable), "admin", "topics", "list", "public/default"],

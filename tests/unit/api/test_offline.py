@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -31,6 +27,7 @@ from compactor.record import RunFigures
 from compactor.topic import CompactedTopic
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger
+from tests.serve_process import ServeProcess
 
 TOPIC = "persistent://public/default/offline"
 PROCESS_TIMEOUT_S = 120
@@ -286,85 +283,48 @@ def test_the_progress_bar_draws_both_phases_on_a_terminal(tmp_path: Path, monkey
 # -- end to end: a real broker writes, stops, is compacted offline, and restarts ----------
 
 
-def _serve(data: Path, log: Any) -> tuple[subprocess.Popen[str], str, str]:
-    """``compactd serve`` on ``data``: (process, broker URL, admin URL) from its ready line."""
-    executable = Path(sys.executable).with_name("compactd")
-    if not executable.exists():
-        pytest.skip("the compactd console script is not installed")
-    process = subprocess.Popen(
-        [str(executable), "serve", "--broker-port", "0", "--http-port", "0", "--data-dir", str(data),
-         "--compaction-monitor-interval-seconds", "0"],
-        stdout=subprocess.PIPE, stderr=log, text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    stdout = process.stdout
-    assert stdout is not None
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    try:
-        line = lines.get(timeout=PROCESS_TIMEOUT_S)
-    except queue.Empty:
-        line = ""
-    if not line.startswith("compactd ready"):
-        _stop(process)
-        pytest.fail(f"compactd serve did not start: {line!r}")
-    fields = dict(part.split("=", 1) for part in line.split()[2:])
-    return process, fields["broker"], fields["http"]
-
-
-def _stop(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(PROCESS_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(PROCESS_TIMEOUT_S)
-    if process.stdout is not None:
-        process.stdout.close()
-
-
 def test_e2e_offline_compaction_of_a_real_brokers_data_dir(tmp_path: Path) -> None:
     pulsar = pytest.importorskip("pulsar")
     data, topic = tmp_path / "data", "persistent://public/default/e2e-offline"
     quiet = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
-    with (tmp_path / "serve.log").open("ab") as log:
-        process, broker_url, _ = _serve(data, log)
+    log = tmp_path / "serve.log"
+    serve = ServeProcess(data, log, "--compaction-monitor-interval-seconds", "0")
+    try:
+        client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10, logger=quiet)
         try:
-            client = pulsar.Client(broker_url, operation_timeout_seconds=10, logger=quiet)
-            try:
-                producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5)
-                for index in range(60):
-                    producer.send_async(f"v{index}".encode(), None, partition_key=f"k{index % 4}")
-                producer.flush()
-                producer.close()
-            finally:
-                client.close()
-            locked = _compact(data, "--topic", topic)  # the running broker holds the data dir
-            assert locked.exit_code == 1
-            assert "in use by another compactd process" in locked.stderr
+            producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5)
+            for index in range(60):
+                producer.send_async(f"v{index}".encode(), None, partition_key=f"k{index % 4}")
+            producer.flush()
+            producer.close()
         finally:
-            _stop(process)
+            client.close()
+        locked = _compact(data, "--topic", topic)  # the running broker holds the data dir
+        assert locked.exit_code == 1
+        assert "in use by another compactd process" in locked.stderr
+    finally:
+        assert serve.terminate() == 0
 
-        compacted = _compact(data, "--topic", topic)
-        assert compacted.exit_code == 0, compacted.output
-        figures = json.loads(compacted.stdout)
-        assert figures["messagesRead"] == 60 and figures["removedEvents"] == 56
+    compacted = _compact(data, "--topic", topic)
+    assert compacted.exit_code == 0, compacted.output
+    figures = json.loads(compacted.stdout)
+    assert figures["messagesRead"] == 60 and figures["removedEvents"] == 56
 
-        process, broker_url, admin_url = _serve(data, log)
+    serve = ServeProcess(data, log, "--compaction-monitor-interval-seconds", "0")
+    try:
+        status = CliRunner().invoke(app, ["admin", "--admin-url", serve.http_url, "topics", "compaction-status", topic])
+        client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10, logger=quiet)
         try:
-            status = CliRunner().invoke(app, ["admin", "--admin-url", admin_url, "topics", "compaction-status", topic])
-            client = pulsar.Client(broker_url, operation_timeout_seconds=10, logger=quiet)
-            try:
-                reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
-                received = {}
-                while reader.has_message_available():
-                    message = reader.read_next(timeout_millis=10_000)
-                    received[message.partition_key()] = message.data()
-                reader.close()
-            finally:
-                client.close()
+            reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
+            received = {}
+            while reader.has_message_available():
+                message = reader.read_next(timeout_millis=10_000)
+                received[message.partition_key()] = message.data()
+            reader.close()
         finally:
-            _stop(process)
+            client.close()
+    finally:
+        assert serve.terminate() == 0
     assert received == {f"k{key}": f"v{56 + key}".encode() for key in range(4)}
     assert status.exit_code == 0, status.output
     assert json.loads(status.stdout)["status"] == "SUCCESS"  # the offline run's status, persisted

@@ -1,0 +1,88 @@
+"""``compactd serve`` as a real process, for the end-to-end tests.
+
+``ServeProcess`` starts the installed console script on a data dir with both ports picked
+by the system, reads the URLs from its ready line (within a bound; a server that does not
+announce itself fails the test with its log), and stops it with SIGTERM (``terminate``:
+the exit code) or SIGKILL (``kill``). Either way its stdout pipe and its log are closed,
+so no test leaks a file (pytest runs with warnings as errors).
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+__all__ = ["PROCESS_TIMEOUT_S", "ServeProcess", "readline"]
+
+PROCESS_TIMEOUT_S = 60.0  # a subprocess reaching its next step
+READY = re.compile(r"compactd ready broker=(pulsar://\S+) http=(http://\S+)")
+
+
+def readline(process: subprocess.Popen[str], timeout_s: float) -> str:
+    """The next stdout line of ``process`` within ``timeout_s`` ("" at EOF); kills the
+    process and fails the test when none comes."""
+    lines: queue.Queue[str] = queue.Queue()
+    stdout = process.stdout
+    assert stdout is not None
+    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout_s)
+    except queue.Empty:
+        process.kill()
+        pytest.fail(f"no line from the subprocess within {timeout_s} s")
+
+
+class ServeProcess:
+    """One ``compactd serve`` process on ``data_dir``; extra ``flags`` are passed through."""
+
+    def __init__(self, data_dir: Path, log_path: Path, *flags: str) -> None:
+        executable = Path(sys.executable).with_name("compactd")
+        if not executable.exists():
+            pytest.skip("the compactd console script is not installed")
+        self.log_path = log_path
+        self.log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [str(executable), "serve", "--broker-port", "0", "--http-port", "0", "--data-dir", str(data_dir), *flags],
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+        )
+        line = readline(self.process, PROCESS_TIMEOUT_S)
+        match = READY.match(line)
+        if match is None:
+            self.kill()
+            pytest.fail(f"compactd serve did not start: {line!r}\n{log_path.read_text()}")
+        self.broker_url, self.http_url = match.group(1), match.group(2)
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def terminate(self) -> int:
+        """SIGTERM, then wait: the exit code (SIGKILL if it does not stop in time)."""
+        if self.running:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(PROCESS_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(PROCESS_TIMEOUT_S)
+        self._close()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL (as ``kill -9``), then wait."""
+        if self.running:
+            self.process.kill()
+            self.process.wait(PROCESS_TIMEOUT_S)
+        self._close()
+
+    def _close(self) -> None:
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self.log.close()
