@@ -10,8 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.broker.service import BrokerService
 from api.metrics import render
 from compactor.record import LATENCY_BUCKETS_MS
-from ledger import DataDir
-from tests.unit.api.broker.test_admin import Settings, publish
+from tests.unit.api.broker.test_admin import _with_broker, publish
 
 TOPIC = "persistent://public/default/metrics"
 IDLE = "persistent://public/default/idle"
@@ -51,7 +50,7 @@ def test_metrics_follow_the_records_and_skip_topics_never_compacted(tmp_path: Pa
         assert appends == figures.entries_written
         await broker.compact(TOPIC)  # nothing new: a second success
         assert scrape(broker)[("pulsar_compaction_succeed_count", TOPIC)] == 2
-    asyncio.run(_run(tmp_path, body))
+    asyncio.run(_with_broker(tmp_path, body))
 
 
 def test_runs_waiting_for_the_concurrency_limit_are_counted_as_queued(tmp_path: Path) -> None:
@@ -67,15 +66,4 @@ def test_runs_waiting_for_the_concurrency_limit_are_counted_as_queued(tmp_path: 
         broker._runs.release()
         await asyncio.wait_for(waiting, 30)
         assert scrape(broker)[("compactd_compaction_runs_queued", "")] == 0
-    asyncio.run(_run(tmp_path, body))
-
-
-async def _run(path: Path, body) -> None:  # type: ignore[no-untyped-def]
-    data_dir = DataDir.open(str(path))
-    broker = BrokerService(data_dir, Settings())
-    broker.loop = asyncio.get_running_loop()
-    try:
-        await body(broker)
-    finally:
-        await broker.stop()
-        data_dir.close()
+    asyncio.run(_with_broker(tmp_path, body))
