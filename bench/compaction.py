@@ -37,10 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +48,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import _child
+from bench._child import current_rss_bytes, peak_rss_bytes
 from bench._workload import CODECS, Workload
 from compactor.algorithm import phase_one, phase_two
 from compactor.runner import Compactor
@@ -67,24 +67,6 @@ MIB = 1024 * 1024
 # --- measuring in a child -------------------------------------------------------------------
 
 
-def _peak_rss_bytes() -> int:
-    """This process's peak RSS: ``VmHWM``, not ``ru_maxrss``, which Linux carries over from the
-    parent through fork and exec (a child would report at least the parent's peak)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-def _current_rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _workload(spec: dict[str, Any]) -> Workload:
     return Workload(
         messages=spec["messages"], keys=spec["keys"], value_bytes=spec["value_bytes"],
@@ -94,7 +76,7 @@ def _workload(spec: dict[str, Any]) -> Workload:
 
 
 def child_idle(spec: dict[str, Any]) -> dict[str, Any]:
-    return {"peak_rss": _peak_rss_bytes()}
+    return {"peak_rss": peak_rss_bytes()}
 
 
 def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +129,7 @@ def child_pure(spec: dict[str, Any]) -> dict[str, Any]:
     workload = _workload(spec)
     entries_per_ledger = ManagedLedgerConfig().max_entries_per_ledger
     entries = workload.in_memory(entries_per_ledger)
-    rss_input = _current_rss_bytes()
+    rss_input = current_rss_bytes()
     started = time.perf_counter()
     result = phase_one(entries)
     phase_one_s = time.perf_counter() - started
@@ -160,7 +142,7 @@ def child_pure(spec: dict[str, Any]) -> dict[str, Any]:
         kept_entries += 1
         kept_messages += survivor.messages
     phase_two_s = time.perf_counter() - started
-    peak_rss = _peak_rss_bytes()  # read before the dict baseline allocates anything
+    peak_rss = peak_rss_bytes()  # read before the dict baseline allocates anything
     dict_bytes, dict_keys = _dict_baseline(workload, entries_per_ledger)
     return {
         "messages_read": result.messages_read, "entries": result.entries_read, "phase_one_s": phase_one_s,
@@ -176,11 +158,11 @@ def child_runner(spec: dict[str, Any]) -> dict[str, Any]:
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy(spec["sync"]))
     ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, ManagedLedgerConfig())
     topic = CompactedTopic.restore(ledger)
-    rss_open = _current_rss_bytes()
+    rss_open = current_rss_bytes()
     started = time.perf_counter()
     figures = Compactor().compact(topic)
     wall_s = time.perf_counter() - started
-    peak_rss = _peak_rss_bytes()
+    peak_rss = peak_rss_bytes()
     ledger.close()
     data_dir.close()
     return {
@@ -200,13 +182,7 @@ CHILDREN = {"idle": child_idle, "setup": child_setup, "pure": child_pure, "runne
 
 
 def spawn(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """Run ``kind`` in a fresh interpreter; its answer is the last line it prints."""
-    completed = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", kind, json.dumps(spec)],
-        check=True, stdout=subprocess.PIPE, text=True,
-    )
-    answer: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
-    return answer
+    return _child.spawn(__file__, kind, spec)
 
 
 def median(results: list[dict[str, Any]], name: str) -> float:

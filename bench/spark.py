@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import _child
+from bench._child import peak_rss_bytes
 from bench._workload import Workload
 from compactor.engine import LedgerRange, PhaseOneInput
 from compactor.runner import CompactionConfig, Compactor
@@ -52,18 +53,6 @@ from ledger.storage.base import SyncPolicy
 
 TOPIC = "persistent://public/default/bench-spark"
 MIB = 1024 * 1024
-
-
-def _peak_rss_bytes(pid: int | str = "self") -> int:
-    """Peak RSS (``VmHWM``) of process ``pid``; 0 when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _ledger_config(spec: dict[str, Any]) -> ManagedLedgerConfig:
@@ -113,8 +102,8 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     figures = compactor.compact(topic)
     wall_s = time.perf_counter() - started
-    python_rss = _peak_rss_bytes()
-    jvm_rss = _peak_rss_bytes(jvm_pid) if jvm_pid else 0
+    python_rss = peak_rss_bytes()
+    jvm_rss = peak_rss_bytes(jvm_pid) if jvm_pid else 0
     view = topic.view
     digest = hashlib.sha256()
     if view is not None:
@@ -137,15 +126,9 @@ CHILDREN = {"setup": child_setup, "run": child_run}
 
 
 def spawn(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """Run ``kind`` in a fresh interpreter; its answer is the last line it prints."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    completed = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", kind, json.dumps(spec)],
-        check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )
-    answer: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
-    return answer
+    return _child.spawn(__file__, kind, spec, env=env, quiet=True)
 
 
 def main() -> None:
