@@ -12,10 +12,15 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-__all__ = ["LATENCY_BUCKETS_MS", "CompactionRecord", "RunFigures"]
+__all__ = ["LATENCY_BUCKETS_MS", "CompactionRecord", "RunFigures", "latency_bucket"]
 
 LATENCY_BUCKETS_MS = (0.5, 1, 5, 10, 20, 50, 100, 200, 1000)
 """Upper bounds of Pulsar's compaction append-latency buckets; one more counts overflow."""
+
+
+def latency_bucket(latency_ms: float) -> int:
+    """Index of the ``LATENCY_BUCKETS_MS`` bucket ``latency_ms`` falls in (len = overflow)."""
+    return bisect.bisect_left(LATENCY_BUCKETS_MS, latency_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +34,8 @@ class RunFigures:
         entries_written, bytes_written: the compacted ledger's content.
         phase_one_s, phase_two_s, duration_s: wall-clock times.
         key_map_bytes: phase one's key map at its end.
-        append_latencies_ms: each append to the compacted ledger, from call to durable.
+        append_latency_counts: appends to the compacted ledger per ``LATENCY_BUCKETS_MS``
+            bucket (call to durable; the last counts overflow); () when nothing was written.
     """
 
     ledger_id: int = -1
@@ -43,7 +49,7 @@ class RunFigures:
     phase_two_s: float = 0.0
     duration_s: float = 0.0
     key_map_bytes: int = 0
-    append_latencies_ms: tuple[float, ...] = ()
+    append_latency_counts: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -75,8 +81,8 @@ class CompactionRecord:
         self.last_success_ms = now_ms
         self.last_duration_ms = int(figures.duration_s * 1000)
         self.total_duration_ms += self.last_duration_ms
-        for latency in figures.append_latencies_ms:
-            self.append_latency_counts[bisect.bisect_left(LATENCY_BUCKETS_MS, latency)] += 1
+        for bucket, count in enumerate(figures.append_latency_counts):
+            self.append_latency_counts[bucket] += count
         self.bytes_read += figures.bytes_read
         self.bytes_written += figures.bytes_written
         if figures.ledger_id != -1:

@@ -50,7 +50,7 @@ from compactor.engine import (
     raw_ranges,
 )
 from compactor.errors import CompactionTimeoutError, SparkEngineError
-from compactor.record import RunFigures
+from compactor.record import LATENCY_BUCKETS_MS, RunFigures, latency_bucket
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, encode_compacted_entry
 from cursor.cursor import InitialPosition, ManagedCursor
@@ -142,7 +142,7 @@ class Compactor:
         total = (previous.entries if previous is not None else 0) + ledger.entries_between(horizon, stop)
         first = self._phase_one(topic, previous, horizon, stop, cutoff, _Counted("phase-one", total, progress))
         phase_one_s = time.monotonic() - started
-        latencies: list[float] = []
+        latencies = [0] * (len(LATENCY_BUCKETS_MS) + 1)  # appends per bucket
         new_ledger_id, entries_written, bytes_written, kept = self._phase_two(
             topic, previous, horizon, stop, first, cutoff, _Counted("phase-two", total, progress), latencies)
         self._publish(topic, cursor, stop, new_ledger_id, previous)
@@ -159,7 +159,7 @@ class Compactor:
             phase_two_s=duration_s - phase_one_s,
             duration_s=duration_s,
             key_map_bytes=first.key_map.nbytes,
-            append_latencies_ms=tuple(latencies),
+            append_latency_counts=tuple(latencies) if entries_written else (),
         )
 
     # -- the input stream ---------------------------------------------------------------
@@ -262,7 +262,7 @@ class Compactor:
 
     def _phase_two(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        first: PhaseOneResult, cutoff: int | None, counted: _Counted, latencies: list[float],
+        first: PhaseOneResult, cutoff: int | None, counted: _Counted, latencies: list[int],
     ) -> tuple[int, int, int, int]:
         """Write the survivors to a new sealed ledger: (ledger id, entries, bytes, messages)."""
         store = topic.ledger.store
@@ -284,10 +284,11 @@ class Compactor:
         return ledger_id, entries, size, messages
 
     def _write(
-        self, topic: CompactedTopic, ledger_id: int, survivors: Iterator[CompactedEntry], latencies: list[float],
+        self, topic: CompactedTopic, ledger_id: int, survivors: Iterator[CompactedEntry], latencies: list[int],
     ) -> tuple[int, int, int]:
         """Append every survivor, at most OUTSTANDING_APPENDS_MAX in flight: (entries, bytes,
-        messages); each append's latency (ms, call to durable) goes to ``latencies``."""
+        messages); each append's latency (call to durable) is counted in its bucket of
+        ``latencies``."""
         outstanding: deque[Future[int]] = deque()
         entries = size = messages = 0
         for survivor in survivors:
@@ -332,10 +333,11 @@ def _spark_installed() -> bool:
     return importlib.util.find_spec("pyspark") is not None
 
 
-def _took(started: float, latencies: list[float], done: Future[int]) -> None:
-    """Done-callback of an append (any thread; ``list.append`` is atomic)."""
+def _took(started: float, latencies: list[int], done: Future[int]) -> None:
+    """Done-callback of an append: counts its latency. Callbacks of one store all run on
+    one thread (its flusher, or the appending thread when appends complete at once)."""
     del done
-    latencies.append((time.monotonic() - started) * 1000)
+    latencies[latency_bucket((time.monotonic() - started) * 1000)] += 1
 
 
 Progress = Callable[[str, int, int], None]
