@@ -24,3 +24,14 @@ def drain(consumer: Any, silence_ms: int = SILENCE_MS) -> list[Any]:
             out.append(consumer.receive(silence_ms))
         except pulsar.Timeout:
             return out
+
+
+def read_available(reader: Any, limit: int = 200) -> list[Any]:
+    """What a reader gets while ``has_message_available`` says so; a stuck reader fails
+    (``read_next`` times out) instead of hanging, and so does one that never ends."""
+    messages: list[Any] = []
+    for _ in range(limit):
+        if not reader.has_message_available():
+            return messages
+        messages.append(reader.read_next(RECEIVE_MS))
+    raise AssertionError(f"has_message_available still true after {limit} messages")

@@ -20,6 +20,8 @@ from typing import Any
 import pulsar
 import pytest
 
+from tests.integration.wire.helpers import read_available
+
 pytestmark = pytest.mark.integration
 
 TOPIC = "persistent://public/default/get-last-message-id"
@@ -65,17 +67,6 @@ def create_consumer(client: Any) -> Any:
 
 def compacted_reader(client: Any) -> Any:
     return client.create_reader(TOPIC, pulsar.MessageId.earliest, is_read_compacted=True)
-
-
-def read_available(reader: Any, limit: int = 100) -> list[Any]:
-    """What a reader gets while ``has_message_available`` says so; a stuck reader fails
-    (``read_next`` times out) instead of hanging."""
-    messages: list[Any] = []
-    for _ in range(limit):
-        if not reader.has_message_available():
-            return messages
-        messages.append(reader.read_next(RECEIVE_MS))
-    raise AssertionError(f"has_message_available still true after {limit} messages")
 
 
 def kv(message: Any) -> tuple[str, bytes]:

@@ -37,6 +37,8 @@ from typing import Any
 import pulsar
 import pytest
 
+from tests.integration.wire.helpers import read_available
+
 pytestmark = pytest.mark.integration
 
 TOPIC = "persistent://public/default/my-topic1"
@@ -119,16 +121,6 @@ def nothing_more(consumer: Any, wait_ms: int = QUIET_MS) -> bool:
     except pulsar.Timeout:
         return True
     raise AssertionError(f"unexpected message {kv(extra)} at {extra.message_id()}")
-
-
-def read_available(reader: Any, limit: int = 200) -> list[Any]:
-    """What a reader gets while ``has_message_available`` says so (bounded)."""
-    messages: list[Any] = []
-    for _ in range(limit):
-        if not reader.has_message_available():
-            return messages
-        messages.append(reader.read_next(RECEIVE_MS))
-    raise AssertionError(f"has_message_available still true after {limit} messages")
 
 
 def unload(broker: Any) -> None:
