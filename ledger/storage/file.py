@@ -243,11 +243,14 @@ class FileLedgerStore:
         with self._lock:
             ledger = self._load(ledger_id, refresh=self.read_only)
             lac = ledger.last_add_confirmed
+            scanned = ledger.scanned
+            confirmed = len(scanned.entry_offsets) == lac + 1  # nothing pending: the total counts
+            size_bytes = scanned.size_bytes if confirmed else sum(scanned.entry_lengths[: lac + 1])
             return LedgerInfo(
                 ledger_id=ledger_id,
                 state=LedgerState.CLOSED if ledger.sealed else LedgerState.OPEN,
                 last_add_confirmed=lac,
-                size_bytes=sum(ledger.scanned.entry_lengths[: lac + 1]),
+                size_bytes=size_bytes,
                 created_at_ms=ledger.scanned.created_at_ms,
                 metadata=dict(ledger.scanned.metadata),
             )
