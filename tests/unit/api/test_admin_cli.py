@@ -165,6 +165,14 @@ def _admin(recorder: Recorder, *args: str) -> Result:
      ("POST", "/admin/v2/persistent/public/default/t/deleteRetentionMs", 86_400_000)),
     (["namespaces", "remove-delete-retention", "public/default"],
      ("DELETE", "/admin/v2/namespaces/public/default/deleteRetentionMs", None)),
+    (["topics", "set-deduplication", "--enable", "t"],
+     ("POST", "/admin/v2/persistent/public/default/t/deduplicationEnabled", True)),
+    (["namespaces", "set-deduplication", "-d", "public/default"],
+     ("POST", "/admin/v2/namespaces/public/default/deduplicationEnabled", False)),
+    (["topics", "get-deduplication", "t"],
+     ("GET", "/admin/v2/persistent/public/default/t/deduplicationEnabled", None)),
+    (["namespaces", "remove-deduplication", "public/default"],
+     ("DELETE", "/admin/v2/namespaces/public/default/deduplicationEnabled", None)),
 ])
 def test_each_verb_sends_its_request(args: list[str], call: tuple[str, str, Any]) -> None:
     recorder = Recorder()
@@ -204,6 +212,15 @@ def test_bad_values_are_usage_errors_naming_the_value(args: list[str], value: st
 
     assert result.exit_code == 2, result.output
     assert value in " ".join(result.stderr.split()), result.stderr  # rich wraps the box
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize("switches", [[], ["--enable", "--disable"]], ids=["neither", "both"])
+def test_set_deduplication_takes_exactly_one_switch(switches: list[str]) -> None:
+    recorder = Recorder()
+    result = _admin(recorder, "topics", "set-deduplication", *switches, "t")
+    assert result.exit_code == 2, result.output
+    assert "--enable" in result.stderr
     assert recorder.requests == []
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from api.broker.dedup import ProducerSession
 from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
 from api.broker.service import BrokerService
 from compactor.encoder import encode_entry
@@ -166,4 +167,56 @@ def test_a_topic_whose_run_waits_for_a_slot_is_not_deleted(tmp_path: Path) -> No
         assert admin.compaction_status(TOPIC)["status"] == "SUCCESS"
         admin.delete_topic(TOPIC)
         assert admin.list_topics("public/default") == []
+    asyncio.run(_with_broker(tmp_path, body))
+
+
+@dataclass(frozen=True)
+class DedupSettings(Settings):
+    broker_deduplication_enabled: bool = False
+
+
+@pytest.mark.parametrize(("broker_default", "namespace", "topic", "expected"), [
+    (False, None, None, False),
+    (True, None, None, True),
+    (False, True, None, True),
+    (True, False, None, False),
+    (False, False, True, True),
+    (True, True, False, False),
+])
+def test_deduplication_is_topic_policy_then_namespace_policy_then_broker_setting(
+        tmp_path: Path, broker_default: bool, namespace: bool | None, topic: bool | None, expected: bool) -> None:
+    async def body(broker: BrokerService) -> None:
+        admin = broker.admin
+        admin.create_topic(TOPIC)
+        loaded = broker.get_topic(TOPIC)
+        if namespace is not None:
+            admin.set_policy("public/default", "deduplicationEnabled", namespace)
+        if topic is not None:
+            admin.set_policy(TOPIC, "deduplicationEnabled", topic)
+        assert (loaded.dedup is not None) == expected  # applied to the loaded topic at once
+        cursors = broker.data_dir.metadata.list_cursors(TOPIC)
+        assert ("pulsar.dedup" in cursors) == expected  # off: no cursor holds data back
+        assert loaded.last_sequence_id("p") == -1
+
+    asyncio.run(_with_broker(tmp_path, body, DedupSettings(broker_deduplication_enabled=broker_default)))
+
+
+def test_removing_the_policy_falls_back_and_turning_off_forgets_the_state(tmp_path: Path) -> None:
+    async def body(broker: BrokerService) -> None:
+        admin = broker.admin
+        admin.create_topic(TOPIC)
+        admin.set_policy(TOPIC, "deduplicationEnabled", True)
+        topic = broker.get_topic(TOPIC)
+        assert topic.dedup is not None
+        topic.publish(ProducerSession(), "p", 3, 3, entry("k", b"v")).result(timeout=10)
+        for _ in range(100):  # the durable callback runs on the loop
+            if topic.last_sequence_id("p") == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert topic.last_sequence_id("p") == 3
+        admin.remove_policy(TOPIC, "deduplicationEnabled")
+        assert topic.dedup is None and topic.last_sequence_id("p") == -1
+        admin.set_policy("public/default", "deduplicationEnabled", True)
+        assert topic.dedup is not None and topic.last_sequence_id("p") == -1  # starts fresh, as Pulsar
+
     asyncio.run(_with_broker(tmp_path, body))
