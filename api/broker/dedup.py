@@ -5,16 +5,17 @@ for a message that is not a chunk) and fingerprinted by a *content digest*: its 
 without the fields a re-send may change (publish time, sequence ids, producer name, chunk
 uuid) plus its payload. Each PRODUCER the broker accepts starts a ``ProducerSession``.
 
+* A send whose identity and content match an entry in flight or among the last
+  ``WINDOW_ENTRIES`` durable ones is a duplicate: the answer waits for the in-flight one,
+  or is the stored entry's position.
 * Within one session sequence ids only grow (a client re-sends only after it reconnects,
-  in a new session). A send whose ``(sequence id, chunk id)`` is not above the highest the
-  session already sent is a new message reusing a sequence id — the client restarts its
-  numbering after a reconnect when it never got a receipt — and is stored.
-* Otherwise it may re-send an earlier session's message: if an entry with the same
-  identity is in flight or among the last ``WINDOW_ENTRIES`` durable ones, the send is a
-  duplicate when its content matches (the answer is the stored entry's position, or waits
-  for the in-flight one), and a different message when it does not (stored). Past the
-  window, a sequence id not above the highest durable one of its producer is a duplicate
-  answered ``-1:-1`` (Pulsar's rule: an application re-sending after its own restart).
+  in a new session). Any other send whose ``(sequence id, chunk id)`` is not above the
+  highest the session already sent is a new message reusing a sequence id — the client
+  restarts its numbering after a reconnect when it never got a receipt — and is stored;
+  so is one whose identity is in the window with other content.
+* Past the window, a sequence id not above the highest durable one of its producer is a
+  duplicate answered ``-1:-1`` (Pulsar's rule: an application re-sending after its own
+  restart); anything else is stored.
 * A chunk advances its producer's highest sequence id only as the last chunk, so a chunk
   lost in a crash is stored when re-sent. A failed append rolls the producer's pushed
   sequence id back to the highest durable one (Pulsar's ``resetHighestSequenceIdPushed``).
@@ -31,7 +32,7 @@ entry); disabling deletes the cursor, so that it holds nothing against trimming.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -112,8 +113,10 @@ class Deduplication:
         self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST)
         self.persisted: dict[str, int] = dict(self.cursor.properties)
         self.pushed: dict[str, int] = dict(self.persisted)
-        self._window: OrderedDict[tuple[str, int, int], tuple[Position, bytes]] = OrderedDict()
-        self._in_flight: dict[tuple[str, int, int], tuple[bytes, Future[Position]]] = {}
+        # (identity, content digest) -> where it is stored / its append in flight
+        self._window: OrderedDict[tuple[tuple[str, int, int], bytes], Position] = OrderedDict()
+        self._identities: Counter[tuple[str, int, int]] = Counter()  # identities in the window
+        self._in_flight: dict[tuple[tuple[str, int, int], bytes], Future[Position]] = {}
         self._last_durable = self.cursor.mark_delete_position
         self._unsnapshotted = 0
         if existed:
@@ -160,18 +163,19 @@ class Deduplication:
         return self.pushed.get(producer_name, -1)
 
     def find_duplicate(self, session: ProducerSession, send: Send) -> Future[Position] | None:
-        """A future of where the original is stored when ``send`` re-sends a message of an
-        earlier session; None when it is to be stored. Advances the session."""
+        """A future of where the original is stored when ``send`` re-sends a stored or
+        in-flight message; None when it is to be stored. Advances the session."""
         key = (send.sequence_id, send.chunk_id)
-        if key <= session.highest_sent:
-            return None  # a sequence id reused within a session: a new message
-        session.highest_sent = key
-        in_flight = self._in_flight.get(send.identity)
+        earlier_session = key > session.highest_sent
+        session.highest_sent = max(session.highest_sent, key)
+        in_flight = self._in_flight.get((send.identity, send.digest))
         if in_flight is not None:
-            return in_flight[1] if in_flight[0] == send.digest else None
-        remembered = self._window.get(send.identity)
+            return in_flight
+        remembered = self._window.get((send.identity, send.digest))
         if remembered is not None:
-            return _resolved(remembered[0]) if remembered[1] == send.digest else None
+            return _resolved(remembered)
+        if not earlier_session or send.identity in self._identities:
+            return None  # a sequence id reused for another message
         if send.highest_sequence_id <= self.persisted.get(send.producer_name, -1):
             return _resolved(UNKNOWN_POSITION)
         return None
@@ -180,19 +184,19 @@ class Deduplication:
         """A send was appended (not yet durable)."""
         if send.last_chunk and send.highest_sequence_id > self.pushed.get(send.producer_name, -1):
             self.pushed[send.producer_name] = send.highest_sequence_id
-        self._in_flight[send.identity] = (send.digest, future)
+        self._in_flight[(send.identity, send.digest)] = future
 
     def failed(self, send: Send, future: Future[Position]) -> None:
         """The append of a send failed: forget it and roll the producer back to what is
         durable, so that its re-send is stored."""
-        if self._in_flight.get(send.identity, (b"", None))[1] is future:
-            del self._in_flight[send.identity]
+        if self._in_flight.get((send.identity, send.digest)) is future:
+            del self._in_flight[(send.identity, send.digest)]
         self.pushed[send.producer_name] = self.persisted.get(send.producer_name, -1)
 
     def durable(self, send: Send, position: Position, future: Future[Position] | None = None) -> None:
         """The entry of a send is durable at ``position``."""
-        if future is not None and self._in_flight.get(send.identity, (b"", None))[1] is future:
-            del self._in_flight[send.identity]
+        if future is not None and self._in_flight.get((send.identity, send.digest)) is future:
+            del self._in_flight[(send.identity, send.digest)]
         self._remember(send, position)
         if send.last_chunk and self.pushed.get(send.producer_name, -1) < send.highest_sequence_id:
             self.pushed[send.producer_name] = send.highest_sequence_id
@@ -204,10 +208,16 @@ class Deduplication:
         highest = send.highest_sequence_id
         if send.last_chunk and SEQUENCE_ID_MAX >= highest > self.persisted.get(send.producer_name, -1):
             self.persisted[send.producer_name] = highest
-        self._window[send.identity] = (position, send.digest)
-        self._window.move_to_end(send.identity)
+        key = (send.identity, send.digest)
+        if key not in self._window:
+            self._identities[send.identity] += 1
+        self._window[key] = position
+        self._window.move_to_end(key)
         while len(self._window) > WINDOW_ENTRIES:
-            self._window.popitem(last=False)
+            (identity, _), _ = self._window.popitem(last=False)
+            self._identities[identity] -= 1
+            if not self._identities[identity]:
+                del self._identities[identity]
         self._last_durable = max(self._last_durable, position)
 
     # -- persistence --------------------------------------------------------------------

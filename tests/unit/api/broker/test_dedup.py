@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from api.broker import dedup
 from api.broker.dedup import (
@@ -212,3 +215,76 @@ def test_a_send_is_described_without_its_volatile_fields() -> None:
     assert one == Send("p", 1, 1, -1, True, one.digest)
     chunk = describe_send("p", 1, 1, entry("p", 1, chunk=(0, 3)))
     assert (chunk.chunk_id, chunk.last_chunk) == (0, False)
+
+
+# -- a model of the real client against the broker, with crashes ---------------------------------
+
+ACTIONS = st.lists(st.sampled_from(["send", "send", "send", "deliver", "deliver", "receipt", "crash"]),
+                   min_size=1, max_size=60)
+
+
+class _Client:
+    """What the C++ client keeps for one producer: its pending sends, its numbering, and the
+    reset of that numbering after a reconnect when it never got a receipt."""
+
+    def __init__(self) -> None:
+        self.next_sequence_id = 0
+        self.last_published = -1
+        self.pending: list[tuple[int, bytes]] = []  # (sequence id, entry bytes), send order
+        self.answers: dict[int, Future[Position]] = {}  # index in pending -> the broker's answer
+        self.transit = 0  # pending sends the broker has received (a prefix)
+        self.receipts: dict[bytes, Position] = {}
+        self.sent = 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=ACTIONS)
+def test_every_receipt_names_its_message_and_no_resend_is_stored_twice(tmp_path_factory: Any, actions: list[str]) -> None:
+    log = Log(tmp_path_factory.mktemp("model"))
+    client, session = _Client(), ProducerSession()
+
+    def deliver() -> None:
+        _, data = client.pending[client.transit]
+        client.answers[client.transit] = log.send(session, data)
+        client.transit += 1
+
+    try:
+        for action in actions:
+            if action == "send":
+                data = entry("p", client.next_sequence_id, b"m%d" % client.sent, publish_time=client.sent)
+                client.pending.append((client.next_sequence_id, data))
+                client.next_sequence_id += 1
+                client.sent += 1
+            elif action == "deliver" and client.transit < len(client.pending):
+                deliver()
+            elif action == "receipt" and client.transit > 0:
+                position = client.answers[0].result(timeout=10)
+                client.receipts[client.pending[0][1]] = position
+                client.last_published = client.pending[0][0]
+                client.pending.pop(0)
+                client.answers = {i - 1: f for i, f in client.answers.items() if i > 0}
+                client.transit -= 1
+            elif action == "crash":
+                log.crash_and_reopen()
+                session = ProducerSession()
+                client.answers, client.transit = {}, 0
+                if client.last_published == -1:  # ProducerImpl::handleCreateProducer
+                    client.next_sequence_id = log.state.last_sequence_id("p") + 1
+        while client.transit < len(client.pending):
+            deliver()
+        for index, (_, data) in enumerate(client.pending):
+            client.receipts[data] = client.answers[index].result(timeout=10)
+        stored = {data: position for data, position in zip(log.stored(), _positions(log), strict=True)}
+        assert len(stored) == len(log.stored()), "a message was stored twice"
+        for data, position in client.receipts.items():
+            assert stored.get(data) == position, "a receipt does not name its message"
+        assert len(client.receipts) == client.sent
+    finally:
+        log.close()
+
+
+def _positions(log: Log) -> list[Position]:
+    end = log.ledger.last_confirmed_position()
+    if end.entry_id < 0:
+        return []
+    return [e.position for e in log.ledger.read_entries(log.ledger.first_position(), 10_000, end=end)]
