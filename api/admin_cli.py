@@ -434,7 +434,44 @@ def _add_policy_verbs(group: typer.Typer, spec: PolicySpec, scope: str, to_path:
     group.command(f"remove-{spec.verb}", help=f"Remove the {scope}'s {spec.name}.")(remove_policy)
 
 
+def _add_deduplication_verbs(group: typer.Typer, scope: str, to_path: Callable[[str], str]) -> None:
+    """``set-deduplication --enable|--disable``, ``get-deduplication`` and
+    ``remove-deduplication`` on ``group``, as ``pulsar-admin`` names them."""
+    target_help = ("persistent://tenant/namespace/topic, or its short form." if scope == "topic"
+                   else "tenant/namespace, e.g. public/default.")
+    metavar = "TOPIC" if scope == "topic" else "NAMESPACE"
+
+    def set_deduplication(
+        ctx: typer.Context,
+        target: str = typer.Argument(..., metavar=metavar, help=target_help),
+        enable: bool = typer.Option(False, "--enable", "-e", help="Turn de-duplication on."),
+        disable: bool = typer.Option(False, "--disable", "-d", help="Turn de-duplication off."),
+    ) -> None:
+        if enable == disable:
+            raise typer.BadParameter("give exactly one of --enable and --disable", param_hint="'--enable'")
+        _call(ctx, "POST", f"{to_path(target)}/deduplicationEnabled", body=enable, has_body=True)
+
+    def get_deduplication(
+        ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help),
+    ) -> None:
+        _print_json(_call(ctx, "GET", f"{to_path(target)}/deduplicationEnabled"))
+
+    def remove_deduplication(
+        ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help),
+    ) -> None:
+        _call(ctx, "DELETE", f"{to_path(target)}/deduplicationEnabled")
+
+    group.command("set-deduplication", help=f"Turn the {scope}'s message de-duplication on or off.")(
+        set_deduplication)
+    group.command("get-deduplication", help=f"Print the {scope}'s deduplicationEnabled (null when unset).")(
+        get_deduplication)
+    group.command("remove-deduplication", help=f"Remove the {scope}'s deduplicationEnabled.")(
+        remove_deduplication)
+
+
 for _spec in POLICIES:
     _add_policy_verbs(topics, _spec, "topic", _topic)
     _add_policy_verbs(namespaces, _spec, "namespace", _namespace)
+_add_deduplication_verbs(topics, "topic", _topic)
+_add_deduplication_verbs(namespaces, "namespace", _namespace)
 

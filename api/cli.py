@@ -79,6 +79,9 @@ Engine = Annotated[str | None, _option("compaction_engine", "--compaction-engine
 SparkMaster = Annotated[str | None, _option("spark_master", "--spark-master", "URL")]
 MemoryBudget = Annotated[str | None, _option(
     "compaction_memory_budget_bytes", "--compaction-memory-budget-bytes", "BYTES")]
+Deduplication = Annotated[bool | None, _option(
+    "broker_deduplication_enabled", "--broker-deduplication-enabled/--no-broker-deduplication-enabled")]
+ClusterName = Annotated[str | None, _option("cluster_name", "--cluster-name", "NAME")]
 Fsync = Annotated[str | None, _option("fsync", "--fsync", "{always,group,none}")]
 MaxEntries = Annotated[str | None, _option(
     "managed_ledger_max_entries_per_ledger", "--managed-ledger-max-entries-per-ledger", "N")]
@@ -118,7 +121,9 @@ def serve(  # one parameter per setting, each named as its key
     topic_compaction_retain_null_key: RetainNullKey = None,
     compaction_max_concurrent_runs: MaxConcurrentRuns = None,
     compaction_engine: Engine = None, spark_master: SparkMaster = None,
-    compaction_memory_budget_bytes: MemoryBudget = None, fsync: Fsync = None,
+    compaction_memory_budget_bytes: MemoryBudget = None,
+    broker_deduplication_enabled: Deduplication = None, cluster_name: ClusterName = None,
+    fsync: Fsync = None,
     managed_ledger_max_entries_per_ledger: MaxEntries = None,
     managed_ledger_max_size_per_ledger_bytes: MaxBytes = None,
     authentication_enabled: AuthenticationEnabled = None,

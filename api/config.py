@@ -105,6 +105,12 @@ class Settings:
     compaction_memory_budget_bytes: int = _setting(
         1 << 30, "Key-map memory the local engine may use before the auto engine moves phase one "
         "to Spark (24 bytes a live key).", minimum=1)
+    broker_deduplication_enabled: bool = _setting(
+        False, "De-duplicate producers' re-sends on every topic (namespace and topic policy "
+        "deduplicationEnabled win over it).")
+    cluster_name: str = _setting(
+        "standalone", "Cluster name: the first part of producer names the broker assigns, and a "
+        "metrics label.")
     fsync: FsyncPolicy = _setting(  # noqa: RUF009 - a str, immutable
         "group", "When an append is durable: always (fsync each), group (group commit), "
         "none (tests and benchmarks only).")

@@ -120,7 +120,7 @@ class PolicySpec(NamedTuple):
     """One compaction policy as the API exposes it."""
 
     name: str
-    kind: Literal["long", "ratio"]  # a JSON integer in [0, JAVA_LONG_MAX], or a number in [0, 1]
+    kind: Literal["long", "ratio", "bool"]  # a JSON integer in [0, JAVA_LONG_MAX], a number in [0, 1], true/false
     summary: str
     description: str
 
@@ -145,5 +145,12 @@ POLICIES = (
         "deleteRetentionMs", "long", "tombstone retention (ms)",
         "Beyond Pulsar (Kafka's delete.retention.ms): how long a tombstone stays in the "
         "compacted view before a run drops it. A JSON integer >= 0.",
+    ),
+    PolicySpec(
+        "deduplicationEnabled", "bool", "message de-duplication",
+        "Pulsar's message de-duplication: a producer's re-send of a message already stored "
+        "is acknowledged with the stored message's id and not stored again. Off unless "
+        "enabled (topic policy, else namespace policy, else --broker-deduplication-enabled). "
+        "JSON true or false.",
     ),
 )

@@ -89,6 +89,13 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at_ms INTEGER NOT NULL
     );
     """,
+    # 3: named counters that must never repeat across restarts (the broker instance id).
+    """
+    CREATE TABLE counters (
+        name TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    );
+    """,
 )
 
 
@@ -386,6 +393,16 @@ class MetadataStore:
         """Unset policy ``name`` of ``scope``; False when it was not set."""
         with self.transaction() as db:
             return db.execute("DELETE FROM policies WHERE scope = ? AND name = ?", (scope, name)).rowcount == 1
+
+    # -- counters -----------------------------------------------------------------------
+
+    def next_counter(self, name: str) -> int:
+        """Increment counter ``name`` durably and return its new value (first: 0)."""
+        with self.transaction() as db:
+            db.execute("INSERT INTO counters (name, value) VALUES (?, 0) "
+                       "ON CONFLICT (name) DO UPDATE SET value = value + 1", (name,))
+            value: int = db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()[0]
+            return value
 
     # -- compaction status ------------------------------------------------------------
 

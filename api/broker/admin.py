@@ -10,9 +10,10 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
   ``CompactionInProgressError``); its status — NOT_RUN, RUNNING, SUCCESS, ERROR with
   ``lastError`` — is persisted, so it survives a restart (a run cut short by a stop reads
   ERROR afterwards).
-* Policies per topic and per namespace, by name: ``compactionThreshold`` (Pulsar's) and,
-  beyond Pulsar, ``minCleanableDirtyRatio``, ``maxCompactionLagMs`` and
-  ``deleteRetentionMs`` (Kafka's). The caller validates values.
+* Policies per topic and per namespace, by name: ``compactionThreshold`` and
+  ``deduplicationEnabled`` (Pulsar's) and, beyond Pulsar, ``minCleanableDirtyRatio``,
+  ``maxCompactionLagMs`` and ``deleteRetentionMs`` (Kafka's). The caller validates values;
+  a change of ``deduplicationEnabled`` applies to the loaded topics at once.
 * ``stats`` and ``internal_stats`` in Pulsar's JSON shapes (the fields compactd can fill).
 """
 
@@ -38,7 +39,8 @@ __all__ = ["POLICY_NAMES", "Admin"]
 
 log = logging.getLogger(__name__)
 
-POLICY_NAMES = ("compactionThreshold", "minCleanableDirtyRatio", "maxCompactionLagMs", "deleteRetentionMs")
+POLICY_NAMES = ("compactionThreshold", "minCleanableDirtyRatio", "maxCompactionLagMs", "deleteRetentionMs",
+                "deduplicationEnabled")
 INTERRUPTED = "the broker stopped during the run"
 
 
@@ -140,10 +142,14 @@ class Admin:
     def set_policy(self, scope: str, name: str, value: Any) -> None:
         assert name in POLICY_NAMES
         self.metadata.set_policy(scope, name, value)
+        if name == "deduplicationEnabled":
+            self.broker.refresh_deduplication()
 
     def remove_policy(self, scope: str, name: str) -> None:
         assert name in POLICY_NAMES
         self.metadata.remove_policy(scope, name)
+        if name == "deduplicationEnabled":
+            self.broker.refresh_deduplication()
 
     # -- stats ------------------------------------------------------------------------
 

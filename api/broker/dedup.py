@@ -1,30 +1,106 @@
-"""Producer de-duplication that survives a restart (Pulsar's message de-duplication).
+"""Producer de-duplication of one topic (Pulsar's message de-duplication), when enabled.
 
-The state is a map producer name → highest sequence id of a *durable* entry. It is
-snapshotted into the properties of a durable cursor named ``pulsar.dedup`` (Pulsar's
-name), whose mark-delete position says which entry the snapshot covers, every
-``SNAPSHOT_INTERVAL_ENTRIES`` durable entries and when the topic closes. On load the map
-is the snapshot plus a replay of the entries after it, read from their metadata
-(``producer_name``, ``highest_sequence_id`` or ``sequence_id``). Only durable entries ever
-enter the map, so a send lost in a crash is never mistaken for a duplicate when the
-client sends it again. The cursor holds at most one interval of entries against trimming.
+A send is named by its *identity* ``(producer name, sequence id, chunk id)`` (chunk id -1
+for a message that is not a chunk) and fingerprinted by a *content digest*: its metadata
+without the fields a re-send may change (publish time, sequence ids, producer name, chunk
+uuid) plus its payload. Each PRODUCER the broker accepts starts a ``ProducerSession``.
+
+* Within one session sequence ids only grow (a client re-sends only after it reconnects,
+  in a new session). A send whose ``(sequence id, chunk id)`` is not above the highest the
+  session already sent is a new message reusing a sequence id — the client restarts its
+  numbering after a reconnect when it never got a receipt — and is stored.
+* Otherwise it may re-send an earlier session's message: if an entry with the same
+  identity is in flight or among the last ``WINDOW_ENTRIES`` durable ones, the send is a
+  duplicate when its content matches (the answer is the stored entry's position, or waits
+  for the in-flight one), and a different message when it does not (stored). Past the
+  window, a sequence id not above the highest durable one of its producer is a duplicate
+  answered ``-1:-1`` (Pulsar's rule: an application re-sending after its own restart).
+* A chunk advances its producer's highest sequence id only as the last chunk, so a chunk
+  lost in a crash is stored when re-sent. A failed append rolls the producer's pushed
+  sequence id back to the highest durable one (Pulsar's ``resetHighestSequenceIdPushed``).
+
+The durable part (producer name → highest durable sequence id) is snapshotted into the
+properties of a durable cursor named ``pulsar.dedup`` every ``SNAPSHOT_INTERVAL_ENTRIES``
+durable entries and when the topic closes; its mark-delete position says which entry the
+snapshot covers. Loading replays the entries after the snapshot, and at least the last
+``WINDOW_ENTRIES`` entries, so that re-sends after a crash find what was durable. Enabling
+starts fresh at the end of the log (as Pulsar, which opens the cursor at the latest
+entry); disabling deletes the cursor, so that it holds nothing against trimming.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass
+
 from compactor.errors import MalformedEntryError
 from compactor.message import parse_entry
+from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition, ManagedCursor
 from ledger.managed_ledger import ManagedLedger
 from ledger.position import Position
 
-__all__ = ["DEDUP_CURSOR", "SNAPSHOT_INTERVAL_ENTRIES", "Deduplication"]
+__all__ = ["DEDUP_CURSOR", "SNAPSHOT_INTERVAL_ENTRIES", "UNKNOWN_POSITION", "WINDOW_ENTRIES", "Deduplication",
+           "ProducerSession", "Send", "describe_send"]
 
 DEDUP_CURSOR = "pulsar.dedup"
-# Pulsar's brokerDeduplicationEntriesInterval: entries between two snapshots (and so at
-# most this many entries are replayed at load).
+# Pulsar's brokerDeduplicationEntriesInterval: entries between two snapshots.
 SNAPSHOT_INTERVAL_ENTRIES = 1000
+# Durable entries whose identity and content digest are remembered for re-sends: well
+# above what the client keeps pending per producer (maxPendingMessages, 1000 by default).
+WINDOW_ENTRIES = 10_000
 _REPLAY_BATCH_ENTRIES = 1000
+SEQUENCE_ID_MAX = (1 << 63) - 1  # sequence ids are int64 where they are persisted
+UNKNOWN_POSITION = Position(-1, -1)
+"""The answer to a duplicate whose original is older than the window (Pulsar's -1:-1)."""
+_VOLATILE_FIELDS = ("highest_sequence_id", "uuid")  # besides the required ones, zeroed
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """What de-duplication needs of one send."""
+
+    producer_name: str
+    sequence_id: int
+    highest_sequence_id: int
+    chunk_id: int  # -1 when the message is not a chunk
+    last_chunk: bool  # True when not a chunk
+    digest: bytes
+
+    @property
+    def identity(self) -> tuple[str, int, int]:
+        return self.producer_name, self.sequence_id, self.chunk_id
+
+
+@dataclass(slots=True)
+class ProducerSession:
+    """One PRODUCER accepted by the broker: the highest ``(sequence id, chunk id)`` sent."""
+
+    highest_sent: tuple[int, int] = (-1, -1)
+
+
+def describe_send(producer_name: str, sequence_id: int, highest_sequence_id: int, entry: bytes) -> Send:
+    """The ``Send`` of one entry; an entry whose metadata does not parse is its own content."""
+    try:
+        parsed = parse_entry(entry)
+    except MalformedEntryError:
+        return Send(producer_name, sequence_id, highest_sequence_id, -1, True, _digest(entry))
+    metadata = parsed.metadata
+    chunk_id = metadata.chunk_id if metadata.HasField("uuid") else -1
+    last_chunk = chunk_id < 0 or chunk_id >= metadata.num_chunks_from_msg - 1
+    content = pb.MessageMetadata()
+    content.CopyFrom(metadata)
+    content.producer_name, content.sequence_id, content.publish_time = "", 0, 0
+    for name in _VOLATILE_FIELDS:
+        content.ClearField(name)
+    digest = _digest(content.SerializeToString(deterministic=True) + parsed.payload)
+    return Send(producer_name, sequence_id, highest_sequence_id, chunk_id, last_chunk, digest)
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 class Deduplication:
@@ -32,15 +108,25 @@ class Deduplication:
 
     def __init__(self, ledger: ManagedLedger) -> None:
         self.ledger = ledger
-        self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.EARLIEST)
-        self.sequence_ids: dict[str, int] = dict(self.cursor.properties)
+        existed = ledger.metadata.load_cursor(ledger.name, DEDUP_CURSOR) is not None
+        self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST)
+        self.persisted: dict[str, int] = dict(self.cursor.properties)
+        self.pushed: dict[str, int] = dict(self.persisted)
+        self._window: OrderedDict[tuple[str, int, int], tuple[Position, bytes]] = OrderedDict()
+        self._in_flight: dict[tuple[str, int, int], tuple[bytes, Future[Position]]] = {}
         self._last_durable = self.cursor.mark_delete_position
         self._unsnapshotted = 0
-        self._replay()
+        if existed:
+            self._replay()
+
+    # -- loading ------------------------------------------------------------------------
 
     def _replay(self) -> None:
-        position = self.ledger.next_valid_position(self.cursor.mark_delete_position)
+        """Rebuild the durable part: the snapshot plus the entries after it, and at least
+        the last ``WINDOW_ENTRIES`` entries into the window."""
+        start = min(self.ledger.next_valid_position(self.cursor.mark_delete_position), self._window_start())
         end = self.ledger.last_confirmed_position()
+        position = start
         while position <= end:
             entries = self.ledger.read_entries(position, _REPLAY_BATCH_ENTRIES, end=end)
             if not entries:
@@ -51,21 +137,94 @@ class Deduplication:
                 except MalformedEntryError:
                     continue
                 highest = max(metadata.sequence_id, metadata.highest_sequence_id)
-                self.durable(metadata.producer_name, highest, entry.position, snapshot=False)
+                self._remember(describe_send(metadata.producer_name, metadata.sequence_id, highest, entry.data),
+                               entry.position)
             position = self.ledger.next_valid_position(entries[-1].position)
+        self.pushed = dict(self.persisted)
 
-    def durable(self, producer_name: str, sequence_id: int, position: Position, *, snapshot: bool = True) -> None:
-        """An entry of ``producer_name`` up to ``sequence_id`` is durable at ``position``."""
-        if sequence_id > self.sequence_ids.get(producer_name, -1):
-            self.sequence_ids[producer_name] = sequence_id
-        self._last_durable = max(self._last_durable, position)
+    def _window_start(self) -> Position:
+        """The position ``WINDOW_ENTRIES`` entries before the end of the log (or its start)."""
+        remaining = WINDOW_ENTRIES
+        first = self.ledger.first_position()
+        for record in reversed(self.ledger.ledger_list()):
+            if record.entries >= remaining:
+                return Position(record.ledger_id, record.entries - remaining)
+            remaining -= record.entries
+            first = Position(record.ledger_id, 0)
+        return first
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def last_sequence_id(self, producer_name: str) -> int:
+        """The highest sequence id pushed by ``producer_name``; -1 if none."""
+        return self.pushed.get(producer_name, -1)
+
+    def find_duplicate(self, session: ProducerSession, send: Send) -> Future[Position] | None:
+        """A future of where the original is stored when ``send`` re-sends a message of an
+        earlier session; None when it is to be stored. Advances the session."""
+        key = (send.sequence_id, send.chunk_id)
+        if key <= session.highest_sent:
+            return None  # a sequence id reused within a session: a new message
+        session.highest_sent = key
+        in_flight = self._in_flight.get(send.identity)
+        if in_flight is not None:
+            return in_flight[1] if in_flight[0] == send.digest else None
+        remembered = self._window.get(send.identity)
+        if remembered is not None:
+            return _resolved(remembered[0]) if remembered[1] == send.digest else None
+        if send.highest_sequence_id <= self.persisted.get(send.producer_name, -1):
+            return _resolved(UNKNOWN_POSITION)
+        return None
+
+    def pushed_send(self, send: Send, future: Future[Position]) -> None:
+        """A send was appended (not yet durable)."""
+        if send.last_chunk and send.highest_sequence_id > self.pushed.get(send.producer_name, -1):
+            self.pushed[send.producer_name] = send.highest_sequence_id
+        self._in_flight[send.identity] = (send.digest, future)
+
+    def failed(self, send: Send, future: Future[Position]) -> None:
+        """The append of a send failed: forget it and roll the producer back to what is
+        durable, so that its re-send is stored."""
+        if self._in_flight.get(send.identity, (b"", None))[1] is future:
+            del self._in_flight[send.identity]
+        self.pushed[send.producer_name] = self.persisted.get(send.producer_name, -1)
+
+    def durable(self, send: Send, position: Position, future: Future[Position] | None = None) -> None:
+        """The entry of a send is durable at ``position``."""
+        if future is not None and self._in_flight.get(send.identity, (b"", None))[1] is future:
+            del self._in_flight[send.identity]
+        self._remember(send, position)
+        if send.last_chunk and self.pushed.get(send.producer_name, -1) < send.highest_sequence_id:
+            self.pushed[send.producer_name] = send.highest_sequence_id
         self._unsnapshotted += 1
-        if snapshot and self._unsnapshotted >= SNAPSHOT_INTERVAL_ENTRIES:
+        if self._unsnapshotted >= SNAPSHOT_INTERVAL_ENTRIES:
             self.snapshot()
 
+    def _remember(self, send: Send, position: Position) -> None:
+        highest = send.highest_sequence_id
+        if send.last_chunk and SEQUENCE_ID_MAX >= highest > self.persisted.get(send.producer_name, -1):
+            self.persisted[send.producer_name] = highest
+        self._window[send.identity] = (position, send.digest)
+        self._window.move_to_end(send.identity)
+        while len(self._window) > WINDOW_ENTRIES:
+            self._window.popitem(last=False)
+        self._last_durable = max(self._last_durable, position)
+
+    # -- persistence --------------------------------------------------------------------
+
     def snapshot(self) -> None:
-        """Persist the map with the position it covers."""
+        """Persist the durable part with the position it covers."""
         if self._unsnapshotted == 0 or self._last_durable <= self.cursor.mark_delete_position:
             return
-        self.cursor.mark_delete(self._last_durable, self.sequence_ids)
+        self.cursor.mark_delete(self._last_durable, self.persisted)
         self._unsnapshotted = 0
+
+    def delete(self) -> None:
+        """De-duplication was turned off: drop the cursor (it holds nothing back)."""
+        self.cursor.delete_durable()
+
+
+def _resolved(position: Position) -> Future[Position]:
+    done: Future[Position] = Future()
+    done.set_result(position)
+    return done

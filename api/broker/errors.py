@@ -5,6 +5,7 @@
         ├── InvalidTopicNameError       a malformed topic name (InvalidTopicName)
         ├── NotAllowedError             an operation Pulsar refuses (NotAllowedError)
         ├── ConsumerBusyError           exclusive subscription already has a consumer (ConsumerBusy)
+        ├── ProducerBusyError           a producer of that name is already connected (ProducerBusy)
         ├── SubscriptionNotFoundError   (SubscriptionNotFound)
         ├── TopicNotFoundError          (TopicNotFound)
         ├── TopicExistsError            an admin create of an existing topic (HTTP 409)
@@ -23,6 +24,7 @@ __all__ = [
     "InvalidTopicNameError",
     "NotAllowedError",
     "PreconditionFailedError",
+    "ProducerBusyError",
     "SubscriptionNotFoundError",
     "TopicExistsError",
     "TopicNotFoundError",
@@ -45,6 +47,10 @@ class NotAllowedError(BrokerError):
 
 class ConsumerBusyError(BrokerError):
     code = "ConsumerBusy"
+
+
+class ProducerBusyError(BrokerError):
+    code = "ProducerBusy"
 
 
 class SubscriptionNotFoundError(BrokerError):

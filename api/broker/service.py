@@ -75,6 +75,10 @@ class BrokerService:
             max_size_per_ledger_bytes=int(getattr(settings, "managed_ledger_max_size_per_ledger_bytes", 2 << 30)),
         )
         self._runs = asyncio.Semaphore(max(1, int(getattr(settings, "compaction_max_concurrent_runs", 2))))
+        # Pulsar's producer names: cluster, a broker instance id that never repeats on this
+        # data dir (persisted), and a counter.
+        self._producer_name_prefix = (f"{getattr(settings, 'cluster_name', 'standalone')}-"
+                                      f"{data_dir.metadata.next_counter('broker_instance_id')}-")
         self._producer_names = itertools.count()
         self._server: asyncio.Server | None = None
         self._trim_task: asyncio.Task[None] | None = None
@@ -141,9 +145,25 @@ class BrokerService:
         if not create and not self.data_dir.metadata.topic_exists(key):
             raise TopicNotFoundError(f"Topic {key} not found")
         ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config)
-        topic = Topic(name, ledger, self.loop or asyncio.get_running_loop())
+        topic = Topic(name, ledger, self.loop or asyncio.get_running_loop(),
+                      deduplication=self.deduplication_enabled(name))
         self.topics[key] = topic
         return topic
+
+    def deduplication_enabled(self, name: TopicName) -> bool:
+        """The topic's ``deduplicationEnabled``: topic policy, else namespace policy, else
+        the broker's ``broker_deduplication_enabled``."""
+        metadata = self.data_dir.metadata
+        for scope in (str(name), name.namespace_name):
+            value = metadata.get_policy(scope, "deduplicationEnabled")
+            if value is not None:
+                return bool(value)
+        return bool(getattr(self.settings, "broker_deduplication_enabled", False))
+
+    def refresh_deduplication(self) -> None:
+        """Apply a changed ``deduplicationEnabled`` policy to every loaded topic."""
+        for topic in self.topics.values():
+            topic.set_deduplication(self.deduplication_enabled(topic.name))
 
     def list_topics(self, namespace: str) -> list[str]:
         """Every topic of ``tenant/namespace``."""
@@ -151,8 +171,9 @@ class BrokerService:
         return [t for t in self.data_dir.metadata.list_topics() if t.startswith(prefix)]
 
     def new_producer_name(self) -> str:
-        """A unique name for a producer that did not choose one."""
-        return f"compactd-{next(self._producer_names)}"
+        """A name for a producer that did not choose one, unique across restarts of this
+        data dir (``standalone-3-0``: cluster, broker instance id, counter)."""
+        return f"{self._producer_name_prefix}{next(self._producer_names)}"
 
     def find_by_publish_time(self, topic: Topic, publish_time_ms: int) -> Position:
         return find_by_publish_time(topic.ledger, publish_time_ms)

@@ -1,14 +1,16 @@
 """A loaded topic in the broker: its log, compaction state, subscriptions and producers.
 
 * **Publishing** appends the entry bytes verbatim; the returned future resolves to the
-  position once the entry is durable. Producers are de-duplicated by producer name and
-  sequence id (Pulsar's message de-duplication): a send whose highest sequence id is
-  not above the last one persisted for that producer name is a duplicate and is not
-  appended again.
+  position once the entry is durable, or fails (the wire answers SEND_ERROR) when the
+  append fails — also when it fails at once, e.g. on a fenced ledger. ``publish`` never
+  raises.
+* **Producers** are registered by name: a second producer with a name already attached
+  is refused (``ProducerBusyError``), as Pulsar does.
+* **De-duplication** (``api.broker.dedup``) is off unless enabled for the topic (broker
+  setting, namespace or topic policy); ``set_deduplication`` turns it on or off at run time.
 * **Subscribing** creates durable subscriptions (a persisted cursor, ``initial_position``
   used only on creation) or non-durable ones (readers: a cursor in memory, positioned at
   the start message id inclusive — the client filters what it does not want).
-* De-duplication state survives restarts (``api.broker.dedup``).
 * The ``__compaction`` cursor is created with the topic, at the earliest entry, so that
   nothing is trimmed before a compaction has covered it (Pulsar only pre-creates it when a
   compaction threshold is set; compactd always does).
@@ -20,67 +22,109 @@ import asyncio
 import logging
 from concurrent.futures import Future
 
-from api.broker.dedup import DEDUP_CURSOR, Deduplication
+from api.broker.dedup import DEDUP_CURSOR, Deduplication, ProducerSession, Send, describe_send
 from api.broker.dispatch import Consumer, Subscription, SubType
-from api.broker.errors import NotAllowedError, SubscriptionNotFoundError
+from api.broker.errors import NotAllowedError, ProducerBusyError, SubscriptionNotFoundError
 from api.broker.topic_name import TopicName
 from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor.cursor import InitialPosition, ManagedCursor
 from ledger.managed_ledger import ManagedLedger
 from ledger.position import EARLIEST, LATEST, Position
 
-__all__ = ["DUPLICATE", "Topic"]
+__all__ = ["Topic"]
 
 log = logging.getLogger(__name__)
-
-DUPLICATE = Position(-1, -1)
-"""The position a duplicate send is acknowledged with (Pulsar answers -1:-1)."""
 
 
 class Topic:
     """One loaded topic; all methods run on the broker's event loop."""
 
-    def __init__(self, name: TopicName, ledger: ManagedLedger, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, name: TopicName, ledger: ManagedLedger, loop: asyncio.AbstractEventLoop,
+                 *, deduplication: bool = False) -> None:
         self.name = name
         self.ledger = ledger
         self.compacted = CompactedTopic.restore(ledger)
         self.subscriptions: dict[str, Subscription] = {}
-        self.producer_count = 0  # producers attached over connections
-        self._last_sequence_ids: dict[str, int] = {}
+        self.producers: dict[str, object] = {}  # producer name -> its owner (a wire producer)
         self._loop = loop
         self._dispatch_scheduled = False
         ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
-        self._dedup = Deduplication(ledger)
+        self.dedup: Deduplication | None = None
+        self.set_deduplication(deduplication)
         self.closed = False
         ledger.add_listener(self._on_durable)
 
+    # -- producers ----------------------------------------------------------------------
+
+    def attach_producer(self, name: str, owner: object) -> None:
+        """Register producer ``name``; ``ProducerBusyError`` when another owner has it."""
+        holder = self.producers.get(name)
+        if holder is not None and holder is not owner:
+            raise ProducerBusyError(f"Producer with name '{name}' is already connected to topic {self.name}")
+        self.producers[name] = owner
+
+    def detach_producer(self, name: str, owner: object) -> None:
+        """Forget producer ``name`` if ``owner`` still holds it."""
+        if self.producers.get(name) is owner:
+            del self.producers[name]
+
+    def producers_connected(self) -> bool:
+        """True while a producer is attached."""
+        return bool(self.producers)
+
     # -- publishing ---------------------------------------------------------------------
 
-    def last_sequence_id(self, producer_name: str) -> int:
-        """Highest sequence id sent by ``producer_name`` (durable or in flight); -1 if none."""
-        return self._last_sequence_ids.get(producer_name, self._dedup.sequence_ids.get(producer_name, -1))
+    def set_deduplication(self, enabled: bool) -> None:
+        """Turn de-duplication on (state loaded, or started at the end of the log) or off
+        (its cursor deleted)."""
+        if enabled and self.dedup is None:
+            self.dedup = Deduplication(self.ledger)
+        elif not enabled:
+            if self.dedup is not None:
+                self.dedup.delete()
+            elif DEDUP_CURSOR in self.ledger.metadata.list_cursors(self.ledger.name):
+                self.ledger.metadata.delete_cursor(self.ledger.name, DEDUP_CURSOR)
+            self.dedup = None
 
-    def publish(self, producer_name: str, highest_sequence_id: int, entry: bytes) -> Future[Position]:
-        """Append ``entry``; a duplicate resolves at once to ``DUPLICATE``."""
-        if highest_sequence_id <= self.last_sequence_id(producer_name):
-            duplicate: Future[Position] = Future()
-            duplicate.set_result(DUPLICATE)
+    def last_sequence_id(self, producer_name: str) -> int:
+        """What PRODUCER_SUCCESS answers: the highest sequence id pushed by the producer
+        when de-duplication is on; -1 when it is off (as Pulsar)."""
+        return self.dedup.last_sequence_id(producer_name) if self.dedup is not None else -1
+
+    def publish(self, session: ProducerSession, producer_name: str, sequence_id: int, highest_sequence_id: int,
+                entry: bytes) -> Future[Position]:
+        """Append ``entry`` sent by ``producer_name`` in ``session``; the future resolves
+        to where it is stored (for a re-send that de-duplication recognises: where the
+        original is) or fails."""
+        dedup = self.dedup
+        if dedup is None:
+            return self._append(entry)
+        send = describe_send(producer_name, sequence_id, highest_sequence_id, entry)
+        duplicate = dedup.find_duplicate(session, send)
+        if duplicate is not None:
             return duplicate
-        self._last_sequence_ids[producer_name] = highest_sequence_id
-        future = self.ledger.append(entry)
-        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(
-            self._appended, done, producer_name, highest_sequence_id))
+        future = self._append(entry)
+        dedup.pushed_send(send, future)
+        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(self._appended, dedup, done, send))
         return future
 
-    def _appended(self, done: Future[Position], producer_name: str, sequence_id: int) -> None:
+    def _append(self, entry: bytes) -> Future[Position]:
+        try:
+            return self.ledger.append(entry)
+        except Exception as error:  # noqa: BLE001 - a refused append is a failed send, never silence
+            failed: Future[Position] = Future()
+            failed.set_exception(error)
+            return failed
+
+    def _appended(self, dedup: Deduplication, done: Future[Position], send: Send) -> None:
         """On the loop: a durable entry enters the de-duplication state; a failed one is
-        forgotten, so the client's resend is not taken for a duplicate."""
-        if self.closed:
-            return  # replayed from the log at the next load
+        forgotten, so the client's re-send is stored."""
+        if self.closed or dedup is not self.dedup:
+            return  # replayed from the log at the next load, or de-duplication was turned off
         if done.exception() is None:
-            self._dedup.durable(producer_name, sequence_id, done.result())
-        elif self._last_sequence_ids.get(producer_name) == sequence_id:
-            del self._last_sequence_ids[producer_name]
+            dedup.durable(send, done.result(), done)
+        else:
+            dedup.failed(send, done)
 
     def _on_durable(self, position: Position) -> None:
         """Listener on the flusher thread: schedule one dispatch round on the loop."""
@@ -164,12 +208,9 @@ class Topic:
         """Seal the current ledger; the topic takes no more appends."""
         self.ledger.remove_listener(self._on_durable)
         self.ledger.close()  # pending appends complete first; their callbacks are queued
-        self._dedup.snapshot()
+        if self.dedup is not None:
+            self.dedup.snapshot()
         self.closed = True
-
-    def producers_connected(self) -> bool:
-        """True while a producer is attached."""
-        return self.producer_count > 0
 
     def delete(self) -> None:
         """Delete the topic: compacted view and ledger, then every ledger and cursor."""

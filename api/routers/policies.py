@@ -1,13 +1,14 @@
 """Compaction policies of a topic and of a namespace: GET, POST (set), DELETE (remove).
 
-For each policy of ``api.schemas.POLICIES`` — Pulsar's ``compactionThreshold`` and, beyond
-Pulsar, ``minCleanableDirtyRatio``, ``maxCompactionLagMs``, ``deleteRetentionMs`` — at::
+For each policy of ``api.schemas.POLICIES`` — Pulsar's ``compactionThreshold`` and
+``deduplicationEnabled`` and, beyond Pulsar, ``minCleanableDirtyRatio``,
+``maxCompactionLagMs``, ``deleteRetentionMs`` — at::
 
     /admin/v2/persistent/{tenant}/{namespace}/{topic}/<name>     (the topic must exist)
     /admin/v2/namespaces/{tenant}/{namespace}/<name>
 
-The POST body is a bare JSON value, validated here: an integer in [0, 2^63-1] or, for the
-ratio, a number in [0, 1]. A value of the wrong type answers 400, one out of range 412
+The POST body is a bare JSON value, validated here: an integer in [0, 2^63-1], for the
+ratio a number in [0, 1], for a switch true or false. A value of the wrong type answers 400, one out of range 412
 (Pulsar's "compactionThreshold must be 0 or more"). GET of an unset policy answers 204
 with no body. The topic policy wins over the namespace policy, which wins over the broker
 default (``compactor.scheduler.effective_threshold``).
@@ -22,7 +23,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Response
 from fastapi.responses import JSONResponse
-from pydantic import StrictFloat, StrictInt
+from pydantic import StrictBool, StrictFloat, StrictInt
 
 from api.routers.common import (
     TOPIC_PATH,
@@ -53,7 +54,7 @@ async def _namespace_scope(admin: AdminDependency, tenant: Tenant, namespace: Na
 
 def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: str, not_found: tuple[int, ...]) -> None:
     tags: list[str | Enum] = [f"{where} policies"]
-    value_schema = {"type": "integer"} if spec.kind == "long" else {"type": "number"}
+    value_schema = {"type": {"long": "integer", "ratio": "number", "bool": "boolean"}[spec.kind]}
 
     @router.get(path, tags=tags, response_class=Response, summary=f"Get the {where} {spec.summary}",
                 description=f"{spec.description}\n\nAnswers 204 with no body when the {where} has none set.",
@@ -76,6 +77,11 @@ def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: s
         @post
         async def set_long(admin: AdminDependency, scope: Annotated[str, Depends(scope_of)],
                            value: Annotated[StrictInt, Body(ge=0, le=JAVA_LONG_MAX, description=spec.summary)]) -> Response:
+            return await set_policy(admin, scope, value)
+    elif spec.kind == "bool":
+        @post
+        async def set_bool(admin: AdminDependency, scope: Annotated[str, Depends(scope_of)],
+                           value: Annotated[StrictBool, Body(description=spec.summary)]) -> Response:
             return await set_policy(admin, scope, value)
     else:
         @post

@@ -7,7 +7,12 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
 * Every command that carries a request id gets an answer; what compactd does not support
   answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
 * SEND receipts go back in send order per producer, each only once the entry is durable;
-  a checksum mismatch answers SEND_ERROR ``ChecksumError`` and stores nothing.
+  a checksum mismatch answers SEND_ERROR ``ChecksumError`` and stores nothing; a failed
+  append answers SEND_ERROR ``PersistenceError`` (the client reconnects and re-sends).
+* A producer name is held by one producer of a topic: a PRODUCER naming one held over
+  another connection first checks that connection's liveness (a PING answered within
+  ``LIVENESS_TIMEOUT_S``, as Pulsar 3 does); a live holder gets the newcomer refused with
+  ProducerBusy, a dead one is closed and the newcomer takes the name.
 * SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
   client flushes its queue and subscribes again from the new position.
 * A malformed frame (``FrameError``) closes this connection only.
@@ -25,8 +30,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, cast
 
+from api.broker.dedup import ProducerSession
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
-from api.broker.errors import BrokerError, NotAllowedError
+from api.broker.errors import BrokerError, NotAllowedError, ProducerBusyError
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
@@ -57,6 +63,7 @@ __all__ = ["KEEPALIVE_INTERVAL_S", "ServerConnection"]
 log = logging.getLogger(__name__)
 
 KEEPALIVE_INTERVAL_S = 30.0  # the client's own ping interval; silence for two closes
+LIVENESS_TIMEOUT_S = 5.0  # Pulsar's connectionLivenessCheckTimeoutMillis
 PROTOCOL_VERSION = 20  # what pulsar-client 3.13.0 (C++ 4.2.0) speaks
 T = pb.BaseCommand
 
@@ -67,10 +74,12 @@ def _server_error(code: str) -> pb.ServerError:
 
 
 class _Producer:
-    def __init__(self, producer_id: int, name: str, topic: Topic) -> None:
+    def __init__(self, connection: ServerConnection, producer_id: int, name: str, topic: Topic) -> None:
+        self.connection = connection
         self.producer_id = producer_id
         self.name = name
         self.topic = topic
+        self.session = ProducerSession()
         self.receipts: deque[tuple[int, int, Future[Position]]] = deque()
 
 
@@ -115,6 +124,7 @@ class ServerConnection(asyncio.Protocol):
         self.service_url = ""
         self._loop = asyncio.get_event_loop()
         self._last_received = self._loop.time()
+        self._activity = asyncio.Event()  # set by any data received or by the connection's end
         self._keepalive: asyncio.TimerHandle | None = None
         self._handlers: dict[int, Callable[[pb.BaseCommand, Frame], None]] = {
             T.CONNECT: self._connect, T.PARTITIONED_METADATA: self._partitioned_metadata,
@@ -139,6 +149,7 @@ class ServerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_received = self._loop.time()
+        self._activity.set()
         try:
             frames = self.decoder.feed(data)
         except FrameError as error:
@@ -159,13 +170,30 @@ class ServerConnection(asyncio.Protocol):
                 consumer.topic.remove_consumer(consumer.subscription, consumer)
         self.consumers.clear()
         for producer in self.producers.values():
-            producer.topic.producer_count -= 1
+            producer.topic.detach_producer(producer.name, producer)
         self.producers.clear()
         self.transport = None
+        self._activity.set()
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def is_open(self) -> bool:
+        """True until the connection is closing."""
+        return self.transport is not None and not self.transport.is_closing()
+
+    async def is_alive(self, timeout_s: float) -> bool:
+        """Ping the client: True when anything comes back within ``timeout_s``."""
+        if not self.is_open():
+            return False
+        self._activity.clear()
+        self.write(pb.BaseCommand(type=T.PING, ping=pb.CommandPing()))
+        try:
+            await asyncio.wait_for(self._activity.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return self.is_open()
 
     def write(self, command: pb.BaseCommand) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -274,12 +302,41 @@ class ServerConnection(asyncio.Protocol):
     def _producer(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.producer
         topic = self.broker.get_topic(request.topic)
-        name = request.producer_name if request.HasField("producer_name") else self.broker.new_producer_name()
+        name = request.producer_name or self.broker.new_producer_name()
+        holder = topic.producers.get(name)
+        if isinstance(holder, _Producer) and holder.connection is not self and holder.connection.is_open():
+            task = self._loop.create_task(self._producer_after_liveness_check(request, topic, name, holder))
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())  # errors answered inside
+            return
+        self._add_producer(request, topic, name)
+
+    async def _producer_after_liveness_check(self, request: pb.CommandProducer, topic: Topic, name: str,
+                                             holder: _Producer) -> None:
+        """A producer's name is held over another connection: refuse if it is alive."""
+        try:
+            if await holder.connection.is_alive(LIVENESS_TIMEOUT_S):
+                raise ProducerBusyError(f"Producer with name '{name}' is already connected to topic {topic.name}")
+            log.info("producer %s: its connection %s is dead, closing it", name, holder.connection.service_url)
+            holder.connection.close()
+            topic.detach_producer(name, holder)
+            self._add_producer(request, topic, name)
+        except CompactionServiceError as error:
+            self._error(request.request_id, error)
+        except Exception as error:  # never a traceback to the client
+            log.exception("failed to create producer %s", name)
+            self._error(request.request_id, error)
+
+    def _add_producer(self, request: pb.CommandProducer, topic: Topic, name: str) -> None:
+        """Attach producer ``name`` (ProducerBusy when this connection holds it already under
+        another id) and answer PRODUCER_SUCCESS."""
+        if not self.is_open():
+            return
         previous = self.producers.pop(request.producer_id, None)
         if previous is not None:
-            previous.topic.producer_count -= 1
-        self.producers[request.producer_id] = _Producer(request.producer_id, name, topic)
-        topic.producer_count += 1
+            previous.topic.detach_producer(previous.name, previous)
+        producer = _Producer(self, request.producer_id, name, topic)
+        topic.attach_producer(name, producer)
+        self.producers[request.producer_id] = producer
         success = pb.CommandProducerSuccess(request_id=request.request_id, producer_name=name,
                                             last_sequence_id=topic.last_sequence_id(name))
         self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=success))
@@ -294,7 +351,7 @@ class ServerConnection(asyncio.Protocol):
             self._send_error(send.producer_id, send.sequence_id, "ChecksumError", "checksum mismatch")
             return
         highest = max(send.sequence_id, send.highest_sequence_id) if send.HasField("highest_sequence_id") else send.sequence_id
-        future = producer.topic.publish(producer.name, highest, frame.entry)
+        future = producer.topic.publish(producer.session, producer.name, send.sequence_id, highest, frame.entry)
         producer.receipts.append((send.sequence_id, highest, future))
         future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(self._drain_receipts, producer))
 
@@ -318,7 +375,7 @@ class ServerConnection(asyncio.Protocol):
     def _close_producer(self, command: pb.BaseCommand, frame: Frame) -> None:
         producer = self.producers.pop(command.close_producer.producer_id, None)
         if producer is not None:
-            producer.topic.producer_count -= 1
+            producer.topic.detach_producer(producer.name, producer)
         self._success(command.close_producer.request_id)
 
     # -- consumers ----------------------------------------------------------------------

@@ -368,23 +368,43 @@ def test_negative_ack_redelivers(client: Any, consumer_type: str) -> None:
 # -- producer de-duplication ---------------------------------------------------------------------
 
 
-def test_producer_deduplication_by_name_and_sequence_id(client: Any) -> None:
+def _enable_deduplication(broker: Any) -> None:
+    """Turn de-duplication on for the namespace (a policy, persisted like Pulsar's)."""
+    async def enable() -> None:
+        broker.service.admin.set_policy("public/default", "deduplicationEnabled", True)
+    broker.call(enable())
+
+
+def test_deduplication_is_off_by_default_and_every_send_is_stored(client: Any) -> None:
+    topic = _topic("dedup-off")
+    producer = client.create_producer(topic, producer_name="fixed")
+    first = producer.send(b"a", sequence_id=5)
+    producer.close()
+    producer = client.create_producer(topic, producer_name="fixed")
+    assert producer.last_sequence_id() == -1  # Pulsar answers -1 with de-duplication off
+    second = producer.send(b"a", sequence_id=5)
+    assert second != first
+    assert [m.data() for m in _read_all(client.create_reader(topic, pulsar.MessageId.earliest))] == [b"a", b"a"]
+
+
+def test_producer_deduplication_by_name_and_sequence_id(broker: Any, client: Any) -> None:
+    _enable_deduplication(broker)
     topic = _topic("dedup")
     producer = client.create_producer(topic, producer_name="fixed")
     assert producer.last_sequence_id() == -1
-    producer.send(b"a", sequence_id=5)
+    a = producer.send(b"a", sequence_id=5)
     producer.send(b"b", sequence_id=6)
-    producer.send(b"b-again", sequence_id=6)  # a duplicate in the same session
     producer.close()
 
-    # Reconnect under the same name: the broker tells the producer where it stands and
-    # drops what it already stored.
+    # Reconnect under the same name: the broker tells the producer where it stands, and a
+    # re-send of a stored message is answered with the stored message's id.
     producer = client.create_producer(topic, producer_name="fixed")
     assert producer.last_sequence_id() == 6
-    producer.send(b"a-again", sequence_id=5)
-    producer.send(b"b-again", sequence_id=6)
+    assert producer.send(b"a", sequence_id=5) == a
     producer.send(b"c", sequence_id=7)
     assert producer.last_sequence_id() == 7
+    # A sequence id reused within one session is no re-send: a new message, stored.
+    producer.send(b"b-again", sequence_id=6)
     producer.close()
     # A producer that lets the client number its messages continues after the stored ones
     # (the client starts at last_sequence_id + 1).
@@ -394,19 +414,19 @@ def test_producer_deduplication_by_name_and_sequence_id(client: Any) -> None:
     assert producer.last_sequence_id() == 8
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
     got = _read_all(reader)
-    assert [m.data() for m in got] == [b"a", b"b", b"c", b"d"]
-    assert [m.producer_name() for m in got] == ["fixed"] * 4
+    assert [m.data() for m in got] == [b"a", b"b", b"c", b"b-again", b"d"]
+    assert [m.producer_name() for m in got] == ["fixed"] * 5
 
 
 def test_producer_deduplication_survives_a_broker_restart(broker: Any, client: Any) -> None:
+    _enable_deduplication(broker)
     topic = _topic("dedup-restart")
     producer = client.create_producer(topic, producer_name="fixed")
-    for sequence_id in range(3):
-        producer.send(b"m%d" % sequence_id, sequence_id=sequence_id)
+    ids = [producer.send(b"m%d" % sequence_id, sequence_id=sequence_id) for sequence_id in range(3)]
     producer.close()
     broker.restart()
     producer = client.create_producer(topic, producer_name="fixed")
-    producer.send(b"m2-again", sequence_id=2)
+    assert producer.send(b"m2", sequence_id=2) == ids[2]
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
     assert [m.data() for m in _read_all(reader)] == [b"m0", b"m1", b"m2"]
     assert producer.last_sequence_id() == 2

@@ -163,9 +163,9 @@ def test_topics_list_create_delete(tmp_path: Path) -> None:
         assert (await client.get("/admin/v2/persistent/public/default")).json() == [TOPIC]
         assert (await client.get("/admin/v2/persistent/other/ns")).json() == []
         publish(broker, TOPIC, ("a", b"1"))
-        broker.topics[TOPIC].producer_count = 1
+        broker.topics[TOPIC].attach_producer("p", "owner")
         assert_reason(await client.delete(TOPIC_URL), 412, TOPIC, "active")
-        broker.topics[TOPIC].producer_count = 0
+        broker.topics[TOPIC].detach_producer("p", "owner")
         assert (await client.delete(TOPIC_URL)).status_code == 204
         assert broker.data_dir.ledgers.list() == []
         assert_reason(await client.delete(TOPIC_URL), 404, TOPIC)
@@ -317,7 +317,7 @@ def test_a_failed_run_reads_error_with_its_reason(tmp_path: Path, monkeypatch: p
 @pytest.mark.parametrize("spec", POLICIES, ids=[spec.name for spec in POLICIES])
 @pytest.mark.parametrize("base", [TOPIC_URL, NAMESPACE_URL], ids=["topic", "namespace"])
 def test_policy_get_set_remove(tmp_path: Path, spec: Any, base: str) -> None:
-    good: Any = 0.25 if spec.kind == "ratio" else 1024
+    good: Any = {"ratio": 0.25, "long": 1024, "bool": True}[spec.kind]
     async def body(_broker: BrokerService, client: httpx.AsyncClient) -> None:
         await client.put(TOPIC_URL)
         url = f"{base}/{spec.name}"
@@ -349,7 +349,8 @@ OUT_OF_RANGE = [("long", "-1", "-1"), ("long", "9223372036854775808", "922337203
                 ("ratio", "1.5", "1.5"), ("ratio", "-0.1", "-0.1"), ("ratio", "NaN", "NaN")]
 WRONG_TYPE = [("long", "1.5", "1.5"), ("long", '"100M"', '"100M"'), ("long", "true", "true"),
               ("long", "null", "null"), ("long", "[1]", "[1]"), ("ratio", '"0.5"', '"0.5"'),
-              ("ratio", "false", "false"), ("long", "{}", "{}")]
+              ("ratio", "false", "false"), ("long", "{}", "{}"), ("bool", "1", "1"), ("bool", '"true"', '"true"'),
+              ("bool", "null", "null")]
 
 
 @pytest.mark.parametrize(("kind", "raw", "named"), OUT_OF_RANGE)

@@ -55,10 +55,10 @@ def test_topics_create_list_delete(tmp_path: Path) -> None:
             admin.create_topic(TOPIC)
         assert admin.list_topics("public/default") == [TOPIC]
         publish(broker, TOPIC, ("a", b"1"))
-        broker.topics[TOPIC].producer_count = 1
+        broker.topics[TOPIC].attach_producer("p", "owner")
         with pytest.raises(PreconditionFailedError):
             admin.delete_topic(TOPIC)
-        broker.topics[TOPIC].producer_count = 0
+        broker.topics[TOPIC].detach_producer("p", "owner")
         admin.delete_topic(TOPIC)
         assert admin.list_topics("public/default") == []
         assert broker.data_dir.ledgers.list() == []

@@ -1,60 +1,214 @@
-"""De-duplication state: snapshots, replay after a crash, only durable entries count."""
+"""De-duplication state: only real re-sends are duplicates, snapshots, replay after a crash."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from api.broker import dedup
-from api.broker.dedup import DEDUP_CURSOR, Deduplication
+from api.broker.dedup import (
+    DEDUP_CURSOR,
+    UNKNOWN_POSITION,
+    Deduplication,
+    ProducerSession,
+    Send,
+    describe_send,
+)
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger import DataDir, ManagedLedger
+from ledger.position import Position
 
 TOPIC = "persistent://public/default/dedup"
 
 
-def entry(producer: str, sequence_id: int, highest: int | None = None) -> bytes:
-    metadata = pb.MessageMetadata(producer_name=producer, sequence_id=sequence_id, publish_time=1)
+def entry(producer: str, sequence_id: int, value: bytes = b"v", *, highest: int | None = None,
+          publish_time: int = 1, chunk: tuple[int, int] | None = None) -> bytes:
+    metadata = pb.MessageMetadata(producer_name=producer, sequence_id=sequence_id, publish_time=publish_time)
     if highest is not None:
         metadata.highest_sequence_id = highest
-    return encode_entry(metadata, b"v", with_checksum=False)
+    if chunk is not None:
+        metadata.uuid, metadata.chunk_id, metadata.num_chunks_from_msg = f"{producer}-{sequence_id}", *chunk
+    return encode_entry(metadata, value, with_checksum=False)
+
+
+class Log:
+    """A managed ledger with its de-duplication state, sends made as the broker makes them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data_dir = DataDir.open(str(path))
+        self.ledger = ManagedLedger.open(TOPIC, self.data_dir.ledgers, self.data_dir.metadata)
+        self.state = Deduplication(self.ledger)
+
+    def send(self, session: ProducerSession, data: bytes, *, durable: bool = True) -> Future[Position]:
+        """One send: a duplicate's answer, or the append (made durable in the state)."""
+        metadata = pb.MessageMetadata()
+        metadata.ParseFromString(data[4:4 + int.from_bytes(data[:4], "big")])
+        highest = max(metadata.sequence_id, metadata.highest_sequence_id)
+        send = describe_send(metadata.producer_name, metadata.sequence_id, highest, data)
+        duplicate = self.state.find_duplicate(session, send)
+        if duplicate is not None:
+            return duplicate
+        future = self.ledger.append(data)
+        self.state.pushed_send(send, future)
+        if durable:
+            self.state.durable(send, future.result(timeout=10), future)
+        return future
+
+    def stored(self) -> list[bytes]:
+        end = self.ledger.last_confirmed_position()
+        if end.entry_id < 0:
+            return []
+        return [e.data for e in self.ledger.read_entries(self.ledger.first_position(), 10_000, end=end)]
+
+    def crash_and_reopen(self) -> None:
+        """The process dies (no final snapshot) and the topic is loaded again."""
+        self.data_dir.close()
+        self.data_dir = DataDir.open(str(self.path))
+        self.ledger = ManagedLedger.open(TOPIC, self.data_dir.ledgers, self.data_dir.metadata)
+        self.state = Deduplication(self.ledger)
+
+    def close(self) -> None:
+        self.data_dir.close()
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[Log]:
+    instance = Log(tmp_path)
+    yield instance
+    instance.close()
+
+
+def test_a_resend_in_a_new_session_is_answered_with_the_stored_position(log: Log) -> None:
+    first = ProducerSession()
+    positions = [log.send(first, entry("p", i, b"m%d" % i, publish_time=10)).result() for i in range(3)]
+    again = ProducerSession()  # the client reconnected and re-sends what had no receipt
+    assert log.send(again, entry("p", 1, b"m1", publish_time=10)).result() == positions[1]
+    assert log.send(again, entry("p", 2, b"m2", publish_time=10)).result() == positions[2]
+    assert log.stored() == [entry("p", i, b"m%d" % i, publish_time=10) for i in range(3)]
+    assert log.state.last_sequence_id("p") == 2
+
+
+def test_a_sequence_id_reused_within_a_session_is_a_new_message_and_is_stored(log: Log) -> None:
+    """The client restarts its numbering after a reconnect when it never got a receipt:
+    the re-sent messages come first, then new ones with the same sequence ids."""
+    session = ProducerSession()
+    resent = [log.send(session, entry("fresh", i, b"old%d" % i)).result() for i in range(3)]
+    renumbered = [log.send(session, entry("fresh", i, b"new%d" % i)).result() for i in range(3)]
+    assert UNKNOWN_POSITION not in resent + renumbered
+    assert len(set(resent + renumbered)) == 6
+    assert len(log.stored()) == 6
+
+
+def test_a_resend_whose_content_differs_is_stored(log: Log) -> None:
+    log.send(ProducerSession(), entry("p", 0, b"one")).result()
+    other = log.send(ProducerSession(), entry("p", 0, b"two")).result()
+    assert other != UNKNOWN_POSITION
+    assert log.stored()[-1] == entry("p", 0, b"two")
+
+
+def test_a_resend_differing_only_in_publish_time_is_a_duplicate(log: Log) -> None:
+    """An application re-sending after its own restart (Pulsar's use case) builds the
+    message again: same sequence id and content, another publish time."""
+    stored = log.send(ProducerSession(), entry("app", 7, b"row", publish_time=1)).result()
+    assert log.send(ProducerSession(), entry("app", 7, b"row", publish_time=99)).result() == stored
+    assert len(log.stored()) == 1
+
+
+def test_a_resend_of_an_in_flight_entry_waits_for_it(log: Log) -> None:
+    pending = log.send(ProducerSession(), entry("p", 0, b"x"), durable=False)
+    answer = log.send(ProducerSession(), entry("p", 0, b"x"))
+    assert answer is pending
+    pending.result(timeout=10)
+    assert len(log.stored()) == 1
+
+
+def test_a_failed_append_is_forgotten_and_its_resend_is_stored(log: Log) -> None:
+    session = ProducerSession()
+    log.send(session, entry("p", 0)).result()
+    data = entry("p", 1, b"lost")
+    send = describe_send("p", 1, 1, data)
+    assert log.state.find_duplicate(session, send) is None
+    failed: Future[Position] = Future()
+    log.state.pushed_send(send, failed)
+    failed.set_exception(OSError("disk full"))
+    log.state.failed(send, failed)
+    assert log.state.last_sequence_id("p") == 0
+    stored = log.send(ProducerSession(), data).result()
+    assert stored != UNKNOWN_POSITION and log.stored()[-1] == data
+
+
+def test_only_the_last_chunk_advances_the_sequence_id(log: Log) -> None:
+    """Chunk 0 was durable, chunk 1 was lost in a crash: the re-send of chunk 0 is a
+    duplicate, that of chunk 1 is stored."""
+    first = log.send(ProducerSession(), entry("c", 5, b"part0", chunk=(0, 2))).result()
+    assert log.state.last_sequence_id("c") == -1
+    log.crash_and_reopen()
+    again = ProducerSession()
+    assert log.send(again, entry("c", 5, b"part0", chunk=(0, 2))).result() == first
+    last = log.send(again, entry("c", 5, b"part1", chunk=(1, 2))).result()
+    assert last not in (first, UNKNOWN_POSITION)
+    assert log.state.last_sequence_id("c") == 5
+    assert log.stored() == [entry("c", 5, b"part0", chunk=(0, 2)), entry("c", 5, b"part1", chunk=(1, 2))]
 
 
 @pytest.mark.parametrize("interval", [1000, 3])
-def test_state_is_snapshot_plus_replay_after_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: int) -> None:
+def test_resends_after_a_crash_find_every_durable_entry(log: Log, monkeypatch: pytest.MonkeyPatch,
+                                                        interval: int) -> None:
     monkeypatch.setattr(dedup, "SNAPSHOT_INTERVAL_ENTRIES", interval)
-    data_dir = DataDir.open(str(tmp_path))
-    ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
-    state = Deduplication(ledger)
-    sends = [("a", 0, None), ("b", 5, None), ("a", 1, 4), ("b", 6, None), ("c", 9, None), ("a", 5, None), ("b", 7, 9)]
-    for producer, sequence_id, highest in sends:
-        position = ledger.append(entry(producer, sequence_id, highest)).result(timeout=10)
-        state.durable(producer, max(sequence_id, highest or -1), position)
+    sends = [("a", entry("a", 0)), ("b", entry("b", 5)), ("a", entry("a", 1, highest=4)), ("b", entry("b", 6)),
+             ("c", entry("c", 9)), ("a", entry("a", 5)), ("b", entry("b", 7, highest=9))]
+    sessions = {name: ProducerSession() for name in "abc"}
+    positions = [log.send(sessions[name], data).result() for name, data in sends]
     expected = {"a": 5, "b": 9, "c": 9}
-    assert state.sequence_ids == expected
-    snapshot = data_dir.metadata.load_cursor(TOPIC, DEDUP_CURSOR)
-    assert snapshot is not None
-    assert bool(snapshot.properties) == (interval < len(sends))
-    data_dir.close()  # a crash: the topic is never closed, no final snapshot
-    data_dir = DataDir.open(str(tmp_path))
-    ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
-    assert Deduplication(ledger).sequence_ids == expected
-    data_dir.close()
+    assert log.state.persisted == expected
+    snapshot = log.data_dir.metadata.load_cursor(TOPIC, DEDUP_CURSOR)
+    assert snapshot is not None and bool(snapshot.properties) == (interval < len(sends))
+    log.crash_and_reopen()
+    assert log.state.persisted == expected
+    sessions = {name: ProducerSession() for name in "abc"}  # every producer reconnected
+    assert [log.send(sessions[name], data).result() for name, data in sends] == positions
+    assert len(log.stored()) == len(sends)
 
 
-def test_snapshot_moves_the_cursor_so_it_holds_little_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_past_the_window_an_old_sequence_id_is_a_duplicate_answered_unknown(
+        log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dedup, "WINDOW_ENTRIES", 2)
+    session = ProducerSession()
+    for i in range(4):
+        log.send(session, entry("p", i, b"m%d" % i)).result()
+    assert log.send(ProducerSession(), entry("p", 0, b"m0")).result() == UNKNOWN_POSITION
+    assert len(log.stored()) == 4
+
+
+def test_snapshot_moves_the_cursor_so_it_holds_little_data(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dedup, "SNAPSHOT_INTERVAL_ENTRIES", 2)
-    data_dir = DataDir.open(str(tmp_path))
-    ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
-    state = Deduplication(ledger)
-    positions = []
-    for sequence_id in range(5):
-        positions.append(ledger.append(entry("p", sequence_id)).result(timeout=10))
-        state.durable("p", sequence_id, positions[-1])
-    assert state.cursor.mark_delete_position == positions[3]
-    state.snapshot()
-    assert state.cursor.mark_delete_position == positions[4]
-    assert data_dir.metadata.load_cursor(TOPIC, DEDUP_CURSOR).properties == {"p": 4}  # type: ignore[union-attr]
-    data_dir.close()
+    session = ProducerSession()
+    positions = [log.send(session, entry("p", i)).result() for i in range(5)]
+    assert log.state.cursor.mark_delete_position == positions[3]
+    log.state.snapshot()
+    assert log.state.cursor.mark_delete_position == positions[4]
+    assert log.data_dir.metadata.load_cursor(TOPIC, DEDUP_CURSOR).properties == {"p": 4}  # type: ignore[union-attr]
+
+
+def test_enabling_starts_at_the_end_of_the_log_and_disabling_deletes_the_cursor(log: Log) -> None:
+    log.state.delete()
+    log.ledger.append(entry("p", 3)).result(timeout=10)  # stored while de-duplication was off
+    state = Deduplication(log.ledger)
+    assert state.persisted == {} and state.cursor.mark_delete_position == log.ledger.last_confirmed_position()
+    state.delete()
+    assert DEDUP_CURSOR not in log.data_dir.metadata.list_cursors(TOPIC)
+
+
+def test_a_send_is_described_without_its_volatile_fields() -> None:
+    one = describe_send("p", 1, 1, entry("p", 1, b"v", publish_time=1))
+    two = describe_send("p", 1, 1, entry("p", 1, b"v", publish_time=2))
+    other = describe_send("p", 1, 1, entry("p", 1, b"w", publish_time=1))
+    assert one.digest == two.digest != other.digest
+    assert one == Send("p", 1, 1, -1, True, one.digest)
+    chunk = describe_send("p", 1, 1, entry("p", 1, chunk=(0, 3)))
+    assert (chunk.chunk_id, chunk.last_chunk) == (0, False)

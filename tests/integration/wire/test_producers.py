@@ -1,0 +1,161 @@
+"""Producers with the real client: names, ProducerBusy, and the SEND failure path.
+
+* Names the broker assigns never repeat on a data dir, across restarts (Pulsar's
+  ``cluster-instance-counter`` form), so with de-duplication on a fresh producer is never
+  taken for an earlier one.
+* A name is held by one producer of a topic: a second one is refused with ProducerBusy
+  while the holder's connection is alive; a producer whose connection dropped, or whose
+  holder no longer answers a PING, takes its name again.
+* An append that fails answers SEND_ERROR: the client reconnects and sends again, and the
+  message is stored once, with de-duplication on or off.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+
+from api.wire import connection
+from compactor.proto import pulsar_api_pb2 as pb
+from ledger.errors import LedgerIOError
+from ledger.storage.faulty import FaultyLedgerStore
+from tests.integration.wire.helpers import unique_topic
+from tests.integration.wire.test_robustness import _Raw
+
+pulsar = pytest.importorskip("pulsar")
+
+NAME = re.compile(r"standalone-(\d+)-(\d+)")
+
+
+def _read_all(client: Any, topic: str) -> list[Any]:
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    out = []
+    while reader.has_message_available():
+        out.append(reader.read_next(5000))
+    reader.close()
+    return out
+
+
+def _set_deduplication(broker: Any, enabled: bool) -> None:
+    async def apply() -> None:
+        broker.service.admin.set_policy("public/default", "deduplicationEnabled", enabled)
+    broker.call(apply())
+
+
+def _close_every_connection(broker: Any) -> None:
+    async def close() -> None:
+        for each in list(broker.service.connections):
+            each.close()
+    broker.call(close())
+
+
+def _new_client(broker: Any) -> Any:
+    return pulsar.Client(broker.url, operation_timeout_seconds=10,
+                         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+
+
+def test_broker_assigned_names_never_repeat_across_restarts(broker: Any) -> None:
+    topic = unique_topic("names")
+    names = []
+    for _ in range(3):
+        client = _new_client(broker)
+        names += [client.create_producer(topic).producer_name() for _ in range(2)]
+        client.close()
+        broker.restart()
+    assert len(set(names)) == len(names), names
+    instances = [int(NAME.fullmatch(name).group(1)) for name in names]  # type: ignore[union-attr]
+    assert instances[0] == instances[1] < instances[2] == instances[3] < instances[4] == instances[5]
+
+
+def test_fresh_producers_after_restarts_lose_nothing_with_deduplication_on(broker: Any) -> None:
+    """The issue's reproduction: with de-duplication on, fresh producers after each restart
+    got a reused name and their first messages were acknowledged -1:-1 and never stored."""
+    _set_deduplication(broker, True)
+    topic = unique_topic("fresh")
+    receipts: dict[bytes, str] = {}
+    for round_ in range(3):
+        client = _new_client(broker)
+        producer = client.create_producer(topic)
+        for i in range(10):
+            payload = b"r%d-%d" % (round_, i)
+            receipts[payload] = str(producer.send(payload))
+        client.close()
+        broker.restart()
+    client = _new_client(broker)
+    stored = {m.data(): str(m.message_id()) for m in _read_all(client, topic)}
+    client.close()
+    assert stored == receipts
+
+
+def test_a_second_producer_with_a_connected_name_is_refused_with_producer_busy(broker: Any) -> None:
+    topic = unique_topic("busy")
+    first, second = _new_client(broker), _new_client(broker)
+    try:
+        holder = first.create_producer(topic, producer_name="same")
+        with pytest.raises(pulsar.ProducerBusy):
+            second.create_producer(topic, producer_name="same")
+        holder.send(b"still mine")
+        holder.close()
+        second.create_producer(topic, producer_name="same").send(b"now mine")  # released by close
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_producer_whose_connection_dropped_takes_its_name_again(broker: Any) -> None:
+    topic = unique_topic("reconnect")
+    client, other = _new_client(broker), _new_client(broker)
+    try:
+        producer = client.create_producer(topic, producer_name="mine")
+        producer.send(b"before")
+        _close_every_connection(broker)  # the client reconnects and re-creates its producer
+        producer.send(b"after")
+        with pytest.raises(pulsar.ProducerBusy):
+            other.create_producer(topic, producer_name="mine")
+    finally:
+        client.close()
+        other.close()
+    assert [m.data() for m in _read_all(_new_client(broker), topic)] == [b"before", b"after"]
+
+
+def test_a_holder_that_no_longer_answers_loses_its_name_after_a_liveness_check(
+        broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection, "LIVENESS_TIMEOUT_S", 0.5)
+    topic = unique_topic("dead-holder")
+    raw = _Raw(broker.port)
+    answer = raw.request(pb.BaseCommand(type=pb.BaseCommand.PRODUCER, producer=pb.CommandProducer(
+        topic=topic, producer_id=1, request_id=1, producer_name="held")))
+    assert answer.type == pb.BaseCommand.PRODUCER_SUCCESS
+    # raw now stays silent: it neither reads nor answers the broker's PING
+    client = _new_client(broker)
+    try:
+        started = time.monotonic()
+        client.create_producer(topic, producer_name="held").send(b"taken over")
+        assert time.monotonic() - started >= 0.5
+        assert raw.wait_closed() in ("eof", "reset")
+    finally:
+        client.close()
+        raw.close()
+
+
+@pytest.mark.parametrize("deduplication", [False, True], ids=["dedup-off", "dedup-on"])
+def test_a_failed_append_answers_send_error_and_the_resend_is_stored_once(broker: Any, deduplication: bool) -> None:
+    _set_deduplication(broker, deduplication)
+    faulty = FaultyLedgerStore(broker.data_dir.ledgers)
+    broker.service.data_dir.ledgers = faulty  # topics loaded from now on append through it
+    topic = unique_topic("send-error")
+    client = _new_client(broker)
+    try:
+        producer = client.create_producer(topic, send_timeout_millis=20_000)
+        producer.send(b"m0")
+        faulty.fail_on("append", error=LedgerIOError("No space left on device"))
+        ids = [producer.send(b"m1"), producer.send(b"m2")]  # SEND_ERROR, reconnect, sent again
+        assert faulty.calls["append"] >= 4  # m0, the failed m1, then m1 and m2 again
+    finally:
+        client.close()
+    stored = _read_all(_new_client(broker), topic)
+    assert [m.data() for m in stored] == [b"m0", b"m1", b"m2"]
+    assert [str(m.message_id()) for m in stored[1:]] == [str(i) for i in ids]
