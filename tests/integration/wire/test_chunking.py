@@ -182,6 +182,55 @@ def test_compaction_keeps_a_chunked_latest_value_whole_and_drops_a_superseded_on
     assert str(got[-1].message_id()) == str(last)
 
 
+def stored_entries(broker: BrokerHarness, topic: str, positions: list[Position]) -> list[bytes]:
+    async def read() -> list[bytes]:
+        ledger = broker.service.get_topic(topic).ledger  # type: ignore[union-attr]
+        return [ledger.read_entries(position, 1, end=position)[0].data for position in positions]
+
+    entries: list[bytes] = broker.call(read())
+    return entries
+
+
+def append_raw(broker: BrokerHarness, topic: str, entries: list[bytes]) -> None:
+    """Store ``entries`` as they are, as the broker stores a SEND's: to hold a chunked
+    message half written while a compaction takes its stop marker."""
+
+    async def append() -> list[Any]:
+        ledger = broker.service.get_topic(topic).ledger  # type: ignore[union-attr]
+        return [ledger.append(data) for data in entries]
+
+    for appended in broker.call(append()):
+        appended.result(timeout=10)
+
+
+def test_a_chunked_message_straddling_a_compaction_reaches_a_read_compacted_reader_whole(
+    broker: BrokerHarness, client: Any,
+) -> None:
+    """The first chunk is in the compacted view, the others in the raw tail after it."""
+    source, topic = unique_topic("chunks-source"), unique_topic("chunks-straddle")
+    value = big_value(12 * MB, 5)
+    chunking_producer(client, source).send(value, partition_key="k")
+    [positions] = stored_chunks(broker, source).values()
+    chunks = stored_entries(broker, source, positions)  # the client's own chunk entries
+    client.create_producer(topic).send(b"old", partition_key="k")
+    append_raw(broker, topic, chunks[:1])
+    broker.compact(topic)
+    [first] = stored_chunks(broker, topic).values()
+    assert len(compacted_positions(broker, topic)) == 2  # the old value, still k's, and the pending chunk
+    assert compacted_positions(broker, topic)[1:] == first
+    append_raw(broker, topic, chunks[1:])
+
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
+    got = [m.data() for m in read_available(reader)]
+    assert got[0] == b"old"
+    assert got[1:] == [value]  # the first chunk from the view, the others from the raw tail
+    broker.compact(topic)  # now complete, and k's latest value: kept whole
+    [compacted] = stored_chunks(broker, topic).values()
+    assert compacted_positions(broker, topic) == compacted
+    again = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
+    assert [m.data() == value for m in read_available(again)] == [True]
+
+
 @pytest.mark.slow
 def test_a_50_mb_chunked_message_round_trips_and_survives_compaction_whole(
     broker: BrokerHarness, client: Any,
