@@ -191,7 +191,7 @@ def phase_two(
     sorted_positions = result.key_map.sorted_positions()
     retained = AscendingLookup(sorted_positions)
     chunks = result.chunks
-    retained_chunks = chunks.retained(sorted_positions, result.packer, retain_null_key) if chunks.ends else set()
+    retained_chunks = chunks.retained(sorted_positions, result.packer, retain_null_key)
     for entry in entries:
         scan = scan_entry(entry.data)
         if scan.kind == "opaque":

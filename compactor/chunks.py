@@ -29,44 +29,42 @@ keep all the chunks of a value or none of them. The rules (``compactor.algorithm
   ``expireTimeOfIncompleteChunkedMessage``.
 
 ``ChunkedMessages`` is what phase one learns for this, and it is kept per chunked
-message, never per key: for each uuid (its 128-bit hash), where its instances complete,
-plus which completions are key-less. Phase two asks, for each chunk, where its instance
-completes (``end_of``) and keeps it iff it does not yet, or that completion is retained
-(``retained``).
+message, never per key: one row of four ``uint64`` (32 bytes) per completed instance — its
+uuid's 128-bit hash and its last chunk's ledger and entry id — and one byte saying whether
+it is key-less. Phase two sorts the rows once (by uuid, then position) and asks, for each
+chunk, where its instance completes (``end_of``: a bisection) and keeps it iff it does not
+yet, or that completion is retained (``retained``: one flag per row).
 """
 
 from __future__ import annotations
 
-import sys
-from bisect import bisect_left
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from array import array
+from collections.abc import Iterable, Iterator
 
 import numpy as np
+import numpy.typing as npt
 
 from compactor.keymap import U64, PositionPacker
 from ledger.position import Position
 
-__all__ = ["ChunkedMessages", "EntryAt", "UuidHash"]
+__all__ = ["ChunkedMessages", "EntryAt", "Retained", "UuidHash"]
 
 EntryAt = tuple[int, int]
 """An entry's ``(ledger_id, entry_id)``: ordered as positions are, and packer-free, so that
 every engine builds the same ``ChunkedMessages``."""
 UuidHash = tuple[int, int]
 """The 128-bit hash of a chunked message's uuid (``compactor.keymap.key_hash``)."""
+Retained = npt.NDArray[np.bool_]
+"""One flag per completion, in ``ChunkedMessages``'s sorted order: its instance survives."""
 
 
-@dataclass
 class ChunkedMessages:
-    """Where every chunked message instance of a stream completes (module docstring).
+    """Where every chunked message instance of a stream completes (module docstring)."""
 
-    Attributes:
-        ends: uuid hash → the entries of its last chunks, ascending.
-        keyless: the last chunks among them that carry no key.
-    """
-
-    ends: dict[UuidHash, list[EntryAt]] = field(default_factory=dict)
-    keyless: set[EntryAt] = field(default_factory=set)
+    def __init__(self) -> None:
+        self._rows = array("Q")  # uuid high, uuid low, ledger id, entry id: per completion, stream order
+        self._keyless = array("B")
+        self._sorted: tuple[U64, npt.NDArray[np.uint8]] | None = None
 
     @classmethod
     def from_ends(cls, ends: Iterable[tuple[UuidHash, EntryAt, bool]]) -> ChunkedMessages:
@@ -79,55 +77,69 @@ class ChunkedMessages:
 
     def complete(self, uuid_hash: UuidHash, at: EntryAt, *, keyless: bool) -> None:
         """The last chunk of an instance of ``uuid_hash`` is at ``at`` (met in stream order)."""
-        ends = self.ends.setdefault(uuid_hash, [])
-        assert not ends or ends[-1] < at, "out of order"
-        ends.append(at)
-        if keyless:
-            self.keyless.add(at)
+        assert not self._rows or (self._rows[-2], self._rows[-1]) < at, "out of order"
+        self._rows.extend((*uuid_hash, *at))
+        self._keyless.append(keyless)
+        self._sorted = None
 
-    def end_of(self, uuid_hash: UuidHash, at: EntryAt) -> EntryAt | None:
-        """Where the instance holding the chunk at ``at`` completes, or None: pending."""
-        ends = self.ends.get(uuid_hash)
-        if ends is None:
-            return None
-        index = bisect_left(ends, at)
-        return ends[index] if index < len(ends) else None
+    def completions(self) -> Iterator[tuple[UuidHash, EntryAt, bool]]:
+        """Every completion ``(uuid hash, last chunk's entry, key-less)``, in stream order."""
+        rows = self._rows
+        for index, keyless in enumerate(self._keyless):
+            high, low, ledger_id, entry_id = rows[4 * index : 4 * index + 4]
+            yield (high, low), (ledger_id, entry_id), bool(keyless)
 
-    def retained(self, sorted_positions: U64, packer: PositionPacker, retain_null_key: bool) -> set[EntryAt]:
-        """The completions whose instance survives: a keyed one whose last chunk is its
-        key's latest (``sorted_positions``, packed by ``packer``), a key-less one iff
-        ``retain_null_key``."""
-        kept = set(self.keyless) if retain_null_key else set()
-        keyed: list[EntryAt] = []
-        packed: list[int] = []
-        for ends in self.ends.values():
-            for at in ends:
-                value = None if at in self.keyless else packer.pack_known(Position(*at))
-                if value is not None:  # a ledger phase one never put into holds no latest value
-                    keyed.append(at)
-                    packed.append(value)
-        if keyed and len(sorted_positions):
-            wanted = np.array(packed, dtype=np.uint64)
-            index = np.minimum(np.searchsorted(sorted_positions, wanted), len(sorted_positions) - 1)
-            found = sorted_positions[index] == wanted
-            kept.update(at for at, hit in zip(keyed, found.tolist(), strict=True) if hit)
+    def _table(self) -> tuple[U64, npt.NDArray[np.uint8]]:
+        """The rows sorted by uuid hash, then position, and their key-less flags."""
+        if self._sorted is None:
+            rows = np.frombuffer(self._rows, dtype=np.uint64).reshape(-1, 4)
+            order = np.lexsort((rows[:, 3], rows[:, 2], rows[:, 1], rows[:, 0]))
+            self._sorted = rows[order], np.frombuffer(self._keyless, dtype=np.uint8)[order]
+        return self._sorted
+
+    def end_of(self, uuid_hash: UuidHash, at: EntryAt) -> int | None:
+        """The row (sorted order) where the instance holding the chunk at ``at`` completes:
+        the first completion of its uuid at or after it; None: pending."""
+        rows, _ = self._table()
+        high, low = uuid_hash
+        first = int(np.searchsorted(rows[:, 0], np.uint64(high), side="left"))
+        last = int(np.searchsorted(rows[:, 0], np.uint64(high), side="right"))
+        for index in range(first, last):  # a uuid's few instances (and 64-bit neighbours)
+            row = rows[index].tolist()
+            if row[1] == low and (row[2], row[3]) >= at:
+                return index
+        return None
+
+    def retained(self, sorted_positions: U64, packer: PositionPacker, retain_null_key: bool) -> Retained:
+        """Per completion (sorted order), whether its instance survives: a keyed one iff its
+        last chunk is its key's latest (``sorted_positions``, packed by ``packer``), a
+        key-less one iff ``retain_null_key``."""
+        rows, keyless = self._table()
+        kept = keyless.astype(bool) if retain_null_key else np.zeros(len(rows), dtype=bool)
+        for index, (ledger_id, entry_id) in enumerate(rows[:, 2:].tolist()):
+            packed = None if keyless[index] else packer.pack_known(Position(ledger_id, entry_id))
+            if packed is not None and len(sorted_positions):  # a ledger never put into holds no latest
+                found = int(np.searchsorted(sorted_positions, np.uint64(packed)))
+                kept[index] = found < len(sorted_positions) and int(sorted_positions[found]) == packed
         return kept
 
-    def survives(self, uuid_hash: UuidHash, at: EntryAt, retained: set[EntryAt]) -> bool:
+    def survives(self, uuid_hash: UuidHash, at: EntryAt, retained: Retained) -> bool:
         """The chunk at ``at`` is written: its instance is pending or retained."""
         end = self.end_of(uuid_hash, at)
-        return end is None or end in retained
+        return end is None or bool(retained[end])
 
     def __len__(self) -> int:
         """Completed instances."""
-        return sum(len(ends) for ends in self.ends.values())
+        return len(self._keyless)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ChunkedMessages):
+            return NotImplemented
+        return self._rows == other._rows and self._keyless == other._keyless
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
 
     @property
     def nbytes(self) -> int:
-        """About what the instances take in memory (objects included): tens of bytes per
-        instance and uuid, nothing per key."""
-        total = sys.getsizeof(self.ends) + sys.getsizeof(self.keyless)
-        for uuid_hash, ends in self.ends.items():
-            total += sys.getsizeof(uuid_hash) + sum(map(sys.getsizeof, uuid_hash)) + sys.getsizeof(ends)
-            total += sum(sys.getsizeof(at) + sys.getsizeof(at[0]) + sys.getsizeof(at[1]) for at in ends)
-        return total
+        """Bytes the completions take: 33 per chunked message instance, nothing per key."""
+        return self._rows.itemsize * len(self._rows) + len(self._keyless)

@@ -63,8 +63,7 @@ def _rebuilt(result: PhaseOneResult) -> PhaseOneResult:
         np.array([p.batch_index for p in positions], dtype=np.int64),
     )
     key_map = KeyMap.from_latest(result.key_map._high.copy(), result.key_map._low.copy(), packed)
-    chunks = ChunkedMessages.from_ends(reversed([  # in any order
-        (uuid_hash, at, at in result.chunks.keyless) for uuid_hash, ends in result.chunks.ends.items() for at in ends]))
+    chunks = ChunkedMessages.from_ends(reversed(list(result.chunks.completions())))  # in any order
     assert chunks == result.chunks
     return PhaseOneResult(key_map=key_map, packer=packer, chunks=chunks)
 
