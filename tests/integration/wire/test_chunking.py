@@ -8,10 +8,11 @@ every chunk. Compaction keeps or drops a chunked value whole (``compactor.chunks
 key whose latest value is chunked reads back whole through ``is_read_compacted=True``,
 and a chunked value superseded by a small one disappears with all its chunks.
 
-Every case runs with de-duplication off and on (broker setting
+The 12 MB cases run with de-duplication off and on (broker setting
 ``broker_deduplication_enabled``): the chunks of one message share a sequence id, and a
 de-duplication that is not chunk-aware answers chunks 2+ as duplicates without storing
-them. The 50 MB case is one slow test.
+them. A chunked message straddling a compaction's stop marker and the 50 MB case (one
+slow test) run with the broker's default, de-duplication off.
 """
 
 from __future__ import annotations
