@@ -13,7 +13,9 @@ Phase one (``phase_one``) — what is the latest message of every key?
    already dropped (``compacted_out``) is looked at, in order:
    * a keyed message with a value: its position becomes the key's latest;
    * a keyed tombstone (empty or null value): the key is deleted;
-   * a key-less message: not in the map (phase two keeps it iff ``retain_null_key``).
+   * a key-less message: not in the map (phase two keeps it iff ``retain_null_key``);
+   * a chunk (``compactor.chunks``): only the last chunk of a chunked message counts, as
+     its key's value (never a tombstone); where it completes is recorded in ``chunks``.
 3. An entry whose bytes cannot be parsed or whose payload cannot be decoded is *opaque*:
    it takes no part in the map and phase two keeps it whole (Pulsar keeps an undecodable
    batch whole rather than failing the run).
@@ -22,6 +24,8 @@ Phase two (``phase_two``) — what survives, in original order?
 
 * A message survives iff its position is some key's latest (equivalently: the map holds
   exactly its position for its key), or it is key-less and ``retain_null_key`` is set.
+  A chunk survives iff its chunked message does (all its chunks or none), or that
+  message is not complete in the stream (``compactor.chunks``); it is written verbatim.
   Tombstones never survive (but young ones, below); markers never survive; opaque entries survive whole.
 * A non-batched survivor is written verbatim. A batch with survivors keeps its slot
   numbering: if every slot not already dropped survives it is written verbatim, else it is
@@ -51,9 +55,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from compactor.chunks import ChunkedMessages, EntryAt
 from compactor.encoder import rewrite_slots
 from compactor.keymap import AscendingLookup, KeyMap, PositionPacker, key_hash
-from compactor.scan import ScannedMessage, scan_entry
+from compactor.scan import EntryScan, ScannedMessage, scan_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 
@@ -73,6 +78,7 @@ class PhaseOneResult:
         markers: server markers skipped.
         opaque_entries: entries kept whole because they could not be decoded.
         last_position: the last entry read (the stop marker), or None for no entries.
+        chunks: where the stream's chunked messages complete (``compactor.chunks``).
     """
 
     key_map: KeyMap = field(default_factory=KeyMap)
@@ -83,6 +89,7 @@ class PhaseOneResult:
     markers: int = 0
     opaque_entries: int = 0
     last_position: Position | None = None
+    chunks: ChunkedMessages = field(default_factory=ChunkedMessages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +133,27 @@ def phase_one(
             result.markers += 1
         else:
             result.messages_read += len(scan.messages)
+            if scan.chunk is not None:
+                _chunk(result, entry.position, scan)
+                continue
             young = _young(scan.publish_time, keep_tombstones_since_ms)
             _update(result.key_map, result.packer, entry.position, scan.messages, young)
     return result
+
+
+def _chunk(result: PhaseOneResult, position: Position, scan: EntryScan) -> None:
+    """A chunk: only a last one counts, as its key's value (``compactor.chunks``)."""
+    assert scan.chunk is not None
+    if not scan.chunk.is_last:
+        return
+    [(_, key, _)] = scan.messages
+    result.chunks.complete(key_hash(scan.chunk.uuid), _at(position), keyless=key is None)
+    if key is not None:
+        result.key_map.put(key_hash(key), result.packer.pack_slot(result.packer.pack_entry(position), -1))
+
+
+def _at(position: Position) -> EntryAt:
+    return position.ledger_id, position.entry_id
 
 
 def _young(publish_time: int, keep_tombstones_since_ms: int | None) -> bool:
@@ -163,13 +188,20 @@ def phase_two(
     ``entries`` must be the stream phase one read: retained positions are looked up in
     one ascending walk (``AscendingLookup``), which relies on the stream's order.
     """
-    retained = AscendingLookup(result.key_map.sorted_positions())
+    sorted_positions = result.key_map.sorted_positions()
+    retained = AscendingLookup(sorted_positions)
+    chunks = result.chunks
+    retained_chunks = chunks.retained(sorted_positions, result.packer, retain_null_key)
     for entry in entries:
         scan = scan_entry(entry.data)
         if scan.kind == "opaque":
             yield CompactedEntry(entry.position, entry.data)
             continue
         if scan.kind == "marker":
+            continue
+        if scan.chunk is not None:
+            if chunks.survives(key_hash(scan.chunk.uuid), _at(entry.position), retained_chunks):
+                yield CompactedEntry(entry.position, entry.data)
             continue
         young = _young(scan.publish_time, keep_tombstones_since_ms)
         keep = _surviving(scan.messages, entry.position, result.packer, retained, retain_null_key, young)

@@ -34,6 +34,15 @@ become keys, payloads and tombstones (``compactor/encoder.py`` writes the same f
   tombstone. Entries with ``marker_type`` are server markers and carry no application data.
 * **Encrypted entries** cannot be opened: ``iter_messages`` returns one opaque message for
   the whole entry, keyed by the entry's metadata, as Pulsar's compactor treats them.
+* **Chunks.** A producer with chunking on splits a message larger than the broker's
+  maximum into entries, one per chunk, whose MessageMetadata says ``num_chunks_from_msg``
+  > 1 (the clients' test), the chunk's ``chunk_id`` (0 first) and the message's ``uuid``
+  (what the clients reassemble by). The message is compressed (and encrypted) *before* it
+  is split, so a chunk's payload is a piece of the whole that never decodes on its own:
+  ``iter_messages`` returns one message per chunk, keyed by the entry's metadata, payload
+  left as stored, with ``chunk`` set; a chunk is never a tombstone (the clients chunk
+  only values above the maximum size). What a chunk means to compaction is in
+  ``compactor/chunks.py``.
 
 ``iter_messages`` is the reference reader. The compaction phases use a lean second reader,
 ``compactor/scan.py``, built on the same helpers (``parse_header``, ``read_slot``,
@@ -62,10 +71,12 @@ __all__ = [
     "CHECKSUM_MAGIC",
     "METADATA_BYTES_MAX",
     "BatchSlot",
+    "Chunk",
     "Message",
     "ParsedEntry",
     "batch_slots",
     "check_slot_count",
+    "chunk_of",
     "decoded_payload",
     "is_batch",
     "is_encrypted",
@@ -110,6 +121,23 @@ class ParsedEntry:
     """The entry carried (and passed) the 0x0e01 CRC32C prefix."""
 
 
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Which piece of a chunked message an entry holds (see "Chunks" above)."""
+
+    uuid: str
+    """The chunked message's id, shared by its chunks (the clients' ``producer-sequence``)."""
+    chunk_id: int
+    """This chunk's number, from 0."""
+    chunks: int
+    """How many chunks the message has (``num_chunks_from_msg``, > 1)."""
+
+    @property
+    def is_last(self) -> bool:
+        """The chunk that completes the message: a reader has the whole value after it."""
+        return self.chunk_id == self.chunks - 1
+
+
 @dataclass(frozen=True)
 class Message:
     """One application message: a non-batched entry, or one slot of a batch.
@@ -140,6 +168,8 @@ class Message:
     """Application event time in milliseconds, or None when not set (0 on the wire)."""
     sequence_id: int | None
     """Producer sequence id, or None for a batch slot that does not carry one."""
+    chunk: Chunk | None = None
+    """The piece of a chunked message this entry holds; None for every other message."""
 
     @property
     def has_key(self) -> bool:
@@ -164,8 +194,9 @@ class Message:
 
     @property
     def is_tombstone(self) -> bool:
-        """Keyed, and its value is empty or null: it deletes its key in compaction."""
-        return self.key is not None and (self.null_value or self.payload_size == 0)
+        """Keyed, and its value is empty or null: it deletes its key in compaction. A chunk
+        never is (it is a piece of a value above the maximum message size)."""
+        return self.key is not None and self.chunk is None and (self.null_value or self.payload_size == 0)
 
 
 @dataclass(frozen=True)
@@ -198,6 +229,14 @@ def is_marker(metadata: pb.MessageMetadata) -> bool:
     Compaction skips markers but must still see them, since one may be the stop marker.
     """
     return metadata.HasField("marker_type")
+
+
+def chunk_of(metadata: pb.MessageMetadata) -> Chunk | None:
+    """The chunk an entry holds (``num_chunks_from_msg`` > 1), or None when it holds a
+    whole message (see "Chunks" above)."""
+    if metadata.num_chunks_from_msg <= 1:
+        return None
+    return Chunk(_text(metadata.uuid), metadata.chunk_id, metadata.num_chunks_from_msg)
 
 
 def partition_key_of(metadata: pb.MessageMetadata | pb.SingleMessageMetadata) -> str | None:
@@ -260,6 +299,9 @@ def iter_messages(entry: ParsedEntry) -> Iterator[Message]:
     payload is server data, not a value): check ``is_marker`` first and skip it.
     """
     metadata = entry.metadata
+    chunk = chunk_of(metadata)
+    if chunk is not None:  # a piece of a compressed (maybe encrypted) whole: not decoded
+        return iter([replace(_entry_message(metadata, entry.payload), chunk=chunk)])
     if is_encrypted(metadata):
         return iter([_opaque_message(metadata, entry.payload)])
     if not is_batch(metadata):

@@ -12,6 +12,9 @@ gives (``tests/unit/compactor/test_fast_path.py`` checks the two agree):
   error, a wrong ``uncompressed_size``, a batch body without ``num_messages_in_batch``
   well-formed slots). Nothing is read from an opaque entry.
 * **Marker**: ``marker_type`` is set; the payload is never looked at.
+* **Chunk** (``num_chunks_from_msg`` > 1, batched, encrypted or not): a "single" message
+  keyed by the entry's metadata, never a tombstone, with ``chunk`` set; the payload (a
+  piece of a compressed whole) is never looked at.
 * **Single**: one message, batch_index -1, keyed by the entry's metadata. For a non-batched
   entry the payload is decompressed (an undecodable one makes the entry opaque) and its
   size decides "empty"; for an encrypted entry (batched or not: it cannot be opened) the
@@ -32,7 +35,9 @@ from typing import Literal, NamedTuple
 from compactor.compression import decompress
 from compactor.errors import MalformedEntryError
 from compactor.message import (
+    Chunk,
     check_slot_count,
+    chunk_of,
     is_batch,
     is_encrypted,
     is_marker,
@@ -85,6 +90,8 @@ class EntryScan(NamedTuple):
     publish_time: int = 0
     """The entry's ``publish_time`` (ms), shared by every message of a batch; 0 for
     "opaque" and "marker"."""
+    chunk: Chunk | None = None
+    """The piece of a chunked message a "single" entry holds; None for every other entry."""
 
 
 _OPAQUE = EntryScan("opaque")
@@ -104,6 +111,10 @@ def scan_entry(data: bytes) -> EntryScan:
         return _OPAQUE
     if is_marker(metadata):
         return _MARKER
+    chunk = chunk_of(metadata)
+    if chunk is not None:
+        key = partition_key_of(metadata)
+        return EntryScan("single", ((-1, key, False),), publish_time=metadata.publish_time, chunk=chunk)
     if is_encrypted(metadata):
         return _encrypted(metadata, len(data) - header_size)
     try:

@@ -18,6 +18,11 @@ to make compaction's edge cases common rather than rare:
   only a verbatim copy keeps;
 * opaque entries cannot be decoded: random garbage, a batch whose body is too short, a
   keyed message whose compressed value is corrupt;
+* chunked messages (``chunked_messages``): a value compressed whole, then split into 2-4
+  chunks, each a non-batched entry with the message's key, uuid and chunk id. Their
+  chunks are interleaved with the other entries and with each other (two producers), a
+  uuid often comes again (a resend after a reconnect: a second instance), and some never
+  complete (a producer died, or the cut of ``streams_with_cut`` falls inside one);
 * positions strictly increase, entry ids leave gaps (as in a compacted ledger), and
   ledger ids jump by anything from 1 to 2**40.
 
@@ -43,10 +48,13 @@ from ledger.position import Position
 __all__ = [
     "CODECS",
     "KEYS",
+    "ChunkSpec",
     "EntryKind",
     "MessageSpec",
     "StreamEntry",
     "batch_entries",
+    "chunk_ends",
+    "chunked_messages",
     "entries_of",
     "garbage",
     "marker_entries",
@@ -71,6 +79,19 @@ Draft = tuple[EntryKind, bytes, Slots, int]
 
 
 @dataclass(frozen=True)
+class ChunkSpec:
+    """Which chunk of which chunked message an entry holds."""
+
+    uuid: str
+    chunk_id: int
+    chunks: int
+
+    @property
+    def is_last(self) -> bool:
+        return self.chunk_id == self.chunks - 1
+
+
+@dataclass(frozen=True)
 class MessageSpec:
     """One application message as the generator wrote it."""
 
@@ -82,11 +103,13 @@ class MessageSpec:
     """Written as ``null_value`` (``send(None)``); the value is then empty."""
     null_key_flag: bool = False
     """Key-less written as ``null_partition_key=True`` rather than with the key absent."""
+    chunk: ChunkSpec | None = None
+    """The chunk this message is; ``value`` is then its piece of the compressed whole."""
 
     @property
     def is_tombstone(self) -> bool:
-        """Keyed, and empty or null: deletes its key."""
-        return self.key is not None and (self.null_value or self.value == b"")
+        """Keyed, and empty or null: deletes its key. A chunk never is."""
+        return self.key is not None and self.chunk is None and (self.null_value or self.value == b"")
 
 
 @dataclass(frozen=True)
@@ -110,6 +133,21 @@ class StreamEntry:
 def entries_of(stream: list[StreamEntry]) -> list[Entry]:
     """The ``Entry`` values the compactor reads."""
     return [item.entry() for item in stream]
+
+
+def chunk_ends(stream: list[StreamEntry]) -> dict[Position, Position | None]:
+    """For every chunk of ``stream``: the position of the last chunk that completes its
+    instance (the first last chunk of its uuid at or after it), or None while pending."""
+    ends: dict[Position, Position | None] = {}
+    next_end: dict[str, Position] = {}
+    for item in reversed(stream):
+        for _, message in item.messages:
+            if message.chunk is None:
+                continue
+            if message.chunk.is_last:
+                next_end[message.chunk.uuid] = item.position
+            ends[item.position] = next_end.get(message.chunk.uuid)
+    return ends
 
 
 def split_at(stream: list[StreamEntry], cut: int) -> tuple[list[StreamEntry], list[StreamEntry]]:
@@ -259,6 +297,42 @@ def opaque_entries(draw: st.DrawFn) -> Draft:
     return "opaque", data, (), 0
 
 
+CHUNKED = {
+    "producer-1-7": ("a", 2, pb.NONE),
+    "producer-2-7": (None, 3, pb.LZ4),
+    "producer-2-8": ("b", 4, pb.ZSTD),
+    "producer-3-1": ("a", 3, pb.ZLIB),
+}
+"""uuid → key, chunks, codec of the chunked messages: few, so that a uuid often comes again
+(a resend: a second instance), and two of them share a key."""
+
+
+@st.composite
+def chunked_messages(draw: st.DrawFn) -> list[Draft]:
+    """The chunks of one chunked message, in order, as a client writes them: the value is
+    compressed whole, then split; every chunk carries the message's key and uuid. Now and
+    then only some chunks: a resend from a later chunk, or a message that never completes.
+    """
+    uuid = draw(st.sampled_from(sorted(CHUNKED)))
+    key, chunks, codec = CHUNKED[uuid]
+    value = uuid.encode() * 2
+    whole = compress(codec, value)
+    cuts = [len(whole) * index // chunks for index in range(chunks + 1)]
+    pieces = [whole[cuts[index] : cuts[index + 1]] for index in range(chunks)]
+    first = draw(st.sampled_from((0, 0, 0, 1)))
+    last = draw(st.sampled_from((chunks, chunks, chunks, chunks - 1)))
+    drafts: list[Draft] = []
+    for chunk_id in range(min(first, chunks - 1), max(last, first + 1)):
+        spec = MessageSpec(key, pieces[chunk_id], chunk=ChunkSpec(uuid, chunk_id, chunks))
+        metadata = _entry_metadata(
+            compression=codec, uncompressed_size=len(value), uuid=uuid, chunk_id=chunk_id,
+            num_chunks_from_msg=chunks, total_chunk_msg_size=len(whole), **_key_fields(spec),
+        )
+        data = encode_entry(metadata, pieces[chunk_id], with_checksum=draw(st.booleans()))
+        drafts.append(("single", broker_prefixed(draw, data), ((-1, spec),), 0))
+    return drafts
+
+
 any_entry = st.one_of(
     single_entries(),
     single_entries(),
@@ -290,13 +364,16 @@ def positions(draw: st.DrawFn, count: int) -> list[Position]:
 
 
 def stream_entries(
-    kinds: st.SearchStrategy[Draft] = any_entry, *, max_size: int = 30
+    kinds: st.SearchStrategy[Draft] = any_entry, *, max_size: int = 30, chunked: bool = True
 ) -> st.SearchStrategy[list[StreamEntry]]:
-    """Streams of entries of ``kinds`` (default: every kind), positions handed out in order."""
+    """Streams of entries of ``kinds`` (default: every kind), positions handed out in order;
+    with ``chunked``, up to three chunked messages interleaved among them."""
 
     @st.composite
     def build(draw: st.DrawFn) -> list[StreamEntry]:
         drawn = draw(st.lists(kinds, max_size=max_size))
+        if chunked:
+            drawn = interleaved(draw, [drawn, *draw(st.lists(chunked_messages(), max_size=3))])
         if not drawn:
             return []
         places = draw(positions(len(drawn)))
@@ -306,6 +383,13 @@ def stream_entries(
         ]
 
     return build()
+
+
+def interleaved(draw: st.DrawFn, sequences: list[list[Draft]]) -> list[Draft]:
+    """The drafts of ``sequences`` merged in a drawn order, each sequence's order kept."""
+    labels = [index for index, sequence in enumerate(sequences) for _ in sequence]
+    taken = [iter(sequence) for sequence in sequences]
+    return [next(taken[label]) for label in draw(st.permutations(labels))]
 
 
 def streams(*, max_size: int = 30) -> st.SearchStrategy[list[StreamEntry]]:

@@ -6,17 +6,21 @@ computes over the same stream, as one Spark job:
 1. Read: ``PhaseOneDataSource`` gives one partition per piece of a ledger range (ranges
    are cut so that every core gets work: ``piece_entries``), read by the executors straight from the
    ledger files, and one row per keyed live message: the key's 128-bit hash, its position
-   and whether it deletes the key (an old tombstone), plus a figures row per partition.
+   and whether it deletes the key (an old tombstone), one chunk end row per last chunk of
+   a chunked message (its uuid's hash, position, key-less or not; ``compactor.chunks``),
+   plus a figures row per partition.
 2. Aggregate: group by key hash and keep the row with the greatest position
    (``max(struct(ledger_id, entry_id, batch_index, deletes))``: a message has one position,
    so the order is total within a key). The stream is in position order (the previous
    compacted ledger holds positions at or before the horizon, the raw ledgers after it), so
    the greatest position is the *last* update, exactly what the local key map keeps. A
    key whose last update deletes it is dropped; key-less messages never had a row.
-   The figures rows (null hash) are summed in the same pass.
-3. Collect the live keys (hash halves and position: 24 bytes a key, as Arrow) to the
-   driver and build the ``PhaseOneResult`` the local phase two takes: a ``KeyMap`` of the
-   hashes and a ``PositionPacker`` that knows exactly the retained positions' ledgers.
+   The figures rows (null hashes) are summed in the same pass, and every chunk end row is
+   a group of its own (grouped by its position too): one per chunked message, not per key.
+3. Collect the live keys (hash halves and position: 24 bytes a key, as Arrow) and the
+   chunk ends to the driver and build the ``PhaseOneResult`` the local phase two takes: a
+   ``KeyMap`` of the hashes, a ``PositionPacker`` that knows exactly the retained
+   positions' ledgers, and the ``ChunkedMessages`` the local phase one would have built.
 
 The driver holds the retained set once, as the local engine does at the end of phase one;
 what Spark spreads over executors is the reading, decoding, hashing and the aggregation.
@@ -40,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from compactor.algorithm import PhaseOneResult
+from compactor.chunks import ChunkedMessages
 from compactor.engine import LedgerRange, PhaseOneInput
 from compactor.errors import SparkEngineError
 from compactor.keymap import KeyMap, PositionPacker
@@ -56,6 +61,7 @@ PARTITION_ENTRIES_MAX = 10_000
 PARTITION_ENTRIES_MIN = 500
 PARTITIONS_PER_CORE = 2
 APP_NAME = "compactd"
+_U64_MASK = (1 << 64) - 1  # a signed int64 hash half back to the unsigned one key_hash gives
 
 
 def piece_entries(ranges: tuple[LedgerRange, ...], cores: int) -> int:
@@ -119,9 +125,12 @@ class SparkPhaseOne:
         )
         latest = F.max(F.struct("ledger_id", "entry_id", "batch_index", "deletes")).alias("latest")
         sums = [F.sum(name).alias(name) for name in ("entries", "messages", "entry_bytes", "markers", "opaque_entries")]
-        grouped = frame.groupBy("hash_high", "hash_low").agg(latest, *sums)
+        chunk_end = F.when(F.col("uuid_high").isNotNull(), F.struct("ledger_id", "entry_id")).alias("chunk_end")
+        grouped = frame.groupBy("hash_high", "hash_low", "uuid_high", "uuid_low", chunk_end).agg(
+            latest, F.max("keyless").alias("keyless"), *sums)
         live = grouped.where(F.col("hash_high").isNull() | ~F.col("latest.deletes")).select(
             "hash_high", "hash_low", "latest.ledger_id", "latest.entry_id", "latest.batch_index",
+            "uuid_high", "uuid_low", "keyless",
             *[F.col(name) for name in ("entries", "messages", "entry_bytes", "markers", "opaque_entries")],
         )
         return live.toArrow()
@@ -159,9 +168,11 @@ def _result(table: Any, request: PhaseOneInput) -> PhaseOneResult:
     """The ``PhaseOneResult`` of the aggregated Arrow table (see the module docstring)."""
     import pyarrow.compute as pc
 
-    figures_rows = pc.is_null(table.column("hash_high"))
-    figures = table.filter(figures_rows)
-    keys = table.filter(pc.invert(figures_rows))
+    unkeyed = pc.is_null(table.column("hash_high"))
+    chunk_ends = pc.is_valid(table.column("uuid_high"))
+    figures = table.filter(pc.and_(unkeyed, pc.invert(chunk_ends)))
+    keys = table.filter(pc.invert(unkeyed))
+    ends = table.filter(chunk_ends).select(["uuid_high", "uuid_low", "ledger_id", "entry_id", "keyless"]).to_pylist()
 
     def total(name: str) -> int:
         return int(pc.sum(figures.column(name)).as_py() or 0)
@@ -173,9 +184,13 @@ def _result(table: Any, request: PhaseOneInput) -> PhaseOneResult:
     packed = packer.pack_many(
         column("ledger_id").astype(np.uint64), column("entry_id").astype(np.uint64), column("batch_index"))
     key_map = KeyMap.from_latest(column("hash_high").view(np.uint64), column("hash_low").view(np.uint64), packed)
+    chunks = ChunkedMessages.from_ends(
+        ((row["uuid_high"] & _U64_MASK, row["uuid_low"] & _U64_MASK), (row["ledger_id"], row["entry_id"]),
+         bool(row["keyless"])) for row in ends)
     result = PhaseOneResult(
         key_map=key_map,
         packer=packer,
+        chunks=chunks,
         entries_read=total("entries"),
         messages_read=total("messages"),
         bytes_read=total("entry_bytes"),

@@ -8,12 +8,16 @@ Both Spark data sources read ledger files directly through a read-only ``FileLed
   decode (opaque) and slots a previous run dropped (``compacted_out``) give no row.
   Compacted entries: the surviving slots only (the ``ack_set`` a read-compacted reader is
   sent). A key that is not valid UTF-8 (a producer's raw bytes) has its bad bytes
-  replaced, as Arrow strings must be text; ``value`` is null for a ``send(None)``.
+  replaced, as Arrow strings must be text; ``value`` is null for a ``send(None)``. A
+  chunked message gives one row per chunk, whose ``value`` is the chunk's piece of the
+  compressed whole as stored (the rows are not put back together).
 * ``phase_one_batches`` — phase one's view of the stream (``PHASE_ONE_SCHEMA``), exactly
   what ``compactor.algorithm.phase_one`` reads: one row per keyed live message with its
   key's 128-bit hash (two signed int64 halves), its position and whether it deletes the
-  key (an old tombstone; a young one counts as a value), and one *figures* row per range
-  (null hash) counting entries, messages, bytes, markers and opaque entries.
+  key (an old tombstone; a young one counts as a value); for a chunked message, only its
+  last chunk gives a keyed row, and also a *chunk end* row (null hash; the hash of its
+  uuid, its position, whether it is key-less: ``compactor.chunks``); and one *figures* row
+  per range (null hashes) counting entries, messages, bytes, markers and opaque entries.
 
 Reads go ``READ_BATCH_ENTRIES_MAX`` entries at a time and rows leave in record batches of
 at most ``ROWS_PER_BATCH_MAX``, so an executor's memory stays bounded whatever the ledger.
@@ -67,12 +71,13 @@ MESSAGE_SCHEMA = pa.schema([
 ])
 PHASE_ONE_SCHEMA_DDL = (
     "hash_high bigint, hash_low bigint, ledger_id bigint, entry_id bigint, batch_index int, "
-    "deletes boolean, entries bigint, messages bigint, entry_bytes bigint, markers bigint, "
-    "opaque_entries bigint"
+    "deletes boolean, uuid_high bigint, uuid_low bigint, keyless boolean, "
+    "entries bigint, messages bigint, entry_bytes bigint, markers bigint, opaque_entries bigint"
 )
 PHASE_ONE_SCHEMA = pa.schema([
     ("hash_high", pa.int64()), ("hash_low", pa.int64()), ("ledger_id", pa.int64()),
     ("entry_id", pa.int64()), ("batch_index", pa.int32()), ("deletes", pa.bool_()),
+    ("uuid_high", pa.int64()), ("uuid_low", pa.int64()), ("keyless", pa.bool_()),
     ("entries", pa.int64()), ("messages", pa.int64()), ("entry_bytes", pa.int64()),
     ("markers", pa.int64()), ("opaque_entries", pa.int64()),
 ])
@@ -174,41 +179,66 @@ def phase_one_batches(
         figures = [0, 0, 0, 0, 0]  # entries, messages, entry bytes, markers, opaque entries
         for entry in read_range(store, ledger_range):
             _add_keys(keys, entry, figures, keep_tombstones_since_ms)
-            if len(keys.highs) >= ROWS_PER_BATCH_MAX:
+            if len(keys.ledger_ids) >= ROWS_PER_BATCH_MAX:
                 yield keys.take()
-        if keys.highs:
+        if keys.ledger_ids:
             yield keys.take()
         figures_row = _Columns(PHASE_ONE_SCHEMA)
-        figures_row.add(None, None, None, None, None, None, *figures)
+        figures_row.add(*[None] * 9, *figures)
         yield figures_row.take()
     finally:
         store.shutdown()
 
 
 class _KeyColumns:
-    """Phase one's keyed rows, column by column (the figures columns are all null)."""
+    """Phase one's keyed and chunk end rows, column by column (the figures columns are all
+    null; a keyed row has null uuid columns, a chunk end row null hash columns)."""
 
     def __init__(self) -> None:
-        self.highs: list[int] = []
-        self.lows: list[int] = []
+        self.highs: list[int | None] = []
+        self.lows: list[int | None] = []
         self.ledger_ids: list[int] = []
         self.entry_ids: list[int] = []
         self.batch_indexes: list[int] = []
-        self.deletes: list[bool] = []
+        self.deletes: list[bool | None] = []
+        self.uuid_highs: list[int | None] = []
+        self.uuid_lows: list[int | None] = []
+        self.keyless: list[bool | None] = []
 
-    def _clear(self) -> None:
-        for column in (self.highs, self.lows, self.ledger_ids, self.entry_ids, self.batch_indexes, self.deletes):
-            column.clear()
+    def _all(self) -> tuple[list[Any], ...]:
+        return (self.highs, self.lows, self.ledger_ids, self.entry_ids, self.batch_indexes, self.deletes,
+                self.uuid_highs, self.uuid_lows, self.keyless)
+
+    def add_key(self, key: str, position: Position, batch_index: int, deletes: bool) -> None:
+        """A keyed message (every message of a topic: appended column by column)."""
+        high, low = key_hash(key)
+        self.highs.append(high - (1 << 64) if high >= _SIGN else high)
+        self.lows.append(low - (1 << 64) if low >= _SIGN else low)
+        self.ledger_ids.append(position.ledger_id)
+        self.entry_ids.append(position.entry_id)
+        self.batch_indexes.append(batch_index)
+        self.deletes.append(deletes)
+        self.uuid_highs.append(None)
+        self.uuid_lows.append(None)
+        self.keyless.append(None)
+
+    def add_chunk_end(self, uuid: str, position: Position, keyless: bool) -> None:
+        """The last chunk of a chunked message (``compactor.chunks``)."""
+        high, low = key_hash(uuid)
+        row = (None, None, position.ledger_id, position.entry_id, -1, None,
+               high - (1 << 64) if high >= _SIGN else high, low - (1 << 64) if low >= _SIGN else low, keyless)
+        for column, value in zip(self._all(), row, strict=True):
+            column.append(value)
 
     def take(self) -> pa.RecordBatch:
-        count = len(self.highs)
+        count = len(self.ledger_ids)
         columns = [
-            pa.array(self.highs, pa.int64()), pa.array(self.lows, pa.int64()),
-            pa.array(self.ledger_ids, pa.int64()), pa.array(self.entry_ids, pa.int64()),
-            pa.array(self.batch_indexes, pa.int32()), pa.array(self.deletes, pa.bool_()),
-            *[pa.nulls(count, pa.int64()) for _ in range(5)],
+            pa.array(column, field.type)
+            for column, field in zip(self._all(), list(PHASE_ONE_SCHEMA)[:9], strict=True)
         ]
-        self._clear()  # pa.array copied the values: the lists start the next batch
+        columns += [pa.nulls(count, pa.int64()) for _ in range(5)]
+        for column in self._all():
+            column.clear()  # pa.array copied the values: the lists start the next batch
         return pa.RecordBatch.from_arrays(columns, schema=PHASE_ONE_SCHEMA)
 
 
@@ -224,18 +254,17 @@ def _add_keys(keys: _KeyColumns, entry: CompactedEntry, figures: list[int], cuto
         figures[3] += 1
         return
     figures[1] += len(scan.messages)
+    if scan.chunk is not None:  # only a last chunk counts, at its position (compactor.chunks)
+        if scan.chunk.is_last:
+            [(_, key, _)] = scan.messages
+            keys.add_chunk_end(scan.chunk.uuid, entry.position, key is None)
+            if key is not None:
+                keys.add_key(key, entry.position, -1, False)
+        return
     young = cutoff is not None and scan.publish_time >= cutoff
-    ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
     for batch_index, key, tombstone in scan.messages:
-        if key is None:
-            continue
-        high, low = key_hash(key)
-        keys.highs.append(high - (1 << 64) if high >= _SIGN else high)
-        keys.lows.append(low - (1 << 64) if low >= _SIGN else low)
-        keys.ledger_ids.append(ledger_id)
-        keys.entry_ids.append(entry_id)
-        keys.batch_indexes.append(batch_index)
-        keys.deletes.append(tombstone and not young)
+        if key is not None:
+            keys.add_key(key, entry.position, batch_index, tombstone and not young)
 
 
 def ledgers_root_of(data_dir: str) -> str:

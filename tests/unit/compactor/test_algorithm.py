@@ -2,7 +2,8 @@
 
 The model (``reference``) reads the generator's own record of each entry (``StreamEntry``)
 rather than the entry bytes, and keeps a plain dict ``key -> (message id, value)`` in
-stream order. The output is read back with ``decode``, a parser written here from the
+stream order. A chunked message is its key's value at its last chunk; ``chunk_ends`` says
+for every chunk where its instance completes (None: pending, always kept). The output is read back with ``decode``, a parser written here from the
 format in ``compactor/message.py``'s docstring, so that neither side of a comparison
 borrows the code under test.
 """
@@ -30,6 +31,7 @@ from tests.strategies import (
     CODECS,
     MessageSpec,
     StreamEntry,
+    chunk_ends,
     entries_of,
     split_at,
     streams,
@@ -59,10 +61,11 @@ class Expected:
 
 
 def latest_by_key(stream: list[StreamEntry]) -> dict[str, tuple[Position, MessageSpec]]:
+    """Each live key's latest value: a message id, for a chunked value its last chunk's."""
     latest: dict[str, tuple[Position, MessageSpec]] = {}
     for item in stream:
         for batch_index, message in item.messages:
-            if message.key is None:
+            if message.key is None or (message.chunk is not None and not message.chunk.is_last):
                 continue
             if message.is_tombstone:
                 latest.pop(message.key, None)
@@ -71,12 +74,39 @@ def latest_by_key(stream: list[StreamEntry]) -> dict[str, tuple[Position, Messag
     return latest
 
 
+def chunk_kept(
+    stream: list[StreamEntry], latest: dict[str, tuple[Position, MessageSpec]], retain_null_key: bool
+) -> dict[Position, bool]:
+    """Whether each chunk is written: pending, or its instance is its key's latest value."""
+    keys = {item.position: message.key for item in stream for _, message in item.messages}
+    latest_ids = {message_id for message_id, _ in latest.values()}
+    kept = {}
+    for position, end in chunk_ends(stream).items():
+        if end is None:
+            kept[position] = True
+        elif keys[end] is None:
+            kept[position] = retain_null_key
+        else:
+            kept[position] = end in latest_ids
+    return kept
+
+
+def pending_chunks(stream: list[StreamEntry]) -> set[Position]:
+    return {position for position, end in chunk_ends(stream).items() if end is None}
+
+
 def reference(stream: list[StreamEntry], *, retain_null_key: bool) -> list[Expected]:
-    kept_ids = {message_id for message_id, _ in latest_by_key(stream).values()}
+    latest = latest_by_key(stream)
+    kept_ids = {message_id for message_id, _ in latest.values()}
+    chunks = chunk_kept(stream, latest, retain_null_key)
     result = []
     for item in stream:
         if item.kind == "opaque":
             result.append(Expected(item, ()))
+            continue
+        if item.position in chunks:
+            if chunks[item.position]:
+                result.append(Expected(item, (-1,)))
             continue
         keep = tuple(
             batch_index
@@ -121,6 +151,9 @@ def decode(data: bytes) -> tuple[pb.MessageMetadata, list[Decoded], bool]:
         data = data[6:]
     (size,) = struct.unpack_from(">I", data)
     metadata = pb.MessageMetadata.FromString(data[4 : 4 + size])
+    if metadata.num_chunks_from_msg > 1:  # a chunk: a piece of the compressed whole
+        message = Decoded(-1, key_of(metadata), data[4 + size :], False, False, len(data) - 4 - size)
+        return metadata, [message], has_checksum
     payload = decompress(metadata.compression, data[4 + size :], metadata.uncompressed_size)
     if not metadata.HasField("num_messages_in_batch"):
         message = Decoded(-1, key_of(metadata), payload, metadata.null_value, False, len(payload))
@@ -163,18 +196,47 @@ def input_message_ids(stream: list[StreamEntry]) -> list[Position]:
 
 @PROPERTY
 @given(streams(), st.booleans())
-def test_the_latest_value_of_every_key_survives_once(
+def test_the_latest_value_of_every_key_survives_once_and_whole(
+    stream: list[StreamEntry], retain_null_key: bool
+) -> None:
+    """A plain value once; a chunked value as all the chunks of its instance, in order.
+    Pending chunks (their message not complete in the stream) are apart: always kept."""
+    output = compact_small_buffer(entries_of(stream), retain_null_key=retain_null_key)
+    latest = latest_by_key(stream)
+    ends = chunk_ends(stream)
+    survivors: dict[str, list[tuple[Position, bytes]]] = {}
+    for message_id, message in surviving_messages(stream, output):
+        if message.key is not None and ends.get(message_id.entry_position(), message_id) is not None:
+            survivors.setdefault(message.key, []).append((message_id, message.value))
+    expected: dict[str, list[tuple[Position, bytes]]] = {}
+    for key, (message_id, spec) in latest.items():
+        if spec.chunk is None:
+            expected[key] = [(message_id, spec.value)]
+            continue
+        expected[key] = [
+            (item.position, item.messages[0][1].value)
+            for item in stream
+            if ends.get(item.position) == message_id
+        ]
+        assert [piece for _, piece in expected[key]][-1] == spec.value
+    assert survivors == expected
+
+
+@PROPERTY
+@given(streams(), st.booleans())
+def test_a_chunked_message_survives_with_all_its_chunks_or_none_and_pending_chunks_survive(
     stream: list[StreamEntry], retain_null_key: bool
 ) -> None:
     output = compact_small_buffer(entries_of(stream), retain_null_key=retain_null_key)
-    latest = latest_by_key(stream)
-    survivors: dict[str, list[tuple[Position, bytes]]] = {}
-    for message_id, message in surviving_messages(stream, output):
-        if message.key is not None:
-            survivors.setdefault(message.key, []).append((message_id, message.value))
-    assert survivors == {
-        key: [(message_id, spec.value)] for key, (message_id, spec) in latest.items()
-    }
+    written = {compacted.position for compacted in output}
+    instances: dict[Position | None, set[bool]] = {}
+    for position, end in chunk_ends(stream).items():
+        instances.setdefault(end, set()).add(position in written)
+        if end is None:
+            assert position in written
+        elif end not in written:
+            assert position not in written  # dropped whole
+    assert all(len(outcomes) == 1 for end, outcomes in instances.items() if end is not None)
 
 
 @PROPERTY
@@ -185,8 +247,9 @@ def test_tombstoned_keys_are_gone_and_tombstones_never_survive(
     output = compact_small_buffer(entries_of(stream), retain_null_key=retain_null_key)
     written = {m.key for item in stream for _, m in item.messages if m.key is not None}
     deleted = written - latest_by_key(stream).keys()
-    for _, message in surviving_messages(stream, output):
-        assert message.key not in deleted
+    pending = pending_chunks(stream)
+    for message_id, message in surviving_messages(stream, output):
+        assert message.key not in deleted or message_id in pending
         assert message.key is None or (message.value and not message.null_value), message
 
 
@@ -196,18 +259,19 @@ def test_keyless_messages_follow_retain_null_key(
     stream: list[StreamEntry], retain_null_key: bool
 ) -> None:
     output = compact_small_buffer(entries_of(stream), retain_null_key=retain_null_key)
+    pending = pending_chunks(stream)
     keyless = [
         item.position.with_batch_index(index)
         for item in stream
         for index, message in item.messages
-        if message.key is None
+        if message.key is None and (retain_null_key or item.position in pending)
     ]
     kept = [
         message_id
         for message_id, message in surviving_messages(stream, output)
         if message.key is None
     ]
-    assert kept == (keyless if retain_null_key else [])
+    assert kept == keyless
 
 
 @PROPERTY

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 
 from compactor.algorithm import PhaseOneResult, phase_one, phase_two
+from compactor.chunks import ChunkedMessages
 from compactor.engine import KEY_MAP_BYTES_PER_KEY, LedgerRange, choose_engine, raw_ranges
 from compactor.keymap import KeyMap, KeyMapLimitError, PositionPacker
 from ledger.metadata import LedgerRecord
@@ -51,7 +52,8 @@ def test_raw_ranges_cover_exactly_the_entries_after_the_horizon_up_to_the_stop()
 
 
 def _rebuilt(result: PhaseOneResult) -> PhaseOneResult:
-    """``result`` as the Spark engine hands it over: hashes and positions only."""
+    """``result`` as the Spark engine hands it over: hashes and positions only, and the
+    chunked messages' completions."""
     result.key_map.merge()
     positions = [result.packer.unpack(int(p)) for p in result.key_map._packed]
     packer = PositionPacker()
@@ -61,7 +63,9 @@ def _rebuilt(result: PhaseOneResult) -> PhaseOneResult:
         np.array([p.batch_index for p in positions], dtype=np.int64),
     )
     key_map = KeyMap.from_latest(result.key_map._high.copy(), result.key_map._low.copy(), packed)
-    return PhaseOneResult(key_map=key_map, packer=packer)
+    chunks = ChunkedMessages.from_ends(reversed(list(result.chunks.completions())))  # in any order
+    assert chunks == result.chunks
+    return PhaseOneResult(key_map=key_map, packer=packer, chunks=chunks)
 
 
 @settings(max_examples=100)
