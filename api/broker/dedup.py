@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from compactor.errors import MalformedEntryError
-from compactor.message import parse_entry
+from compactor.message import chunk_of, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition, ManagedCursor
 from ledger.managed_ledger import ManagedLedger
@@ -89,8 +89,9 @@ def describe_send(producer_name: str, sequence_id: int, highest_sequence_id: int
     except MalformedEntryError:
         return Send(producer_name, sequence_id, highest_sequence_id, -1, True, _digest(entry))
     metadata = parsed.metadata
-    chunk_id = metadata.chunk_id if metadata.HasField("uuid") else -1
-    last_chunk = chunk_id < 0 or chunk_id >= metadata.num_chunks_from_msg - 1
+    chunk = chunk_of(metadata)  # as compaction and the client tell a chunk
+    chunk_id = chunk.chunk_id if chunk is not None else -1
+    last_chunk = chunk is None or chunk.chunk_id >= chunk.chunks - 1
     content = pb.MessageMetadata()
     content.CopyFrom(metadata)
     content.producer_name, content.sequence_id, content.publish_time = "", 0, 0
