@@ -14,9 +14,11 @@ Read-compacted dispatch (``read_compacted``, Pulsar's ``asyncReadCompactedEntrie
    cursor to the first *existing* raw entry, which may lie past compacted data), else the
    cursor's read position;
 2. no view, or a read position after the horizon: read the raw topic;
-3. else read compacted entries at or after the read position; if there are none, move the
-   cursor to just after the horizon and read the raw topic; else move the cursor just past
-   the last entry returned.
+3. else read compacted entries at or after the read position, skipping those the cursor
+   holds as individually acknowledged (their positions are scattered over the raw topic, so
+   such acks rarely move the mark-delete position: without the skip a re-subscribe would
+   deliver them again); if there are none left, move the cursor to just after the horizon
+   and read the raw topic; else move the cursor just past the last entry read.
 """
 
 from __future__ import annotations
@@ -140,10 +142,13 @@ class CompactedTopic:
         read_position = EARLIEST if first_read_from_earliest else cursor.read_position
         view = self.view
         if view is not None and read_position <= view.horizon:
-            compacted = view.read_from(read_position, max_entries)
-            if compacted:
-                cursor.seek(Position(compacted[-1].position.ledger_id, compacted[-1].position.entry_id + 1), force=True)
-                return compacted
+            while compacted := view.read_from(read_position, max_entries):
+                last = compacted[-1].position
+                read_position = Position(last.ledger_id, last.entry_id + 1)
+                cursor.seek(read_position, force=True)
+                unacknowledged = [e for e in compacted if not cursor.is_individually_acknowledged(e.position)]
+                if unacknowledged:
+                    return unacknowledged
             after_horizon = self.ledger.next_valid_position(view.horizon)
             cursor.seek(max(after_horizon, read_position), force=True)
         return [CompactedEntry(entry.position, entry.data) for entry in cursor.read_entries(max_entries)]

@@ -143,6 +143,12 @@ class ManagedCursor:
         entry = position.entry_position()
         return entry <= self._mark_delete_position or entry in self._acked
 
+    def is_individually_acknowledged(self, position: Position) -> bool:
+        """True when the entry at ``position`` is in the individually acknowledged runs
+        after MD (what a read-compacted reader, which walks compacted positions the
+        cursor does not read itself, must skip)."""
+        return position.entry_position() in self._acked
+
     # -- reading --------------------------------------------------------------------
 
     def read_entries(self, max_entries: int) -> list[Entry]:
