@@ -85,8 +85,9 @@ class ManagedCursor:
         """Recover durable cursor ``name``, or create it at ``initial_position``.
 
         ``initial_position`` only matters when the cursor is created. A recovered position
-        in a ledger that no longer exists moves to ``(next ledger, -1)``; one beyond the
-        last confirmed entry is clamped to it.
+        in a ledger that no longer exists moves to ``(next ledger, -1)`` unless it is before
+        every ledger left (trimmed: kept as is); one beyond the last confirmed entry is
+        clamped to it.
         """
         record = ledger.metadata.load_cursor(ledger.name, name)
         if record is None:
@@ -301,12 +302,17 @@ class ManagedCursor:
 
 
 def _clamp_recovered(ledger: ManagedLedger, position: Position) -> Position:
-    """A recovered MD must reference a ledger in the list, and not pass the last entry."""
+    """A recovered MD must not pass the last entry, and one in a ledger that left the list
+    moves to ``(next ledger, -1)`` — unless every ledger left is after it (the trimmed
+    prefix): it is kept there, as it still precedes every entry, and ``(next ledger, -1)``
+    would read as a cursor that never acknowledged anything, which a read-compacted
+    subscription takes as "read the compacted view from the earliest" (whose entries keep
+    their positions in trimmed ledgers), delivering everything it consumed again."""
     last = ledger.last_confirmed_position()
     if position > last:
         return last
     ledger_ids = [record.ledger_id for record in ledger.ledger_list()]
-    if position.ledger_id in ledger_ids:
+    if position.ledger_id in ledger_ids or all(ledger_id > position.ledger_id for ledger_id in ledger_ids):
         return position
     later = [ledger_id for ledger_id in ledger_ids if ledger_id > position.ledger_id]
     return Position(later[0], -1) if later else ledger.first_position()

@@ -156,3 +156,31 @@ def test_unacknowledged_compacted_messages_are_delivered_again(
     consumer = subscribe(client, topic, batch_index_ack)
     assert drain(consumer) == []
     consumer.close()
+
+
+@pytest.mark.parametrize("batched", BATCHING)
+def test_a_consumed_compacted_view_is_not_delivered_again_once_its_raw_ledger_is_trimmed(
+    broker: Any, client: Any, batched: bool,
+) -> None:
+    """A cumulative ack of the last message consumes the whole raw ledger: after a restart
+    seals it, the next compaction run trims it, and the subscription's next consumer (its
+    cursor recovered with the ledger gone) gets only what comes after — not the compacted
+    view again, which is what a cursor that never acknowledged anything would get."""
+    topic = unique_topic("compacted-trimmed")
+    publish(client, topic, batched=batched)
+    broker.compact(topic)
+    consumer = subscribe(client, topic, False)
+    got = receive(consumer, KEYS)
+    consumer.acknowledge_cumulative(got[-1])
+    wait_acknowledged(broker, topic, got)
+    consumer.close()
+    sealed = broker.service.topics[topic].ledger.ledger_list()[0].ledger_id
+    broker.restart()
+    broker.compact(topic)  # nothing new to compact; trims what every cursor consumed
+    assert sealed not in [record.ledger_id for record in broker.service.topics[topic].ledger.ledger_list()]
+    broker.restart()
+
+    consumer = subscribe(client, topic, False)
+    publish(client, topic, batched=batched, start=MESSAGES, count=3)
+    assert values(drain(consumer)) == ["v500", "v501", "v502"]
+    consumer.close()
