@@ -121,6 +121,7 @@ class Subscription:
         self.cursor = cursor
         self.compacted = compacted
         self.sub_type = sub_type
+        self._read_compacted = False
         self.read_compacted = read_compacted
         self.first_read_from_earliest = first_read_from_earliest
         self.consumers: list[Consumer] = []
@@ -131,6 +132,18 @@ class Subscription:
         self._masks: dict[Position, tuple[int, ...]] = {}  # ack_set of compacted batches sent
         self._sought: Position | None = None  # read position a seek left for the re-subscribe
         self._round_robin = 0
+
+    @property
+    def read_compacted(self) -> bool:
+        """The consumers read the compacted view (the latest SUBSCRIBE says so)."""
+        return self._read_compacted
+
+    @read_compacted.setter
+    def read_compacted(self, value: bool) -> None:
+        """Reading compacted, the cursor also counts compacted entries whose raw ledgers
+        were trimmed as entries (its acks of them are kept; MD stops before them)."""
+        self._read_compacted = value
+        self.cursor.compacted_successor = self.compacted.trimmed_successor if value else None
 
     # -- consumers ----------------------------------------------------------------------
 

@@ -184,3 +184,73 @@ def test_a_consumed_compacted_view_is_not_delivered_again_once_its_raw_ledger_is
     publish(client, topic, batched=batched, start=MESSAGES, count=3)
     assert values(drain(consumer)) == ["v500", "v501", "v502"]
     consumer.close()
+
+
+def _compacted_then_trimmed(broker: Any, client: Any, batched: bool) -> str:
+    """500 messages compacted, the raw ledger trimmed (no subscription held it), then one
+    raw message v500: the topic a subscription created now reads."""
+    topic = unique_topic("compacted-after-trim")
+    publish(client, topic, batched=batched)
+    broker.compact(topic)
+    broker.restart()  # seals the ledger
+    broker.compact(topic)  # trims it: only __compaction held it
+    ledgers = broker.service.topics[topic].ledger.ledger_list()
+    assert sum(record.entries for record in ledgers) == 0
+    publish(client, topic, batched=batched, start=MESSAGES, count=1)
+    return topic
+
+
+def _again(broker: Any, client: Any, topic: str, restart: bool) -> Any:
+    if restart:
+        broker.restart()
+    return subscribe(client, topic, True)
+
+
+@pytest.mark.parametrize("restart", AGAIN)
+@pytest.mark.parametrize("batched", BATCHING)
+def test_individual_acks_of_compacted_messages_whose_raw_ledger_is_trimmed_are_kept(
+    broker: Any, client: Any, batched: bool, restart: bool,
+) -> None:
+    """A subscription created after the raw ledger was trimmed (Pulsar's #21187 case):
+    every other compacted message and the raw tail acknowledged; the next consumer gets
+    exactly the compacted messages not acknowledged — none is lost because a later raw
+    message was acknowledged — and once those are acknowledged, nothing."""
+    topic = _compacted_then_trimmed(broker, client, batched)
+    consumer = subscribe(client, topic, True)
+    got = receive(consumer, KEYS + 1)
+    assert values(got) == [f"v{index}" for index in range(MESSAGES - KEYS, MESSAGES + 1)]
+    acked = got[:10] + got[10:KEYS:2] + got[KEYS:]
+    for message in acked:
+        consumer.acknowledge(message)
+    wait_acknowledged(broker, topic, got[:10] + got[KEYS:] if batched else acked)
+    consumer.close()
+
+    consumer = _again(broker, client, topic, restart)
+    again = drain(consumer)
+    assert values(again) == values(got[10:KEYS] if batched else got[11:KEYS:2])
+    for message in again:
+        consumer.acknowledge(message)
+    wait_acknowledged(broker, topic, again)
+    consumer.close()
+
+    consumer = _again(broker, client, topic, restart)
+    publish(client, topic, batched=batched, start=MESSAGES + 1, count=1)
+    assert values(drain(consumer)) == ["v501"]
+    consumer.close()
+
+
+@pytest.mark.parametrize("restart", AGAIN)
+@pytest.mark.parametrize("batched", BATCHING)
+def test_a_cumulative_ack_of_a_compacted_message_whose_raw_ledger_is_trimmed_is_kept(
+    broker: Any, client: Any, batched: bool, restart: bool,
+) -> None:
+    topic = _compacted_then_trimmed(broker, client, batched)
+    consumer = subscribe(client, topic, True)
+    got = receive(consumer, KEYS + 1)
+    consumer.acknowledge_cumulative(got[9])
+    wait_acknowledged(broker, topic, got[:10])
+    consumer.close()
+
+    consumer = _again(broker, client, topic, restart)
+    assert values(drain(consumer)) == values(got[10:])
+    consumer.close()
