@@ -319,6 +319,7 @@ class Subscription:
                 self.first_read_from_earliest = True
             else:
                 self.cursor.seek(position.entry_position(), force=True)
+                self._retreat_before(position.entry_position())
         self._sought = None if self.first_read_from_earliest else self.cursor.read_position
         self._pending.clear()
         self._replay.clear()
@@ -327,3 +328,10 @@ class Subscription:
             consumer.disconnect()
         self.consumers.clear()
         self._active = None
+
+    def _retreat_before(self, target: Position) -> None:
+        """A seek to a compacted entry whose raw ledger was trimmed: MD (reset to the first
+        ledger's start) moves back to just before it, so acks from there on are kept."""
+        cursor, first = self.cursor, self.cursor.ledger.first_position()
+        if cursor.durable and target.ledger_id < first.ledger_id and cursor.mark_delete_position == first:
+            cursor.retreat_into_trimmed(Position(target.ledger_id, target.entry_id - 1))

@@ -254,3 +254,25 @@ def test_a_cumulative_ack_of_a_compacted_message_whose_raw_ledger_is_trimmed_is_
     consumer = _again(broker, client, topic, restart)
     assert values(drain(consumer)) == values(got[10:])
     consumer.close()
+
+
+def test_acks_after_a_seek_into_compacted_messages_whose_raw_ledger_is_trimmed_are_kept(
+    broker: Any, client: Any,
+) -> None:
+    """A seek to a compacted message of a trimmed ledger marks what is before it consumed;
+    acks from there on are kept: the next consumer gets what follows the last one, and the
+    seek target, which the client drops itself (exclusive) and so never acknowledged."""
+    topic = _compacted_then_trimmed(broker, client, False)
+    consumer = subscribe(client, topic, True)
+    got = receive(consumer, KEYS + 1)
+    consumer.seek(got[5].message_id())
+    after = receive(consumer, KEYS + 1 - 6)
+    assert values(after) == values(got[6:])
+    for message in after[:4]:
+        consumer.acknowledge(message)
+    wait_acknowledged(broker, topic, after[:4])
+    consumer.close()
+
+    consumer = subscribe(client, topic, True)
+    assert values(drain(consumer)) == values(got[5:6] + got[10:])
+    consumer.close()
