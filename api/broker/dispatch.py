@@ -16,7 +16,10 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
   consumer starts again from the mark-delete position.
 * **Read-compacted** subscriptions (Exclusive and Failover only) read through the topic's
   compacted view (``CompactedTopic.read_compacted``), then the raw tail; batches from the
-  compacted ledger carry the surviving-slot mask (``ack_set``).
+  compacted ledger carry the surviving-slot mask (``ack_set``). Their acks are kept like
+  any other: compacted entries already acknowledged are skipped, and the cursor counts
+  compacted entries whose raw ledgers were trimmed as entries (``compacted_successor``),
+  so a re-subscribe or a restart delivers exactly what was not acknowledged.
 """
 
 from __future__ import annotations

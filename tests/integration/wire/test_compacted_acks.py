@@ -9,20 +9,26 @@ consumer, on the same broker or after a broker restart, gets nothing it acknowle
 everything it did not, then the raw tail.
 
 The client groups acknowledgements for 100 ms: instead of sleeping, each test polls the
-broker's cursor (bounded) until it records every acknowledgement sent.
+broker's cursor (bounded) until it records every acknowledgement sent. Then the same once
+the raw ledger is trimmed (a subscription created after, or one that consumed it whole),
+including after a seek into the compacted view; last, the issue's scenario against a real
+``compactd serve`` killed with SIGKILL.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pulsar
 import pytest
 
 from ledger.position import Position
 from tests.integration.wire.helpers import RECEIVE_MS, drain, unique_topic
+from tests.serve_process import ServeProcess
 
 pytestmark = pytest.mark.integration
 
@@ -276,3 +282,58 @@ def test_acks_after_a_seek_into_compacted_messages_whose_raw_ledger_is_trimmed_a
     consumer = subscribe(client, topic, True)
     assert values(drain(consumer)) == values(got[5:6] + got[10:])
     consumer.close()
+
+
+# -- the issue's scenario against a real ``compactd serve``, killed with SIGKILL ----------------
+
+
+def _admin_url(topic: str) -> str:
+    return "/admin/v2/persistent/" + topic.removeprefix("persistent://")
+
+
+def _acked_runs(messages: list[Any]) -> str:
+    """Pulsar's ``individuallyDeletedMessages`` for the (contiguous) entries of ``messages``."""
+    ids = sorted({(m.message_id().ledger_id(), m.message_id().entry_id()) for m in messages})
+    (ledger_id, first), (_, last) = ids[0], ids[-1]
+    assert len(ids) == last - first + 1
+    return f"[({ledger_id}:{first - 1}..{ledger_id}:{last}]]"
+
+
+@pytest.mark.parametrize("batched", BATCHING)
+def test_acks_of_a_read_compacted_consumer_survive_a_killed_compactd_serve(tmp_path: Path, batched: bool) -> None:
+    """Issue 10: 500 messages over 20 keys, compacted over REST; a read-compacted consumer
+    with batch-index acks acknowledges the 20 it gets; internal stats show the ranges;
+    ``compactd serve`` is killed (SIGKILL) and started again on the same data dir: the
+    subscription's next consumer gets only the messages published after."""
+    topic = unique_topic("compacted-acks-serve")
+    serve = ServeProcess(tmp_path / "data", tmp_path / "serve.log")
+    try:
+        with httpx.Client(base_url=serve.http_url, timeout=30) as http:
+            client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10,
+                                   logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+            try:
+                publish(client, topic, batched=batched)
+                assert http.put(_admin_url(topic) + "/compaction").status_code == 204
+                wait_until("the compaction succeeds",
+                           lambda: http.get(_admin_url(topic) + "/compaction").json()["status"] == "SUCCESS")
+                consumer = subscribe(client, topic, True)
+                got = receive(consumer, KEYS)
+                for message in got:
+                    consumer.acknowledge(message)
+                expected = _acked_runs(got)
+                wait_until("internal stats show the acks", lambda: http.get(_admin_url(topic) + "/internalStats")
+                           .json()["cursors"]["sub"]["individuallyDeletedMessages"] == expected)
+            finally:
+                client.close()
+        serve.kill()
+        serve = ServeProcess(tmp_path / "data", tmp_path / "serve.log")
+        client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10,
+                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            consumer = subscribe(client, topic, True)
+            publish(client, topic, batched=batched, start=MESSAGES, count=3)
+            assert values(drain(consumer)) == ["v500", "v501", "v502"]
+        finally:
+            client.close()
+    finally:
+        serve.kill()
