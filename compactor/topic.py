@@ -12,11 +12,16 @@ Read-compacted dispatch (``read_compacted``, Pulsar's ``asyncReadCompactedEntrie
 1. the read position is ``EARLIEST`` on a consumer's first read when it started from the
    earliest message (the first-read-from-earliest rule: the managed ledger moves a new
    cursor to the first *existing* raw entry, which may lie past compacted data), else the
-   cursor's read position;
+   cursor's read position; a durable cursor that acknowledged nothing of the ledgers left
+   then moves its mark-delete position back before the compacted entries whose raw ledgers
+   were trimmed, so that its acks of them are kept (``compacted_successor`` names those
+   entries to the cursor);
 2. no view, or a read position after the horizon: read the raw topic;
-3. else read compacted entries at or after the read position; if there are none, move the
-   cursor to just after the horizon and read the raw topic; else move the cursor just past
-   the last entry returned.
+3. else read compacted entries at or after the read position, skipping those the cursor
+   holds as individually acknowledged (their positions are scattered over the raw topic, so
+   such acks rarely move the mark-delete position: without the skip a re-subscribe would
+   deliver them again); if there are none left, move the cursor to just after the horizon
+   and read the raw topic; else move the cursor just past the last entry read.
 """
 
 from __future__ import annotations
@@ -139,14 +144,41 @@ class CompactedTopic:
         """The next entries for a read-compacted ``cursor`` (see the module docstring)."""
         read_position = EARLIEST if first_read_from_earliest else cursor.read_position
         view = self.view
+        if first_read_from_earliest and view is not None:
+            self._retreat_before_trimmed(cursor, view)
         if view is not None and read_position <= view.horizon:
-            compacted = view.read_from(read_position, max_entries)
-            if compacted:
-                cursor.seek(Position(compacted[-1].position.ledger_id, compacted[-1].position.entry_id + 1), force=True)
-                return compacted
+            while compacted := view.read_from(read_position, max_entries):
+                last = compacted[-1].position
+                read_position = Position(last.ledger_id, last.entry_id + 1)
+                cursor.seek(read_position, force=True)
+                unacknowledged = [e for e in compacted if not cursor.is_individually_acknowledged(e.position)]
+                if unacknowledged:
+                    return unacknowledged
             after_horizon = self.ledger.next_valid_position(view.horizon)
             cursor.seek(max(after_horizon, read_position), force=True)
         return [CompactedEntry(entry.position, entry.data) for entry in cursor.read_entries(max_entries)]
+
+    def _retreat_before_trimmed(self, cursor: ManagedCursor, view: CompactedView) -> None:
+        """A durable cursor at the first ledger's start moves back before the view's first
+        entry when that entry's raw ledger was trimmed."""
+        if not cursor.durable or view.entries == 0 or cursor.mark_delete_position != self.ledger.first_position():
+            return
+        first = view.position_at(0)
+        if first < cursor.mark_delete_position:
+            cursor.retreat_into_trimmed(Position(first.ledger_id, first.entry_id - 1))
+
+    def trimmed_successor(self, position: Position) -> Position | None:
+        """The first compacted entry after ``position`` when its raw ledger was trimmed
+        (before the first ledger), else None: a read-compacted cursor's
+        ``compacted_successor``. None too when the topic has no view or a broken one."""
+        view = self._view
+        if view is None or self._missing_ledger_id is not None:
+            return None
+        index = view.find_start(Position(position.ledger_id, position.entry_id + 1))
+        if index is None:
+            return None
+        found = view.position_at(index)
+        return found if found.ledger_id < self.ledger.first_position().ledger_id else None
 
     def last_message_id(self) -> Position:
         """``get_last_message_id`` for a compacted reader (Pulsar's rules, reference §2.4):

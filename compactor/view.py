@@ -96,7 +96,8 @@ class CompactedView:
         """Compacted entries ``first_index..last_index`` (inclusive) of the ledger."""
         return [decode_compacted_entry(d) for d in self.store.read(self.ledger_id, first_index, last_index)]
 
-    def _position_at(self, index: int) -> Position:
+    def position_at(self, index: int) -> Position:
+        """The original position of compacted entry ``index`` (through the id cache)."""
         cached = self._ids.get(index)
         if cached is not None:
             self._ids.move_to_end(index)
@@ -114,7 +115,7 @@ class CompactedView:
         low, high = 0, self.entries
         while low < high:  # invariant: entries before low are < target, from high on ≥ target
             middle = (low + high) // 2
-            if self._position_at(middle) < target:
+            if self.position_at(middle) < target:
                 low = middle + 1
             else:
                 high = middle

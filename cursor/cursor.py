@@ -17,6 +17,11 @@ Behaviour follows Pulsar's ``ManagedCursorImpl`` (reference ``managed-ledger.md`
   ``reset`` without ``keep_properties`` clears them.
 * Durable cursors hold data against trimming and survive reopen; non-durable ones (readers)
   live in memory only.
+* A read-compacted subscription also reads compacted entries whose raw ledgers were
+  trimmed (they keep their original positions). Its ``compacted_successor`` names them:
+  they can then be acknowledged like entries, and MD stops at the first unacknowledged one
+  instead of crossing the trimmed prefix for free; ``retreat_into_trimmed`` puts the MD of
+  a subscription that consumed none of them back before them.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import enum
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from cursor.errors import InvalidMarkDeletePositionError, MarkDeleteBackwardsError
+from cursor.errors import CursorError, InvalidMarkDeletePositionError, MarkDeleteBackwardsError
 from cursor.ranges import AckedRanges
 from ledger.managed_ledger import Entry, ManagedLedger
 from ledger.metadata import CursorRecord
@@ -70,6 +75,9 @@ class ManagedCursor:
         self._acked = acked or AckedRanges()
         self.read_position = ledger.next_valid_position(self._mark_delete_position)
         self.messages_consumed_counter = 0
+        self.compacted_successor: Callable[[Position], Position | None] | None = None
+        """Read-compacted subscriptions: the first compacted entry after a position that lies
+        before the first ledger (its raw ledger trimmed), or None; unset for the others."""
 
     # -- construction ---------------------------------------------------------------
 
@@ -85,8 +93,9 @@ class ManagedCursor:
         """Recover durable cursor ``name``, or create it at ``initial_position``.
 
         ``initial_position`` only matters when the cursor is created. A recovered position
-        in a ledger that no longer exists moves to ``(next ledger, -1)``; one beyond the
-        last confirmed entry is clamped to it.
+        in a ledger that no longer exists moves to ``(next ledger, -1)`` unless it is before
+        every ledger left (trimmed: kept as is); one beyond the last confirmed entry is
+        clamped to it.
         """
         record = ledger.metadata.load_cursor(ledger.name, name)
         if record is None:
@@ -142,6 +151,39 @@ class ManagedCursor:
         """True when the entry at ``position`` is at or before MD or individually acked."""
         entry = position.entry_position()
         return entry <= self._mark_delete_position or entry in self._acked
+
+    def _in_trimmed_prefix(self, position: Position) -> bool:
+        """A position before the first ledger, in a ledger the topic trimmed."""
+        return position.ledger_id < self.ledger.first_position().ledger_id
+
+    def _next_position(self, position: Position) -> Position:
+        """The entry after ``position``: the managed ledger's, or a compacted entry in the
+        trimmed prefix before it (read-compacted subscriptions)."""
+        following = self.ledger.next_valid_position(position)
+        if self.compacted_successor is not None and self._in_trimmed_prefix(position):
+            compacted = self.compacted_successor(position)
+            if compacted is not None and compacted < following:
+                return compacted
+        return following
+
+    def previous_position(self, position: Position) -> Position:
+        """The entry before ``position``; in the trimmed prefix, the one before it in its
+        ledger (a read-compacted subscription's cumulative ack inside a compacted batch)."""
+        if self.compacted_successor is not None and self._in_trimmed_prefix(position):
+            return Position(position.ledger_id, position.entry_id - 1)
+        return self.ledger.previous_position(position)
+
+    def _acknowledgeable(self, position: Position) -> bool:
+        """An entry of the managed ledger, or (read-compacted) one in the trimmed prefix."""
+        if self.compacted_successor is not None and self._in_trimmed_prefix(position):
+            return position.entry_id >= 0
+        return self.ledger.is_valid_position(position)
+
+    def is_individually_acknowledged(self, position: Position) -> bool:
+        """True when the entry at ``position`` is in the individually acknowledged runs
+        after MD (what a read-compacted reader, which walks compacted positions the
+        cursor does not read itself, must skip)."""
+        return position.entry_position() in self._acked
 
     # -- reading --------------------------------------------------------------------
 
@@ -204,11 +246,25 @@ class ManagedCursor:
         acked = self._acked.copy()
         added = False
         for entry in entries:
-            if not self.is_acknowledged(entry) and self.ledger.is_valid_position(entry):
+            if not self.is_acknowledged(entry) and self._acknowledgeable(entry):
                 acked.add(entry)
                 added = True
         if added:  # nothing new must not move the read position (a read-compacted reader's)
             self._apply(self._mark_delete_position, acked, self._properties)
+
+    def retreat_into_trimmed(self, position: Position) -> None:
+        """Move MD back to ``position``, before the first ledger, keeping acknowledgements
+        and properties: a read-compacted subscription that acknowledged nothing of the
+        ledgers left (MD at the first ledger's start) consumed none of the compacted entries
+        whose raw ledgers were trimmed; this makes MD say so. Persisted first."""
+        if self._mark_delete_position != self.ledger.first_position() or not self._in_trimmed_prefix(position):
+            raise CursorError(
+                f"cursor {self.name}: cannot move MD {self._mark_delete_position} back to {position}",
+                topic=self.ledger.name, cursor=self.name,
+            )
+        position = position.entry_position()
+        self._persist(position, self._acked, self._properties)
+        self._mark_delete_position = position
 
     def reset(self, position: Position, *, keep_properties: bool = False) -> None:
         """Seek the subscription: the next read returns the first entry at or after
@@ -245,7 +301,7 @@ class ManagedCursor:
         """Advance MD over acknowledged runs, persist, and only then change memory."""
         before = self._mark_delete_position
         while True:
-            following = self.ledger.next_valid_position(position)
+            following = self._next_position(position)
             run = acked.run_containing(following)
             if following > self.ledger.last_confirmed_position() or run is None:
                 break
@@ -257,7 +313,7 @@ class ManagedCursor:
         self._acked = acked
         self._properties = dict(properties)
         if self.read_position <= position:
-            self.read_position = self.ledger.next_valid_position(position)
+            self.read_position = self._next_position(position)
 
     def _persist(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> None:
         """Write ``(MD, ranges, properties)`` in one transaction (durable cursors only)."""
@@ -275,13 +331,13 @@ class ManagedCursor:
     def backlog_entries(self) -> int:
         """Entries after MD up to the last confirmed one, less those acknowledged."""
         last = self.ledger.last_confirmed_position()
-        md = self._mark_delete_position
+        md = max(self._mark_delete_position, self.ledger.first_position())  # the trimmed prefix holds none
         return self.ledger.entries_between(md, last) - self._acked.count_between(md, last)
 
     def entries_to_read(self) -> int:
         """Unacknowledged entries from the read position to the last confirmed one."""
         last = self.ledger.last_confirmed_position()
-        before_read = self.ledger.previous_position(self.read_position)
+        before_read = max(self.ledger.previous_position(self.read_position), self.ledger.first_position())
         return self.ledger.entries_between(before_read, last) - self._acked.count_between(before_read, last)
 
     def estimated_backlog_bytes(self) -> int:
@@ -295,12 +351,17 @@ class ManagedCursor:
 
 
 def _clamp_recovered(ledger: ManagedLedger, position: Position) -> Position:
-    """A recovered MD must reference a ledger in the list, and not pass the last entry."""
+    """A recovered MD must not pass the last entry, and one in a ledger that left the list
+    moves to ``(next ledger, -1)`` — unless every ledger left is after it (the trimmed
+    prefix): it is kept there, as it still precedes every entry, and ``(next ledger, -1)``
+    would read as a cursor that never acknowledged anything, which a read-compacted
+    subscription takes as "read the compacted view from the earliest" (whose entries keep
+    their positions in trimmed ledgers), delivering everything it consumed again."""
     last = ledger.last_confirmed_position()
     if position > last:
         return last
     ledger_ids = [record.ledger_id for record in ledger.ledger_list()]
-    if position.ledger_id in ledger_ids:
+    if position.ledger_id in ledger_ids or all(ledger_id > position.ledger_id for ledger_id in ledger_ids):
         return position
     later = [ledger_id for ledger_id in ledger_ids if ledger_id > position.ledger_id]
     return Position(later[0], -1) if later else ledger.first_position()

@@ -16,7 +16,10 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
   consumer starts again from the mark-delete position.
 * **Read-compacted** subscriptions (Exclusive and Failover only) read through the topic's
   compacted view (``CompactedTopic.read_compacted``), then the raw tail; batches from the
-  compacted ledger carry the surviving-slot mask (``ack_set``).
+  compacted ledger carry the surviving-slot mask (``ack_set``). Their acks are kept like
+  any other: compacted entries already acknowledged are skipped, and the cursor counts
+  compacted entries whose raw ledgers were trimmed as entries (``compacted_successor``),
+  so a re-subscribe or a restart delivers exactly what was not acknowledged.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ class Subscription:
         self.cursor = cursor
         self.compacted = compacted
         self.sub_type = sub_type
+        self._read_compacted = False
         self.read_compacted = read_compacted
         self.first_read_from_earliest = first_read_from_earliest
         self.consumers: list[Consumer] = []
@@ -131,6 +135,18 @@ class Subscription:
         self._masks: dict[Position, tuple[int, ...]] = {}  # ack_set of compacted batches sent
         self._sought: Position | None = None  # read position a seek left for the re-subscribe
         self._round_robin = 0
+
+    @property
+    def read_compacted(self) -> bool:
+        """The consumers read the compacted view (the latest SUBSCRIBE says so)."""
+        return self._read_compacted
+
+    @read_compacted.setter
+    def read_compacted(self, value: bool) -> None:
+        """Reading compacted, the cursor also counts compacted entries whose raw ledgers
+        were trimmed as entries (its acks of them are kept; MD stops before them)."""
+        self._read_compacted = value
+        self.cursor.compacted_successor = self.compacted.trimmed_successor if value else None
 
     # -- consumers ----------------------------------------------------------------------
 
@@ -306,6 +322,7 @@ class Subscription:
                 self.first_read_from_earliest = True
             else:
                 self.cursor.seek(position.entry_position(), force=True)
+                self._retreat_before(position.entry_position())
         self._sought = None if self.first_read_from_earliest else self.cursor.read_position
         self._pending.clear()
         self._replay.clear()
@@ -314,3 +331,10 @@ class Subscription:
             consumer.disconnect()
         self.consumers.clear()
         self._active = None
+
+    def _retreat_before(self, target: Position) -> None:
+        """A seek to a compacted entry whose raw ledger was trimmed: MD (reset to the first
+        ledger's start) moves back to just before it, so acks from there on are kept."""
+        cursor, first = self.cursor, self.cursor.ledger.first_position()
+        if cursor.durable and target.ledger_id < first.ledger_id and cursor.mark_delete_position == first:
+            cursor.retreat_into_trimmed(Position(target.ledger_id, target.entry_id - 1))

@@ -423,7 +423,7 @@ class ServerConnection(asyncio.Protocol):
                 if partial and not cumulative:
                     continue  # Pulsar ignores partial batch acks (batch-index acks off)
                 if partial:  # cumulative inside a batch: everything before the batch
-                    position = subscription.cursor.ledger.previous_position(position)
+                    position = subscription.cursor.previous_position(position)
                 positions.append(position)
             if positions:
                 consumer.subscription.acknowledge(positions, cumulative=cumulative)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from cursor import (
+    CursorError,
     InitialPosition,
     InvalidMarkDeletePositionError,
     ManagedCursor,
@@ -186,7 +187,9 @@ def test_fault_between_mark_delete_and_properties_changes_neither(
     metadata.close()
 
 
-def test_recovered_md_in_a_trimmed_ledger_moves_to_the_next_ledger(store: LedgerStore, metadata: MetadataStore) -> None:
+def test_recovered_md_in_a_trimmed_ledger_stays_where_it_was(store: LedgerStore, metadata: MetadataStore) -> None:
+    """Not ``(next ledger, -1)``: that reads as "nothing acknowledged yet", which makes a
+    read-compacted subscription read the compacted view from the earliest again."""
     ml = _ml(store, metadata, per_ledger=2)
     slow = ManagedCursor.open_durable(ml, "slow", InitialPosition.EARLIEST)
     positions = _append(ml, 6)
@@ -194,6 +197,58 @@ def test_recovered_md_in_a_trimmed_ledger_moves_to_the_next_ledger(store: Ledger
     ml.trim()
     assert positions[0].ledger_id not in [r.ledger_id for r in ml.ledger_list()]
     recovered = ManagedCursor.open_durable(_ml(store, metadata, per_ledger=2), "slow")
-    assert recovered.mark_delete_position in (positions[1], Position(positions[2].ledger_id, -1))
+    assert recovered.mark_delete_position == positions[1]
     assert [e.position for e in recovered.read_entries(10)] == positions[2:]
     assert recovered.backlog_entries() == 4
+
+
+def _trimmed_prefix(store: LedgerStore, metadata: MetadataStore) -> tuple[ManagedLedger, list[Position], list[Position]]:
+    """Six entries in two ledgers of three, the first trimmed; returns the ledger, the
+    trimmed positions and the live ones."""
+    ml = _ml(store, metadata)
+    holder = ManagedCursor.open_durable(ml, "holder", InitialPosition.EARLIEST)
+    positions = _append(ml, 6)
+    holder.mark_delete(positions[2])
+    assert ml.trim() == [positions[0].ledger_id]
+    return ml, positions[:3], positions[3:]
+
+
+def test_a_read_compacted_cursor_keeps_acks_of_trimmed_compacted_entries(
+    store: LedgerStore, metadata: MetadataStore,
+) -> None:
+    """With ``compacted_successor`` naming trimmed entries 0 and 2 (compacted), MD moved back
+    before them stops at the first unacknowledged one — acknowledging a live entry does not
+    cross them — and the acks survive a reopen; the backlog counts live entries only."""
+    ml, trimmed, live = _trimmed_prefix(store, metadata)
+    compacted = [trimmed[0], trimmed[2]]
+
+    def successor(position: Position) -> Position | None:
+        return next((p for p in compacted if p > position), None)
+
+    cursor = ManagedCursor.open_durable(ml, "rc", InitialPosition.EARLIEST)
+    cursor.compacted_successor = successor
+    cursor.retreat_into_trimmed(Position(trimmed[0].ledger_id, -1))
+    cursor.delete([trimmed[2], live[0]])
+    assert cursor.mark_delete_position == Position(trimmed[0].ledger_id, -1)  # trimmed[0] is not acked
+    assert cursor.backlog_entries() == 2
+
+    recovered = ManagedCursor.open_durable(_ml(store, metadata), "rc")
+    recovered.compacted_successor = successor
+    assert recovered.mark_delete_position == Position(trimmed[0].ledger_id, -1)
+    assert recovered.is_individually_acknowledged(trimmed[2]) and recovered.is_acknowledged(live[0])
+    recovered.delete([trimmed[0]])
+    assert recovered.mark_delete_position == live[0]
+
+
+def test_without_compacted_successor_trimmed_positions_are_not_acknowledgeable(
+    store: LedgerStore, metadata: MetadataStore,
+) -> None:
+    ml, trimmed, live = _trimmed_prefix(store, metadata)
+    cursor = ManagedCursor.open_durable(ml, "plain", InitialPosition.EARLIEST)
+    cursor.delete([trimmed[1]])
+    assert len(cursor.acked_ranges) == 0
+    with pytest.raises(CursorError):
+        cursor.retreat_into_trimmed(live[0])  # not in the trimmed prefix
+    cursor.delete([live[0]])
+    with pytest.raises(CursorError):
+        cursor.retreat_into_trimmed(Position(trimmed[0].ledger_id, -1))  # MD left the first ledger's start

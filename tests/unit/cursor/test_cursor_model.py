@@ -20,8 +20,9 @@ The model (reference ``managed-ledger.md`` §2-§3) is stated over positions, no
 * reset to ``target``: the read position is the first live position at or after
   ``target`` (EARLIEST: the first; LATEST or past the last confirmed entry: the end), MD
   is the live position before it, else ``(first ledger, -1)``; acks are forgotten.
-* reopen: MD in a ledger that left the list moves to ``(next ledger, -1)``, then MD past
-  the last confirmed position is clamped to it (Pulsar's ``recoveredCursor``).
+* reopen: MD in a ledger that left the list moves to ``(next ledger, -1)`` unless no
+  ledger left is before it (a trimmed prefix: it stays), then MD past the last confirmed
+  position is clamped to it (Pulsar's ``recoveredCursor``).
 * trim: every sealed ledger, except the current one, whose last entry is at or before MD
   (retention 0/0: delete as soon as consumed).
 * a read returns the first live, unacknowledged positions after both MD and the last
@@ -173,7 +174,7 @@ class CursorModel:
             ledger.sealed = True
         self.new_current(new_ledger_id)
         md = self.mark_delete_position
-        if md.ledger_id not in self.ledgers:
+        if md.ledger_id not in self.ledgers and md.ledger_id > min(self.ledgers):
             later = [ledger_id for ledger_id in self.ledgers if ledger_id > md.ledger_id]
             if later:
                 md = Position(min(later), -1)

@@ -213,12 +213,19 @@ class Client:
         self.harness = harness
         self.cursor = cursor
         self.read_compacted = read_compacted
+        self._attach(cursor)
         self.from_earliest = from_earliest
         self.receiver_queue = receiver_queue
         self._first_read = True
         self._buffer: deque[Received] = deque()
         self.last_received: Position | None = None
         self.dispatches: list[list[CompactedEntry]] = []
+
+    def _attach(self, cursor: ManagedCursor) -> None:
+        """Read compacted, the cursor counts compacted entries of trimmed ledgers as entries
+        (as the broker's ``Subscription`` sets it up), on the topic as currently loaded."""
+        if self.read_compacted:
+            cursor.compacted_successor = lambda position: self.harness.topic.trimmed_successor(position)
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -304,9 +311,15 @@ class Client:
 
     def reconnect(self) -> None:
         """The consumer reconnects (after an unload): its durable cursor is recovered from the
-        metadata store, unacknowledged messages are redelivered, the buffer is cleared."""
+        metadata store, unacknowledged messages are redelivered (read compacted: from the
+        entry after the mark-delete position, which may be in the compacted view), the
+        buffer is cleared."""
         assert self.cursor.durable, "a reader reconnect is not modelled"
         self.cursor = ManagedCursor.open_durable(self.harness.ml, self.cursor.name)
+        self._attach(self.cursor)
+        if self.read_compacted:  # as the broker rewinds a read-compacted subscription (#21187)
+            md = self.cursor.mark_delete_position
+            self.cursor.seek(Position(md.ledger_id, md.entry_id + 1), force=True)
         self._buffer.clear()
         self._first_read = True
 

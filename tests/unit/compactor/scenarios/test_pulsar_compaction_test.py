@@ -635,11 +635,6 @@ def test_testCompactionWithTTL(make: MakeHarness) -> None:
     assert [m.text for m in consumer.receive_all()] == ["V3", "V4", "V5"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation: acks of compacted messages whose raw ledgers were trimmed are "
-    "not durable (the cursor drops positions in deleted ledgers); Pulsar keeps them (#21187)",
-)
 def test_testAcknowledgeWithReconnection(make: MakeHarness) -> None:
     """§6.1 #39 testAcknowledgeWithReconnection: raw trimmed; read+ack 5, reconnect, read the other 5; then K:V; MD == LAC."""
     h = make()
