@@ -12,6 +12,9 @@ the files' lifecycle and durability:
   without a sync.
 * A ledger is loaded lazily, on first use: its file is scanned, and in a writable store a
   torn or corrupt tail is truncated (and synced) before anything is served.
+* ``read`` checks every record it returns against its CRC32C again (a sealed ledger is
+  read for years after its scan): a record whose bytes changed raises
+  ``CorruptEntryError`` for that read and is never served.
 * ``close`` flushes what is pending, then writes and syncs the SEAL record.
 * ``read_only=True`` opens the directory without owning it (no lock, no truncation, no
   writes): another process can read sealed ledgers, and the intact prefix of open ones,
@@ -31,6 +34,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ledger.errors import (
+    CorruptEntryError,
+    CorruptLedgerError,
     LedgerError,
     LedgerFencedError,
     LedgerIOError,
@@ -47,6 +52,7 @@ from ledger.storage.record import (
     encode_meta,
     encode_record,
     encode_seal,
+    entry_payload,
     scan,
 )
 
@@ -176,11 +182,7 @@ class FileLedgerStore:
             self._release(ledger)
         if len(block) != stop - start:
             raise LedgerIOError(f"ledger {ledger_id}: short read", ledger_id=ledger_id)
-        view = memoryview(block)
-        return [
-            bytes(view[offset - start + HEADER.size : offset - start + HEADER.size + length])
-            for offset, length in zip(offsets, lengths, strict=True)
-        ]
+        return _verified_entries(ledger_id, first_entry_id, block, start, offsets, lengths)
 
     def close(self, ledger_id: int) -> None:
         self._check_writable()
@@ -350,10 +352,17 @@ class FileLedgerStore:
             fd = os.open(path, os.O_RDONLY if self.read_only else os.O_RDWR)
         except FileNotFoundError:
             raise LedgerNotFoundError(f"no ledger {ledger_id}", ledger_id=ledger_id) from None
-        scanned = _scan_fd(fd, path)
+        try:
+            scanned = _scan_fd(fd, path)
+        except CorruptLedgerError:
+            os.close(fd)
+            raise
         if not scanned.valid or scanned.ledger_id != ledger_id:
             os.close(fd)
             raise LedgerNotFoundError(f"{path} holds no intact ledger", ledger_id=ledger_id)
+        if scanned.damaged_entries:
+            log.error("ledger %d: entries %s fail their CRC32C check; reads of them will fail",
+                      ledger_id, scanned.damaged_entries)
         if scanned.has_tail and not self.read_only:
             log.warning(
                 "ledger %d: truncating %d bytes of torn or corrupt tail at offset %d",
@@ -418,16 +427,40 @@ class FileLedgerStore:
         return os.path.join(self.root, f"{ledger_id:020d}{_SUFFIX}")
 
 
+def _verified_entries(
+    ledger_id: int, first_entry_id: int, block: bytes, start: int,
+    offsets: Sequence[int], lengths: Sequence[int],
+) -> list[bytes]:
+    """The payloads of the records in ``block`` (read from file offset ``start``), each
+    checked against its CRC32C; ``CorruptEntryError`` names the first that fails."""
+    view = memoryview(block)
+    entries = []
+    for entry_id, (offset, length) in enumerate(zip(offsets, lengths, strict=True), first_entry_id):
+        payload = entry_payload(view, offset - start, length)
+        if payload is None:
+            raise CorruptEntryError(
+                f"ledger {ledger_id}: entry {entry_id} fails its CRC32C check; it is not served",
+                ledger_id=ledger_id, entry_id=entry_id,
+            )
+        entries.append(bytes(payload))
+    return entries
+
+
 def _scan_fd(fd: int, path: str) -> ScanResult:
     size = os.fstat(fd).st_size
     if size == 0:
         return ScanResult()
+    failure: CorruptLedgerError | None = None
     with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
         view = memoryview(mapped)
         try:
             return scan(view, path)
+        except CorruptLedgerError as error:  # its traceback's frames hold views of the mapping
+            failure = error.with_traceback(None)
         finally:
             view.release()
+    assert failure is not None
+    raise failure
 
 
 def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
