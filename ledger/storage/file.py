@@ -15,7 +15,9 @@ the files' lifecycle and durability:
 * ``read`` checks every record it returns against its CRC32C again (a sealed ledger is
   read for years after its scan): a record whose bytes changed raises
   ``CorruptEntryError`` for that read and is never served.
-* ``close`` flushes what is pending, then writes and syncs the SEAL record.
+* ``close`` flushes what is pending, then writes and syncs the SEAL record. A ledger fenced
+  by a failed write is first cut back to its last durable entry (``last_add_confirmed``):
+  what the failed appends left in the file is truncated, never sealed in.
 * ``read_only=True`` opens the directory without owning it (no lock, no truncation, no
   writes): another process can read sealed ledgers, and the intact prefix of open ones,
   while the owning broker keeps appending to other ledgers.
@@ -24,6 +26,7 @@ the files' lifecycle and durability:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import mmap
 import os
@@ -110,18 +113,14 @@ class FileLedgerStore:
     def create(self, metadata: Mapping[str, str] | None = None) -> int:
         self._check_writable()
         with self._lock:
-            ledger_id = self._next_ledger_id()
+            try:
+                ledger_id = self._next_ledger_id()
+            except OSError as error:
+                raise LedgerIOError(f"ledger store {self.root}: cannot allocate a ledger id: {error}") from error
             path = self._path(ledger_id)
             created_at_ms = int(time.time() * 1000)
             header = encode_meta(ledger_id, created_at_ms, dict(metadata or {}))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_all(fd, header)
-                os.fsync(fd)
-            except OSError:
-                os.close(fd)
-                raise
-            _fsync_dir(self.root)
+            fd = _create_file(path, header, ledger_id)
             scanned = ScanResult(
                 ledger_id=ledger_id,
                 created_at_ms=created_at_ms,
@@ -190,28 +189,53 @@ class FileLedgerStore:
             ledger = self._load(ledger_id)
             if ledger.sealed:
                 return
-            if ledger.failed:
-                raise LedgerFencedError(f"ledger {ledger_id} failed", ledger_id=ledger_id)
             ledger.users += 1
         try:
             with ledger.io_lock:
                 self._flush_pending(ledger)
-                with self._lock:
-                    if ledger.sealed:
-                        return
-                    seal = encode_seal(len(ledger.scanned.entry_offsets), ledger.scanned.size_bytes)
-                    ledger.sealed = True
-                try:
-                    _write_all(ledger.fd, seal, ledger.end)
-                    os.fsync(ledger.fd)
-                except OSError as error:
-                    self._fail(ledger, [], error)
-                    raise LedgerIOError(f"ledger {ledger_id}: seal failed: {error}") from error
-                with self._lock:
-                    ledger.end += len(seal)
-                    ledger.scanned.sealed = True
+                self._write_seal(ledger)
         finally:
             self._release(ledger)
+
+    def _write_seal(self, ledger: _FileLedger) -> None:
+        """Seal ``ledger`` after its last confirmed entry; the caller holds ``io_lock`` and
+        has flushed. A failed ledger is cut back to its last durable entry first (what its
+        failed appends left is never kept). If the seal cannot be written the ledger stays
+        failed and open, and a later ``close`` tries again."""
+        with self._lock:
+            if ledger.sealed:
+                return
+            ledger.sealed = True  # no append slips in between the flush and the seal
+            cut = ledger.failed
+            if cut:
+                self._drop_unconfirmed(ledger)
+            seal = encode_seal(len(ledger.scanned.entry_offsets), ledger.scanned.size_bytes)
+        try:
+            if cut:
+                os.ftruncate(ledger.fd, ledger.end)
+            _write_all(ledger.fd, seal, ledger.end)
+            os.fsync(ledger.fd)
+        except OSError as error:
+            with self._lock:
+                ledger.sealed = False
+            self._fail(ledger, [], error)
+            raise LedgerIOError(f"ledger {ledger.ledger_id}: seal failed: {error}",
+                                ledger_id=ledger.ledger_id) from error
+        with self._lock:
+            ledger.end += len(seal)
+            ledger.failed = False
+            ledger.scanned.sealed = True
+
+    @staticmethod
+    def _drop_unconfirmed(ledger: _FileLedger) -> None:
+        """Forget the entries after ``last_add_confirmed``; the caller holds ``_lock``."""
+        keep = ledger.last_add_confirmed + 1
+        offsets, lengths = ledger.scanned.entry_offsets, ledger.scanned.entry_lengths
+        if len(offsets) > keep:
+            ledger.end = offsets[keep]
+            del offsets[keep:]
+            del lengths[keep:]
+            ledger.scanned.size_bytes = sum(lengths)
 
     def delete(self, ledger_id: int) -> None:
         self._check_writable()
@@ -317,13 +341,17 @@ class FileLedgerStore:
 
     def _write_inline(self, ledger: _FileLedger, record: bytes, entry_id: int) -> None:
         """ALWAYS/NONE: write (and for ALWAYS sync) one record; the caller holds io_lock."""
+        with self._lock:
+            if ledger.failed:  # an earlier append failed while this one waited for io_lock
+                raise LedgerFencedError(f"ledger {ledger.ledger_id} failed a write and is fenced",
+                                        ledger_id=ledger.ledger_id)
         try:
             _write_all(ledger.fd, record, ledger.scanned.entry_offsets[entry_id])
             if self.sync is SyncPolicy.ALWAYS:
                 os.fdatasync(ledger.fd)
         except OSError as error:
             self._fail(ledger, [], error)
-            raise LedgerIOError(f"ledger {ledger.ledger_id}: {error}") from error
+            raise LedgerIOError(f"ledger {ledger.ledger_id}: {error}", ledger_id=ledger.ledger_id) from error
         with self._lock:
             ledger.last_add_confirmed = entry_id
 
@@ -461,6 +489,25 @@ def _scan_fd(fd: int, path: str) -> ScanResult:
             view.release()
     assert failure is not None
     raise failure
+
+
+def _create_file(path: str, header: bytes, ledger_id: int) -> int:
+    """Create the ledger file holding ``header``, durably (file and directory); its fd.
+    ``LedgerIOError`` (and no file left behind) when the disk refuses."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as error:
+        raise LedgerIOError(f"ledger {ledger_id}: cannot create {path}: {error}", ledger_id=ledger_id) from error
+    try:
+        _write_all(fd, header)
+        os.fsync(fd)
+        _fsync_dir(os.path.dirname(path))
+    except OSError as error:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise LedgerIOError(f"ledger {ledger_id}: cannot create {path}: {error}", ledger_id=ledger_id) from error
+    return fd
 
 
 def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
