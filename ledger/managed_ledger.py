@@ -234,7 +234,7 @@ class ManagedLedger:
         current = self._current()
         if current.failed and not current.closed_at_ms:
             self._seal(current)
-            log.warning("topic %s: ledger %d failed a write; sealed at %d entries, rolling over",
+            log.warning("topic %s: ledger %d failed; sealed at %d entries, rolling over",
                         self.name, current.ledger_id, current.entries)
         if current.closed_at_ms:
             self._create_ledger()
