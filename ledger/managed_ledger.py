@@ -177,7 +177,7 @@ class ManagedLedger:
         now_ms = self._now_ms()
         try:
             self.metadata.add_ledger(self.name, ledger_id, role="data", created_at_ms=now_ms)
-        except BaseException:
+        except MetadataError:
             self._delete_quietly(ledger_id)  # never referenced: nobody can miss it
             raise
         self._ledgers.append(_Ledger(ledger_id, 0, 0, now_ms, 0))
