@@ -11,6 +11,12 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   entries or ``max_size_per_ledger_bytes`` bytes (and is older than
   ``min_rollover_time_ms``), that ledger is sealed and a new one is created: a full ledger
   holds exactly the entries up to and including the one that filled it.
+* **A failed write** (Pulsar's answer to a BookKeeper write error): the append's future
+  fails with ``LedgerIOError``, and so do the appends in flight behind it; none is ever
+  reported durable unless it is. The next append seals the failed ledger at its last
+  durable entry (an empty one leaves the list) and goes to a new ledger. When that cannot
+  be done yet (the disk is still full), that append fails the same way and the next one
+  tries again: the topic recovers by itself once the store works.
 * **Last confirmed position**: the last durable entry of the current ledger, else the last
   entry of the nearest non-empty earlier ledger, else ``(first ledger, -1)``.
 * **Reads** go forward from any position across ledgers, skipping missing (trimmed) and
@@ -216,16 +222,18 @@ class ManagedLedger:
 
     def _submit(self, data: bytes) -> tuple[_Ledger, Future[int]]:
         """Hand ``data`` to the current ledger, first rolling past a failed one."""
-        current = self._writable_ledger()
-        try:
-            return current, self.store.append(current.ledger_id, data)
-        except LedgerFencedError:  # fenced by a failure whose appends have not reported yet
-            current.failed = True
-        except LedgerIOError:  # the write failed at call time: this entry is not stored
-            current.failed = True
-            raise
-        current = self._writable_ledger()
-        return current, self.store.append(current.ledger_id, data)
+        for attempt in range(2):
+            current = self._writable_ledger()
+            try:
+                return current, self.store.append(current.ledger_id, data)
+            except LedgerFencedError:  # fenced by a failure whose appends have not reported yet
+                current.failed = True
+                if attempt:
+                    raise
+            except LedgerIOError:  # the write failed at call time: this entry is not stored
+                current.failed = True
+                raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _writable_ledger(self) -> _Ledger:
         """The current ledger, once it accepts appends (Pulsar's answer to a BookKeeper
