@@ -46,7 +46,7 @@ def _check_counts_against_reads(ml: ManagedLedger, store: FileLedgerStore) -> No
 
 
 @pytest.mark.usefixtures("frequent_thread_switches")
-@pytest.mark.parametrize("max_entries_per_ledger", [3, 40])
+@pytest.mark.parametrize("max_entries_per_ledger", [3, 40, 200])
 def test_confirmed_counts_are_exact_under_concurrent_appends_and_roll_overs(
     tmp_path: Path, max_entries_per_ledger: int
 ) -> None:
@@ -105,5 +105,23 @@ def test_confirmed_counts_are_exact_under_concurrent_appends_and_roll_overs(
             sum(1 for p in acknowledged if p.ledger_id == record.ledger_id), by_ledger[record.ledger_id])
     _check_counts_against_reads(ml, store)
     ml.close()
+    store.shutdown()
+    metadata.close()
+
+
+def test_a_listener_sees_entries_and_bytes_of_the_same_confirmed_entries(tmp_path: Path) -> None:
+    """A group commit confirms many entries at once; while their completions are handed
+    out one by one, the counts never run ahead in entries and behind in bytes."""
+    store = FileLedgerStore(str(tmp_path / "ledgers"), sync=SyncPolicy.GROUP)
+    metadata = MetadataStore(str(tmp_path / "metadata.db"))
+    ml = ManagedLedger.open(TOPIC, store, metadata)
+    seen: list[tuple[int, int]] = []
+    ml.add_listener(lambda position: seen.append((ml.number_of_entries, ml.total_size)))
+    futures = [ml.append(b"x" * (i + 1)) for i in range(200)]
+    for future in futures:
+        future.result(timeout=10)
+    assert len(seen) == 200
+    for entries, size in seen:
+        assert size == sum(range(1, entries + 1)), (entries, size)
     store.shutdown()
     metadata.close()
