@@ -32,6 +32,7 @@ confirm the result, and the entry is listed in ``damaged_entries``; nothing is t
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import struct
 from array import array
@@ -95,13 +96,18 @@ def entry_payload(view: memoryview, offset: int, length: int) -> memoryview | No
 
     The CRC is computed over ``view`` in place; nothing is copied.
     """
-    stored_length, crc, kind = HEADER.unpack_from(view, offset)
-    payload = view[offset + HEADER.size : offset + HEADER.size + length]
-    if stored_length != length or kind != RecordKind.ENTRY or len(payload) != length:
-        return None
-    if crc32c.crc32c(payload, crc32c.crc32c(_CRC_PREFIX.pack(kind, length))) != crc:
+    start = offset + HEADER.size
+    payload = view[start : start + length]
+    crc = crc32c.crc32c(payload, _entry_prefix_crc(length))
+    if len(payload) != length or HEADER.unpack_from(view, offset) != (length, crc, RecordKind.ENTRY):
         return None
     return payload
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry_prefix_crc(length: int) -> int:
+    """CRC32C of an ENTRY record's ``kind · length`` (entries of a topic share few lengths)."""
+    return int(crc32c.crc32c(_CRC_PREFIX.pack(RecordKind.ENTRY, length)))
 
 
 @dataclass
