@@ -246,8 +246,11 @@ class ManagedLedger:
                         self.name, current.ledger_id, current.entries)
         if current.closed_at_ms:
             self._create_ledger()
-            if current.entries == 0:  # an empty ledger never stays in the list
-                self._remove_empty(current)
+            if current.entries == 0:  # an empty ledger does not stay in the list
+                try:
+                    self._remove_empty(current)
+                except MetadataError as error:  # harmless: reads skip it, the next open drops it
+                    log.warning("topic %s: empty ledger %d stays listed: %s", self.name, current.ledger_id, error)
         return self._ledgers[-1]
 
     def _append_failure(self, error: LedgerError | MetadataError) -> LedgerError:

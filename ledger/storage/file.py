@@ -397,6 +397,8 @@ class FileLedgerStore:
             handle = self._handles.pin(ledger_id, path)
         except FileNotFoundError:
             raise LedgerNotFoundError(f"no ledger {ledger_id}", ledger_id=ledger_id) from None
+        except OSError as error:
+            raise LedgerIOError(f"ledger {ledger_id}: cannot open {path}: {error}", ledger_id=ledger_id) from error
         try:
             scanned = self._scan(ledger_id, path, handle.fd)
         except BaseException:
