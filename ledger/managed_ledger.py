@@ -122,6 +122,7 @@ class ManagedLedger:
         # thread, which may hold a ledger's I/O lock that a roll-over under ``_lock`` waits
         # for: so never ``_lock`` there, only this leaf lock, held for a few assignments.
         self._counts_lock = threading.Lock()
+        self._empty_ledgers: list[_Ledger] = []  # sealed, empty, still listed: to remove
         self._pending_entries = 0  # appended to the current ledger, durable or not
         self._pending_bytes = 0
         self._listeners: list[Callable[[Position], None]] = []
@@ -247,10 +248,15 @@ class ManagedLedger:
         if current.closed_at_ms:
             self._create_ledger()
             if current.entries == 0:  # an empty ledger does not stay in the list
-                try:
-                    self._remove_empty(current)
-                except MetadataError as error:  # harmless: reads skip it, the next open drops it
-                    log.warning("topic %s: empty ledger %d stays listed: %s", self.name, current.ledger_id, error)
+                self._empty_ledgers.append(current)
+        while self._empty_ledgers:  # harmless while listed (reads skip them): retried each append
+            try:
+                self._remove_empty(self._empty_ledgers[0])
+            except MetadataError as error:
+                log.warning("topic %s: empty ledger %d stays listed for now: %s",
+                            self.name, self._empty_ledgers[0].ledger_id, error)
+                break
+            self._empty_ledgers.pop(0)
         return self._ledgers[-1]
 
     def _append_failure(self, error: LedgerError | MetadataError) -> LedgerError:
@@ -320,7 +326,8 @@ class ManagedLedger:
     def _remove_empty(self, ledger: _Ledger) -> None:
         """Drop an empty, sealed ledger: reference first, then data."""
         self.metadata.remove_ledgers([ledger.ledger_id])
-        self._ledgers.remove(ledger)
+        if ledger in self._ledgers:  # trimming may have dropped it already
+            self._ledgers.remove(ledger)
         self._delete_quietly(ledger.ledger_id)
 
     def _delete_quietly(self, ledger_id: int) -> None:

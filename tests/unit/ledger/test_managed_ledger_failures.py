@@ -141,10 +141,12 @@ class Topic:
 
 
 def assert_consistent(
-    ml: ManagedLedger, store: LedgerStore, metadata: MetadataStore, acknowledged: list[tuple[Position, bytes]]
+    ml: ManagedLedger, store: LedgerStore, metadata: MetadataStore, acknowledged: list[tuple[Position, bytes]],
+    *, empty_allowed: bool = False,
 ) -> None:
     """Reads return exactly what was acknowledged, where it was acknowledged; the ledger
-    list, the ledger store and the metadata rows agree."""
+    list, the ledger store and the metadata rows agree. ``empty_allowed``: an empty sealed
+    ledger may stay listed while the metadata refuses to drop it."""
     read = [(entry.position, entry.data) for entry in ml.read_entries(ml.first_position(), 10_000)]
     assert read == acknowledged
     assert ml.number_of_entries == len(acknowledged)
@@ -156,7 +158,7 @@ def assert_consistent(
     assert [record.ledger_id for record in listed] == sorted(rows)
     for record in listed[:-1]:  # every ledger but the current one: sealed, never empty
         info = store.info(record.ledger_id)
-        assert record.entries > 0 and info.sealed and record.closed_at_ms
+        assert (record.entries > 0 or empty_allowed) and info.sealed and record.closed_at_ms
         assert (info.entries, info.size_bytes) == (record.entries, record.size_bytes)
         assert (rows[record.ledger_id].entries, rows[record.ledger_id].size_bytes) == (
             record.entries, record.size_bytes)
@@ -280,22 +282,54 @@ def test_every_fail_point_fails_only_unacknowledged_appends_and_the_topic_recove
     topic.assert_consistent()
 
 
+class FaultyMetadata:
+    """A metadata store whose ledger-row writes fail on cue with the error a full database
+    gives (``MetadataError``); SQLite fails an UPDATE of a row in place only by chance."""
+
+    WRITES = ("add_ledger", "close_ledger", "remove_ledgers")
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self.inner = inner
+        self.failing: dict[str, int | None] = {}  # write -> failing calls left (None: until disarmed)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if name not in self.WRITES:
+            return method
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if name in self.failing:
+                left = self.failing[name]
+                if left is not None:
+                    if left <= 1:
+                        del self.failing[name]
+                    else:
+                        self.failing[name] = left - 1
+                raise MetadataError(f"injected: database or disk is full at {name}")
+            return method(*args, **kwargs)
+
+        return write
+
+
 class FailuresAgainstTheModel(RuleBasedStateMachine):
     """Random appends with faults armed at random calls of the ledger store (appends, the
-    seal and creation of a roll-over, deletes of empty ledgers), for one call or a while,
-    and restarts: after every step, exactly the acknowledged entries are readable and the
-    list, store and metadata agree; once the faults are gone, the next append succeeds."""
+    seal and creation of a roll-over, deletes of empty ledgers) and of the metadata's
+    ledger rows, for one call or a while, and restarts: after every step, exactly the
+    acknowledged entries are readable and the list, store and metadata agree; once the
+    faults are gone, the next append succeeds."""
 
     def __init__(self) -> None:
         super().__init__()
         self.backend = MemoryLedgerStore()
         self.store = FaultyLedgerStore(self.backend)
         self.metadata = MetadataStore(":memory:")
+        self.faulty_metadata = FaultyMetadata(self.metadata)
         self.ml = self._open()
         self.acknowledged: list[tuple[Position, bytes]] = []
 
     def _open(self) -> ManagedLedger:
-        return ManagedLedger.open(TOPIC, self.store, self.metadata, ManagedLedgerConfig(max_entries_per_ledger=3))
+        return ManagedLedger.open(TOPIC, self.store, self.faulty_metadata,  # type: ignore[arg-type]
+                                  ManagedLedgerConfig(max_entries_per_ledger=3))
 
     def teardown(self) -> None:
         self.metadata.close()
@@ -314,21 +348,30 @@ class FailuresAgainstTheModel(RuleBasedStateMachine):
     def arm_a_fault(self, operation: str, after: int, times: int | None) -> None:
         self.store.fail_on(operation, after=after, times=times)
 
+    @rule(write=st.sampled_from(FaultyMetadata.WRITES), times=st.sampled_from([1, 2, None]))
+    def arm_a_metadata_fault(self, write: str, times: int | None) -> None:
+        self.faulty_metadata.failing[write] = times
+
+    def disarm(self) -> None:
+        self.store.disarm()
+        self.faulty_metadata.failing.clear()
+
     @rule(data=st.binary(max_size=12))
     def recovers_once_the_store_works(self, data: bytes) -> None:
-        self.store.disarm()
+        self.disarm()
         position = self.ml.append(data).result(timeout=FUTURE_TIMEOUT_S)
         self.acknowledged.append((position, data))
+        assert_consistent(self.ml, self.backend, self.metadata, self.acknowledged)  # no empty ledger left
 
     @rule()
     def restart(self) -> None:
         """A crash and a restart: the log is exactly what was acknowledged."""
-        self.store.disarm()
+        self.disarm()
         self.ml = self._open()
 
     @invariant()
     def only_acknowledged_entries_are_readable(self) -> None:
-        assert_consistent(self.ml, self.backend, self.metadata, self.acknowledged)
+        assert_consistent(self.ml, self.backend, self.metadata, self.acknowledged, empty_allowed=True)
 
 
 def test_failures_at_random_calls_never_lose_or_invent_entries() -> None:
