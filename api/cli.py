@@ -87,6 +87,8 @@ MaxEntries = Annotated[str | None, _option(
     "managed_ledger_max_entries_per_ledger", "--managed-ledger-max-entries-per-ledger", "N")]
 MaxBytes = Annotated[str | None, _option(
     "managed_ledger_max_size_per_ledger_bytes", "--managed-ledger-max-size-per-ledger-bytes", "N")]
+MaxOpenLedgerFiles = Annotated[str | None, _option(
+    "max_open_ledger_files", "--max-open-ledger-files", "N")]
 AuthenticationEnabled = Annotated[bool | None, _option(
     "authentication_enabled", "--authentication-enabled/--no-authentication-enabled")]
 TokenSecretKey = Annotated[str | None, _option("token_secret_key", "--token-secret-key", "file:///PATH")]
@@ -126,6 +128,7 @@ def serve(  # one parameter per setting, each named as its key
     fsync: Fsync = None,
     managed_ledger_max_entries_per_ledger: MaxEntries = None,
     managed_ledger_max_size_per_ledger_bytes: MaxBytes = None,
+    max_open_ledger_files: MaxOpenLedgerFiles = None,
     authentication_enabled: AuthenticationEnabled = None,
     token_secret_key: TokenSecretKey = None, token_public_key: TokenPublicKey = None,
     super_user_roles: SuperUserRoles = None,

@@ -118,6 +118,10 @@ class Settings:
         50_000, "A topic's ledger rolls over after this many entries.", minimum=1)
     managed_ledger_max_size_per_ledger_bytes: int = _setting(
         2 * GIB, "A topic's ledger rolls over after this many bytes.", minimum=1)
+    # Far under the usual limit of 1,024 descriptors a process, which connections and SQLite share.
+    max_open_ledger_files: int = _setting(
+        256, "Ledger files kept open while idle; more are closed (least recently used first) "
+        "and reopened on demand.", minimum=1)
     authentication_enabled: bool = _setting(
         False, "Require a token on both ports (not supported yet).")
     token_secret_key: str | None = _setting(

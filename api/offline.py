@@ -92,7 +92,7 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
     path = settings.data_dir
     if not os.path.isfile(os.path.join(path, METADATA_FILE)):
         raise OfflineError(f"no compactd data dir at {os.path.abspath(path)} (no {METADATA_FILE})")
-    data_dir = DataDir.open(path, sync=SyncPolicy(settings.fsync))
+    data_dir = DataDir.open(path, sync=SyncPolicy(settings.fsync), max_open_files=settings.max_open_ledger_files)
     try:
         collect_orphans(data_dir)
         metadata = data_dir.metadata

@@ -128,7 +128,8 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
     stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_stop_on_signals(stop))
-        data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync))
+        data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync),
+                                max_open_files=settings.max_open_ledger_files)
         stack.callback(data_dir.close)
         collect_orphans(data_dir)
         broker = broker_factory(data_dir, settings)

@@ -6,6 +6,7 @@ Nothing in this package knows what a message is: entries are opaque bytes.
 from ledger.data_dir import DataDir
 from ledger.errors import (
     CompactionServiceError,
+    CorruptEntryError,
     CorruptLedgerError,
     DataDirLockedError,
     LedgerError,
@@ -36,6 +37,7 @@ __all__ = [
     "EARLIEST",
     "LATEST",
     "CompactionServiceError",
+    "CorruptEntryError",
     "CorruptLedgerError",
     "CursorRecord",
     "DataDir",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ledger.lock import DataDirLock
 from ledger.metadata import MetadataStore
 from ledger.storage.base import LedgerStore, SyncPolicy
-from ledger.storage.file import FileLedgerStore
+from ledger.storage.file import MAX_OPEN_FILES_DEFAULT, FileLedgerStore
 
 __all__ = ["DataDir"]
 
@@ -37,12 +37,16 @@ class DataDir:
     ledgers: LedgerStore
 
     @classmethod
-    def open(cls, path: str, *, sync: SyncPolicy = SyncPolicy.GROUP) -> DataDir:
-        """Lock ``path`` and open its stores; ``DataDirLockedError`` if another process has it."""
+    def open(
+        cls, path: str, *, sync: SyncPolicy = SyncPolicy.GROUP, max_open_files: int = MAX_OPEN_FILES_DEFAULT
+    ) -> DataDir:
+        """Lock ``path`` and open its stores; ``DataDirLockedError`` if another process has it.
+        ``max_open_files`` bounds the ledger files kept open while idle."""
         lock = DataDirLock.acquire(path)
         try:
             metadata = MetadataStore(os.path.join(lock.data_dir, "metadata.db"))
-            ledgers = FileLedgerStore(os.path.join(lock.data_dir, "ledgers"), sync=sync)
+            ledgers = FileLedgerStore(os.path.join(lock.data_dir, "ledgers"), sync=sync,
+                                      max_open_files=max_open_files)
         except BaseException:
             lock.release()
             raise

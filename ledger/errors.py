@@ -10,7 +10,8 @@ root and the ledger layer's errors::
     │   ├── LedgerFencedError               append through a writer that lost its ledger
     │   ├── PositionOutOfRangeError (IndexError)  read outside 0..last_add_confirmed
     │   ├── LedgerIOError (OSError)         the backend failed to write or sync (retriable)
-    │   └── CorruptLedgerError              a sealed ledger's data does not match its metadata
+    │   └── CorruptLedgerError              a ledger's stored data is damaged (not a torn tail)
+    │       └── CorruptEntryError           one entry's record fails its CRC32C when read
     ├── MetadataError                       the SQLite metadata store refused or failed
     │   └── SchemaVersionError              database written by a newer compactd
     └── DataDirLockedError                  another process holds the data dir
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "CompactionServiceError",
+    "CorruptEntryError",
     "CorruptLedgerError",
     "DataDirLockedError",
     "LedgerError",
@@ -77,6 +79,15 @@ class LedgerIOError(LedgerError, OSError):
 
 class CorruptLedgerError(LedgerError):
     """A ledger's stored data is damaged where it cannot be a torn tail."""
+
+
+class CorruptEntryError(CorruptLedgerError):
+    """Entry ``entry_id`` of ledger ``ledger_id`` fails its CRC32C when read: the bytes on
+    disk changed after they were confirmed. That read fails; the entry is never served."""
+
+    def __init__(self, message: str, *, ledger_id: int, entry_id: int) -> None:
+        super().__init__(message, ledger_id=ledger_id)
+        self.entry_id = entry_id
 
 
 class MetadataError(CompactionServiceError):

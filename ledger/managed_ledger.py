@@ -11,6 +11,12 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   entries or ``max_size_per_ledger_bytes`` bytes (and is older than
   ``min_rollover_time_ms``), that ledger is sealed and a new one is created: a full ledger
   holds exactly the entries up to and including the one that filled it.
+* **A failed write** (Pulsar's answer to a BookKeeper write error): the append's future
+  fails with ``LedgerIOError``, and so do the appends in flight behind it; none is ever
+  reported durable unless it is. The next append seals the failed ledger at its last
+  durable entry (an empty one leaves the list) and goes to a new ledger. When that cannot
+  be done yet (the disk is still full), that append fails the same way and the next one
+  tries again: the topic recovers by itself once the store works.
 * **Last confirmed position**: the last durable entry of the current ledger, else the last
   entry of the nearest non-empty earlier ledger, else ``(first ledger, -1)``.
 * **Reads** go forward from any position across ledgers, skipping missing (trimmed) and
@@ -31,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, LedgerFencedError, LedgerIOError, MetadataError
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
 from ledger.storage.base import LedgerStore
@@ -79,13 +85,19 @@ class Entry:
 
 @dataclass(slots=True)
 class _Ledger:
-    """A ledger of the list, as this process tracks it (current one: live counters)."""
+    """A ledger of the list, as this process tracks it.
+
+    ``entries`` and ``size_bytes`` count its confirmed (durable) entries: fixed once it is
+    closed, live while it is open (each completion adds its own entry, under the managed
+    ledger's ``_counts_lock``). ``failed`` is set when a write to it failed.
+    """
 
     ledger_id: int
     entries: int
     size_bytes: int
     created_at_ms: int
     closed_at_ms: int  # 0 while open
+    failed: bool = False
 
 
 class ManagedLedger:
@@ -106,7 +118,11 @@ class ManagedLedger:
         self._clock = clock
         self._lock = threading.RLock()
         self._ledgers: list[_Ledger] = []  # ascending ids; the last one is the current one
-        self._current_confirmed_bytes = 0
+        # Guards the live counts of open ledgers. Completions update them on the flusher
+        # thread, which may hold a ledger's I/O lock that a roll-over under ``_lock`` waits
+        # for: so never ``_lock`` there, only this leaf lock, held for a few assignments.
+        self._counts_lock = threading.Lock()
+        self._empty_ledgers: list[_Ledger] = []  # sealed, empty, still listed: to remove
         self._pending_entries = 0  # appended to the current ledger, durable or not
         self._pending_bytes = 0
         self._listeners: list[Callable[[Position], None]] = []
@@ -166,40 +182,104 @@ class ManagedLedger:
             {"application": "compactd", "component": "managed-ledger", "managed-ledger": self.name}
         )
         now_ms = self._now_ms()
-        self.metadata.add_ledger(self.name, ledger_id, role="data", created_at_ms=now_ms)
+        try:
+            self.metadata.add_ledger(self.name, ledger_id, role="data", created_at_ms=now_ms)
+        except MetadataError:
+            self._delete_quietly(ledger_id)  # never referenced: nobody can miss it
+            raise
         self._ledgers.append(_Ledger(ledger_id, 0, 0, now_ms, 0))
-        self._current_confirmed_bytes = 0
         self._pending_entries = 0
         self._pending_bytes = 0
 
     # -- writing ------------------------------------------------------------------------
 
     def append(self, data: bytes) -> Future[Position]:
-        """Append one entry; the future resolves to its position once it is durable."""
+        """Append one entry; the future resolves to its position once it is durable.
+
+        Every failure to store the entry comes through the future, never as a success:
+        ``LedgerIOError`` (retriable) when the write or its sync failed, or when the roll
+        past an earlier failed ledger (seal it, create the next) could not be done now —
+        the next append tries again, so the topic recovers by itself once the store works.
+        Appends in flight behind a failed one fail with it. Only a closed or deleted
+        managed ledger raises ``LedgerError`` at once.
+        """
+        outer: Future[Position] = Future()
         with self._lock:
             if self.closed:
                 raise LedgerError(f"managed ledger {self.name} is closed")
-            current = self._ledgers[-1]
-            inner = self.store.append(current.ledger_id, data)
+            try:
+                ledger, inner = self._submit(data)
+            except (LedgerError, MetadataError) as error:
+                outer.set_exception(self._append_failure(error))
+                return outer
             self._pending_entries += 1
             self._pending_bytes += len(data)
             self.entries_added_counter += 1
-            outer: Future[Position] = Future()
             size = len(data)
-            inner.add_done_callback(lambda done: self._on_durable(done, outer, current.ledger_id, size))
+            inner.add_done_callback(lambda done: self._on_durable(done, outer, ledger, size))
             if self._current_is_full():
-                self._roll_over()
-            return outer
+                self._roll_over_after_append()
+        return outer
 
-    def _on_durable(self, inner: Future[int], outer: Future[Position], ledger_id: int, size: int) -> None:
-        """An append's outcome arrived (possibly on the flusher thread)."""
+    def _submit(self, data: bytes) -> tuple[_Ledger, Future[int]]:
+        """Hand ``data`` to the current ledger, first rolling past a failed one."""
+        for attempt in range(2):
+            current = self._writable_ledger()
+            try:
+                return current, self.store.append(current.ledger_id, data)
+            except LedgerFencedError:  # fenced by a failure whose appends have not reported yet
+                current.failed = True
+                if attempt:
+                    raise
+            except LedgerIOError:  # the write failed at call time: this entry is not stored
+                current.failed = True
+                raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _writable_ledger(self) -> _Ledger:
+        """The current ledger, once it accepts appends (Pulsar's answer to a BookKeeper
+        write error): a failed one is sealed at its last durable entry, and a new one
+        created after a sealed one. Raises when the store or the metadata refuses."""
+        current = self._current()
+        if current.failed and not current.closed_at_ms:
+            self._seal(current)
+            log.warning("topic %s: ledger %d failed; sealed at %d entries, rolling over",
+                        self.name, current.ledger_id, current.entries)
+        if current.closed_at_ms:
+            self._create_ledger()
+            if current.entries == 0:  # an empty ledger does not stay in the list
+                self._empty_ledgers.append(current)
+        while self._empty_ledgers:  # harmless while listed (reads skip them): retried each append
+            try:
+                self._remove_empty(self._empty_ledgers[0])
+            except MetadataError as error:
+                log.warning("topic %s: empty ledger %d stays listed for now: %s",
+                            self.name, self._empty_ledgers[0].ledger_id, error)
+                break
+            self._empty_ledgers.pop(0)
+        return self._ledgers[-1]
+
+    def _append_failure(self, error: LedgerError | MetadataError) -> LedgerError:
+        if isinstance(error, LedgerError):
+            return error
+        failure = LedgerIOError(f"managed ledger {self.name}: cannot roll over: {error}")
+        failure.__cause__ = error
+        return failure
+
+    def _on_durable(self, inner: Future[int], outer: Future[Position], ledger: _Ledger, size: int) -> None:
+        """An append's outcome arrived (possibly on the flusher thread): count it in the
+        ledger it was written to, then tell the caller and the listeners."""
         error = inner.exception()
         if error is not None:
+            ledger.failed = True  # the store fenced it: the next append rolls past it
             outer.set_exception(error)
             return
-        position = Position(ledger_id, inner.result())
-        if self._ledgers and self._ledgers[-1].ledger_id == ledger_id:
-            self._current_confirmed_bytes += size
+        entry_id = inner.result()
+        with self._counts_lock:
+            if not ledger.closed_at_ms:  # a sealed ledger's counts come from the store
+                ledger.entries = max(ledger.entries, entry_id + 1)
+                ledger.size_bytes += size
+        position = Position(ledger.ledger_id, entry_id)
         outer.set_result(position)
         for listener in list(self._listeners):
             listener(position)
@@ -211,24 +291,51 @@ class ManagedLedger:
         old_enough = self._now_ms() - current.created_at_ms >= self.config.min_rollover_time_ms
         return full and old_enough
 
-    def _roll_over(self) -> None:
-        """Seal the current ledger (its pending appends become durable first), open another."""
-        self._seal_current()
-        self._create_ledger()
+    def _roll_over_after_append(self) -> None:
+        """Roll over; the append that filled the ledger is taken already, so a failure here
+        is not its failure: the ledger is marked, and the next append rolls over."""
+        try:
+            self._seal_current()
+            self._create_ledger()
+        except (LedgerError, MetadataError) as error:
+            log.warning("topic %s: roll-over failed, the next append retries it: %s", self.name, error)
+            if not self._ledgers[-1].closed_at_ms:
+                self._ledgers[-1].failed = True
 
     def _seal_current(self) -> None:
+        """Seal the current ledger (its pending appends become durable first); an empty
+        one leaves the list."""
         current = self._ledgers[-1]
-        self.store.close(current.ledger_id)
-        info = self.store.info(current.ledger_id)
-        current.entries, current.size_bytes = info.entries, info.size_bytes
-        current.closed_at_ms = self._now_ms()
-        if current.entries == 0:  # never keep an empty ledger in the list
-            self.metadata.remove_ledgers([current.ledger_id])
-            self.store.delete(current.ledger_id)
-            self._ledgers.pop()
+        if current.closed_at_ms:
             return
-        self.metadata.close_ledger(current.ledger_id, entries=current.entries,
-                                   size_bytes=current.size_bytes, closed_at_ms=current.closed_at_ms)
+        self._seal(current)
+        if current.entries == 0:  # never keep an empty ledger in the list
+            self._remove_empty(current)
+
+    def _seal(self, ledger: _Ledger) -> None:
+        """Seal ``ledger`` in the store (at its last durable entry), then record it closed."""
+        self.store.close(ledger.ledger_id)
+        info = self.store.info(ledger.ledger_id)
+        closed_at_ms = self._now_ms()
+        self.metadata.close_ledger(ledger.ledger_id, entries=info.entries,
+                                   size_bytes=info.size_bytes, closed_at_ms=closed_at_ms)
+        with self._counts_lock:
+            ledger.entries, ledger.size_bytes = info.entries, info.size_bytes
+            ledger.closed_at_ms = closed_at_ms
+
+    def _remove_empty(self, ledger: _Ledger) -> None:
+        """Drop an empty, sealed ledger: reference first, then data."""
+        self.metadata.remove_ledgers([ledger.ledger_id])
+        if ledger in self._ledgers:  # trimming may have dropped it already
+            self._ledgers.remove(ledger)
+        self._delete_quietly(ledger.ledger_id)
+
+    def _delete_quietly(self, ledger_id: int) -> None:
+        """Delete an unreferenced ledger; if that fails, start-up collects the orphan."""
+        try:
+            self.store.delete(ledger_id)
+        except (LedgerError, OSError) as error:
+            log.warning("topic %s: ledger %d left for orphan collection: %s", self.name, ledger_id, error)
 
     def add_listener(self, listener: Callable[[Position], None]) -> None:
         """Call ``listener(position)`` after each entry becomes durable (on any thread)."""
@@ -259,10 +366,9 @@ class ManagedLedger:
                             ledger.created_at_ms, ledger.closed_at_ms)
 
     def _counts(self, ledger: _Ledger) -> tuple[int, int]:
-        """(entries, bytes) confirmed in ``ledger``."""
-        if ledger.closed_at_ms or self.closed:
+        """(entries, bytes) confirmed in ``ledger``, as one consistent pair."""
+        with self._counts_lock:
             return ledger.entries, ledger.size_bytes
-        return self.store.last_add_confirmed(ledger.ledger_id) + 1, self._current_confirmed_bytes
 
     @property
     def current_ledger_id(self) -> int:

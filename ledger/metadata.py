@@ -26,6 +26,7 @@ start-up collects) but never leaves a reference to a deleted ledger.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -39,6 +40,12 @@ from ledger.errors import MetadataError, SchemaVersionError
 from ledger.position import Position
 
 __all__ = ["MIGRATIONS", "CursorRecord", "LedgerRecord", "MetadataStore"]
+
+log = logging.getLogger(__name__)
+
+# SQLite errors a later attempt of the same write may get past: the disk filled up (or
+# ``max_page_count`` was reached), an I/O error, another connection held the lock.
+_RETRIABLE_SQLITE_ERRORS = frozenset({"SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED"})
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: topics, their ledgers, durable cursors with properties, policies.
@@ -218,11 +225,22 @@ class MetadataStore:
                 yield self._db
                 self._db.execute("COMMIT")
             except sqlite3.Error as error:
-                self._db.execute("ROLLBACK")
-                raise MetadataError(f"metadata store {self.path}: {error}") from error
+                self._rollback()
+                raise _metadata_error(self.path, error) from error
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
+
+    def _rollback(self) -> None:
+        """Roll back the open transaction, if SQLite has not done so itself: on
+        SQLITE_FULL, SQLITE_IOERR or SQLITE_NOMEM it may already have rolled back, and a
+        second ROLLBACK would fail and hide the real error. The caller holds ``_lock``."""
+        if not self._db.in_transaction:
+            return
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.Error as error:  # the caller's error is the one to report
+            log.error("metadata store %s: rollback failed: %s", self.path, error)
 
     def checkpoint(self, name: str) -> None:
         """Run the fault registered under ``name``, if any (test seam)."""
@@ -232,7 +250,10 @@ class MetadataStore:
 
     def _query(self, sql: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self._db.execute(sql, parameters).fetchall()
+            try:
+                return self._db.execute(sql, parameters).fetchall()
+            except sqlite3.Error as error:
+                raise _metadata_error(self.path, error) from error
 
     def close(self) -> None:
         """Close the connection; the store is unusable afterwards."""
@@ -427,3 +448,11 @@ class MetadataStore:
                 "UPDATE compaction_status SET status = ?, last_error = ?, updated_at_ms = ? "
                 "WHERE status = 'RUNNING'", (status, last_error, updated_at_ms),
             ).rowcount
+
+
+def _metadata_error(path: str, error: sqlite3.Error) -> MetadataError:
+    """``error`` as a ``MetadataError``; ``retriable`` when a later attempt may succeed."""
+    failure = MetadataError(f"metadata store {path}: {error}")
+    name = getattr(error, "sqlite_errorname", "")
+    failure.retriable = any(name == code or name.startswith(code + "_") for code in _RETRIABLE_SQLITE_ERRORS)
+    return failure

@@ -15,7 +15,10 @@ model). ``LedgerStore`` is the whole contract every backend keeps:
 * ``read(ledger_id, first_entry_id, last_entry_id)`` returns entries in that inclusive
   range; the range must lie inside ``0..last_add_confirmed``.
 * ``close(ledger_id)`` seals the ledger: every pending append is made durable first, then
-  the ledger is immutable forever. Closing a sealed ledger is a no-op.
+  the ledger is immutable forever. Closing a sealed ledger is a no-op. A ledger fenced by
+  a failed write is sealed at its ``last_add_confirmed`` (BookKeeper's recovery close):
+  its failed appends are gone for good. If the seal itself cannot be written, close raises
+  ``LedgerIOError`` and may be called again later.
 * ``delete(ledger_id)`` removes a ledger; deleting a missing one is a no-op (Pulsar treats
   "no such ledger" as success).
 * ``list()`` returns the ids of every ledger, ascending; ``info(ledger_id)`` its state.

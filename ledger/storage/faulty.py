@@ -4,8 +4,10 @@ Shipped in the package, like httpx's ``MockTransport``, because crash and fault 
 every layer above need it. It composes around any backend and changes nothing until a
 fault is armed:
 
-* ``fail_on(operation, after=n, error=...)``: the (n+1)-th call of ``operation`` from now
-  raises ``error`` (a ``LedgerIOError`` by default) *instead of* reaching the backend.
+* ``fail_on(operation, after=n, error=..., times=k)``: the (n+1)-th call of ``operation``
+  from now, and the ``k - 1`` calls after it (``times=None``: every call until ``disarm``),
+  raise ``error`` (a ``LedgerIOError`` by default) *instead of* reaching the backend — a
+  disk that stays full for a while, then frees.
 * ``crash_on(operation, after=n)``: the same, raising ``SimulatedCrash``, a
   ``BaseException`` that ordinary ``except Exception`` handlers do not swallow, so the code
   under test stops exactly there, as a ``kill -9`` would; the test then reopens the backend.
@@ -34,6 +36,7 @@ class SimulatedCrash(BaseException):
 class _Fault:
     remaining: int
     error: BaseException
+    times: int | None  # failing calls left; None: until disarmed
 
 
 class FaultyLedgerStore:
@@ -44,9 +47,13 @@ class FaultyLedgerStore:
         self._faults: dict[str, _Fault] = {}
         self.calls: dict[str, int] = {}
 
-    def fail_on(self, operation: str, *, after: int = 0, error: BaseException | None = None) -> None:
-        """Arm a fault: the call of ``operation`` after ``after`` more successful ones fails."""
-        self._faults[operation] = _Fault(after, error or LedgerIOError(f"injected {operation} failure"))
+    def fail_on(
+        self, operation: str, *, after: int = 0, error: BaseException | None = None, times: int | None = 1
+    ) -> None:
+        """Arm a fault: after ``after`` more successful calls, ``times`` calls of
+        ``operation`` fail (``None``: every call until ``disarm``)."""
+        assert times is None or times > 0, "a fault fails at least one call"
+        self._faults[operation] = _Fault(after, error or LedgerIOError(f"injected {operation} failure"), times)
 
     def crash_on(self, operation: str, *, after: int = 0) -> None:
         """Arm a simulated crash at the given call of ``operation``."""
@@ -64,7 +71,10 @@ class FaultyLedgerStore:
         if fault.remaining > 0:
             fault.remaining -= 1
             return
-        del self._faults[operation]
+        if fault.times is not None:
+            fault.times -= 1
+            if fault.times == 0:
+                del self._faults[operation]
         raise fault.error
 
     def create(self, metadata: Mapping[str, str] | None = None) -> int:

@@ -10,9 +10,17 @@ the files' lifecycle and durability:
   fdatasyncs each file once, advances ``last_add_confirmed`` and resolves the futures in
   order (group commit: while one sync runs, the next batch accumulates); NONE writes inline
   without a sync.
+* File descriptors are bounded (``max_open_files``, ``ledger.storage.handles``): the least
+  recently used idle ones are closed and reopened on their next use, so a store can hold
+  far more ledgers than the process may open files.
 * A ledger is loaded lazily, on first use: its file is scanned, and in a writable store a
   torn or corrupt tail is truncated (and synced) before anything is served.
-* ``close`` flushes what is pending, then writes and syncs the SEAL record.
+* ``read`` checks every record it returns against its CRC32C again (a sealed ledger is
+  read for years after its scan): a record whose bytes changed raises
+  ``CorruptEntryError`` for that read and is never served.
+* ``close`` flushes what is pending, then writes and syncs the SEAL record. A ledger fenced
+  by a failed write is first cut back to its last durable entry (``last_add_confirmed``):
+  what the failed appends left in the file is truncated, never sealed in.
 * ``read_only=True`` opens the directory without owning it (no lock, no truncation, no
   writes): another process can read sealed ledgers, and the intact prefix of open ones,
   while the owning broker keeps appending to other ledgers.
@@ -21,6 +29,7 @@ the files' lifecycle and durability:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import mmap
 import os
@@ -31,6 +40,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ledger.errors import (
+    CorruptEntryError,
+    CorruptLedgerError,
     LedgerError,
     LedgerFencedError,
     LedgerIOError,
@@ -38,6 +49,7 @@ from ledger.errors import (
     LedgerSealedError,
 )
 from ledger.storage.base import LedgerInfo, LedgerState, SyncPolicy, completed
+from ledger.storage.handles import FileHandle, FileHandles
 from ledger.storage.memory import _check_range
 from ledger.storage.record import (
     HEADER,
@@ -47,12 +59,18 @@ from ledger.storage.record import (
     encode_meta,
     encode_record,
     encode_seal,
+    entry_payload,
     scan,
 )
 
-__all__ = ["FileLedgerStore"]
+__all__ = ["MAX_OPEN_FILES_DEFAULT", "FileLedgerStore"]
 
 log = logging.getLogger(__name__)
+
+# Ledger files kept open while idle (``FileHandles``): far under the usual limit of 1,024
+# descriptors per process, which sockets, SQLite and the rest share; a file past it is
+# reopened on its next use.
+MAX_OPEN_FILES_DEFAULT = 256
 
 _SUFFIX = ".ledger"
 _SEQUENCE_FILE = "LEDGER_ID_SEQUENCE"
@@ -64,7 +82,6 @@ class _FileLedger:
 
     ledger_id: int
     path: str
-    fd: int
     scanned: ScanResult
     end: int  # logical end of file: where the next record goes (pending bytes included)
     last_add_confirmed: int
@@ -73,15 +90,14 @@ class _FileLedger:
     pending_futures: list[tuple[int, Future[int]]] = field(default_factory=list)
     sealed: bool = False
     failed: bool = False
-    deleted: bool = False
-    users: int = 0  # threads using ``fd`` outside the lock; the fd closes when this is 0
 
 
 class FileLedgerStore:
     """A ``LedgerStore`` over files in ``root``; see the module docstring."""
 
     def __init__(
-        self, root: str, *, sync: SyncPolicy = SyncPolicy.GROUP, read_only: bool = False
+        self, root: str, *, sync: SyncPolicy = SyncPolicy.GROUP, read_only: bool = False,
+        max_open_files: int = MAX_OPEN_FILES_DEFAULT,
     ) -> None:
         self.root = os.path.abspath(root)
         self.sync = sync
@@ -89,6 +105,8 @@ class FileLedgerStore:
         if not read_only:
             os.makedirs(self.root, exist_ok=True)
         self._lock = threading.Lock()
+        self._handles = FileHandles(max_open_files, flags=os.O_RDONLY if read_only else os.O_RDWR)
+        self._next_id: int | None = None  # the next ledger id, once the first create read it
         self._ledgers: dict[int, _FileLedger] = {}
         self._dirty: dict[int, _FileLedger] = {}
         self._wakeup = threading.Condition(self._lock)
@@ -104,18 +122,14 @@ class FileLedgerStore:
     def create(self, metadata: Mapping[str, str] | None = None) -> int:
         self._check_writable()
         with self._lock:
-            ledger_id = self._next_ledger_id()
+            try:
+                ledger_id = self._next_ledger_id()
+            except OSError as error:
+                raise LedgerIOError(f"ledger store {self.root}: cannot allocate a ledger id: {error}") from error
             path = self._path(ledger_id)
             created_at_ms = int(time.time() * 1000)
             header = encode_meta(ledger_id, created_at_ms, dict(metadata or {}))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_all(fd, header)
-                os.fsync(fd)
-            except OSError:
-                os.close(fd)
-                raise
-            _fsync_dir(self.root)
+            self._handles.adopt(ledger_id, _create_file(path, header, ledger_id))
             scanned = ScanResult(
                 ledger_id=ledger_id,
                 created_at_ms=created_at_ms,
@@ -123,7 +137,7 @@ class FileLedgerStore:
                 intact_end=len(header),
                 file_size=len(header),
             )
-            self._ledgers[ledger_id] = _FileLedger(ledger_id, path, fd, scanned, len(header), -1)
+            self._ledgers[ledger_id] = _FileLedger(ledger_id, path, scanned, len(header), -1)
             return ledger_id
 
     def append(self, ledger_id: int, data: bytes) -> Future[int]:
@@ -148,12 +162,12 @@ class FileLedgerStore:
                 self._dirty[ledger_id] = ledger
                 self._wakeup.notify()
                 return future
-            ledger.users += 1
+            handle = self._pin(ledger)
         try:
             with ledger.io_lock:
-                self._write_inline(ledger, record, entry_id)
+                self._write_inline(ledger, handle.fd, record, entry_id)
         finally:
-            self._release(ledger)
+            self._unpin(handle)
         return completed(entry_id)
 
     def last_add_confirmed(self, ledger_id: int) -> int:
@@ -167,20 +181,16 @@ class FileLedgerStore:
             _check_range(ledger_id, first_entry_id, last_entry_id, ledger.last_add_confirmed)
             offsets = ledger.scanned.entry_offsets[first_entry_id : last_entry_id + 1]
             lengths = ledger.scanned.entry_lengths[first_entry_id : last_entry_id + 1]
-            ledger.users += 1
+            handle = self._pin(ledger)
         try:
             start = offsets[0]
             stop = offsets[-1] + HEADER.size + lengths[-1]
-            block = os.pread(ledger.fd, stop - start, start)
+            block = os.pread(handle.fd, stop - start, start)
         finally:
-            self._release(ledger)
+            self._unpin(handle)
         if len(block) != stop - start:
             raise LedgerIOError(f"ledger {ledger_id}: short read", ledger_id=ledger_id)
-        view = memoryview(block)
-        return [
-            bytes(view[offset - start + HEADER.size : offset - start + HEADER.size + length])
-            for offset, length in zip(offsets, lengths, strict=True)
-        ]
+        return _verified_entries(ledger_id, first_entry_id, block, start, offsets, lengths)
 
     def close(self, ledger_id: int) -> None:
         self._check_writable()
@@ -188,40 +198,64 @@ class FileLedgerStore:
             ledger = self._load(ledger_id)
             if ledger.sealed:
                 return
-            if ledger.failed:
-                raise LedgerFencedError(f"ledger {ledger_id} failed", ledger_id=ledger_id)
-            ledger.users += 1
+            handle = self._pin(ledger)
         try:
             with ledger.io_lock:
-                self._flush_pending(ledger)
-                with self._lock:
-                    if ledger.sealed:
-                        return
-                    seal = encode_seal(len(ledger.scanned.entry_offsets), ledger.scanned.size_bytes)
-                    ledger.sealed = True
-                try:
-                    _write_all(ledger.fd, seal, ledger.end)
-                    os.fsync(ledger.fd)
-                except OSError as error:
-                    self._fail(ledger, [], error)
-                    raise LedgerIOError(f"ledger {ledger_id}: seal failed: {error}") from error
-                with self._lock:
-                    ledger.end += len(seal)
-                    ledger.scanned.sealed = True
+                self._flush_pending(ledger, handle.fd)
+                self._write_seal(ledger, handle.fd)
         finally:
-            self._release(ledger)
+            self._unpin(handle)
+
+    def _write_seal(self, ledger: _FileLedger, fd: int) -> None:
+        """Seal ``ledger`` after its last confirmed entry; the caller holds ``io_lock`` and
+        has flushed. A failed ledger is cut back to its last durable entry first (what its
+        failed appends left is never kept). If the seal cannot be written the ledger stays
+        failed and open, and a later ``close`` tries again."""
+        with self._lock:
+            if ledger.sealed:
+                return
+            ledger.sealed = True  # no append slips in between the flush and the seal
+            cut = ledger.failed
+            if cut:
+                self._drop_unconfirmed(ledger)
+            seal = encode_seal(len(ledger.scanned.entry_offsets), ledger.scanned.size_bytes)
+        try:
+            if cut:
+                os.ftruncate(fd, ledger.end)
+            _write_all(fd, seal, ledger.end)
+            os.fsync(fd)
+        except OSError as error:
+            with self._lock:
+                ledger.sealed = False
+            self._fail(ledger, [], error)
+            raise LedgerIOError(f"ledger {ledger.ledger_id}: seal failed: {error}",
+                                ledger_id=ledger.ledger_id) from error
+        with self._lock:
+            ledger.end += len(seal)
+            ledger.failed = False
+            ledger.scanned.sealed = True
+
+    @staticmethod
+    def _drop_unconfirmed(ledger: _FileLedger) -> None:
+        """Forget the entries after ``last_add_confirmed``; the caller holds ``_lock``."""
+        keep = ledger.last_add_confirmed + 1
+        offsets, lengths = ledger.scanned.entry_offsets, ledger.scanned.entry_lengths
+        if len(offsets) > keep:
+            ledger.end = offsets[keep]
+            del offsets[keep:]
+            del lengths[keep:]
+            ledger.scanned.size_bytes = sum(lengths)
 
     def delete(self, ledger_id: int) -> None:
         self._check_writable()
         with self._lock:
             ledger = self._ledgers.pop(ledger_id, None)
             self._dirty.pop(ledger_id, None)
+            self._handles.discard(ledger_id)
             if ledger is not None:
-                ledger.deleted = True
                 futures = ledger.pending_futures
                 ledger.pending_futures = []
                 ledger.pending = bytearray()
-                self._close_fd_if_unused(ledger)
             else:
                 futures = []
         for _, future in futures:
@@ -263,14 +297,12 @@ class FileLedgerStore:
         if self._flusher is not None:
             self._flusher.join()
         with self._lock:
-            ledgers = list(self._ledgers.values())
-            self._ledgers.clear()
+            ledgers = [ledger for ledger in self._ledgers.values() if ledger.pending_futures]
         for ledger in ledgers:
-            with ledger.io_lock:
-                self._flush_pending(ledger)
-            with self._lock:
-                ledger.deleted = True  # closes the fd once no reader holds it
-                self._close_fd_if_unused(ledger)
+            self._flush_one(ledger)
+        with self._lock:
+            self._ledgers.clear()
+            self._handles.close_all()  # a descriptor a reader still holds closes after it
 
     # -- group commit -------------------------------------------------------------------
 
@@ -284,16 +316,27 @@ class FileLedgerStore:
                     return
                 batch = list(self._dirty.values())
                 self._dirty.clear()
-                for ledger in batch:
-                    ledger.users += 1
             for ledger in batch:
-                try:
-                    with ledger.io_lock:
-                        self._flush_pending(ledger)
-                finally:
-                    self._release(ledger)
+                self._flush_one(ledger)
 
-    def _flush_pending(self, ledger: _FileLedger) -> None:
+    def _flush_one(self, ledger: _FileLedger) -> None:
+        """Write and sync ``ledger``'s pending records on its (pinned) descriptor; one
+        ledger at a time, so that a batch of thousands never opens thousands of files."""
+        try:
+            with self._lock:
+                if self._ledgers.get(ledger.ledger_id) is not ledger:
+                    return  # deleted: its appends were failed back already
+                handle = self._pin(ledger)
+        except LedgerError as error:
+            self._fail(ledger, [], error)
+            return
+        try:
+            with ledger.io_lock:
+                self._flush_pending(ledger, handle.fd)
+        finally:
+            self._unpin(handle)
+
+    def _flush_pending(self, ledger: _FileLedger, fd: int) -> None:
         """Write and sync ``ledger``'s pending records; the caller holds ``io_lock``."""
         with self._lock:
             if not ledger.pending_futures:
@@ -303,8 +346,8 @@ class FileLedgerStore:
             self._dirty.pop(ledger.ledger_id, None)
             write_at = ledger.scanned.entry_offsets[futures[0][0]]
         try:
-            _write_all(ledger.fd, data, write_at)
-            os.fdatasync(ledger.fd)
+            _write_all(fd, data, write_at)
+            os.fdatasync(fd)
         except OSError as error:
             self._fail(ledger, futures, error)
             return
@@ -313,20 +356,24 @@ class FileLedgerStore:
         for entry_id, future in futures:
             future.set_result(entry_id)
 
-    def _write_inline(self, ledger: _FileLedger, record: bytes, entry_id: int) -> None:
+    def _write_inline(self, ledger: _FileLedger, fd: int, record: bytes, entry_id: int) -> None:
         """ALWAYS/NONE: write (and for ALWAYS sync) one record; the caller holds io_lock."""
+        with self._lock:
+            if ledger.failed:  # an earlier append failed while this one waited for io_lock
+                raise LedgerFencedError(f"ledger {ledger.ledger_id} failed a write and is fenced",
+                                        ledger_id=ledger.ledger_id)
         try:
-            _write_all(ledger.fd, record, ledger.scanned.entry_offsets[entry_id])
+            _write_all(fd, record, ledger.scanned.entry_offsets[entry_id])
             if self.sync is SyncPolicy.ALWAYS:
-                os.fdatasync(ledger.fd)
+                os.fdatasync(fd)
         except OSError as error:
             self._fail(ledger, [], error)
-            raise LedgerIOError(f"ledger {ledger.ledger_id}: {error}") from error
+            raise LedgerIOError(f"ledger {ledger.ledger_id}: {error}", ledger_id=ledger.ledger_id) from error
         with self._lock:
             ledger.last_add_confirmed = entry_id
 
     def _fail(
-        self, ledger: _FileLedger, futures: builtins.list[tuple[int, Future[int]]], error: OSError
+        self, ledger: _FileLedger, futures: builtins.list[tuple[int, Future[int]]], error: Exception
     ) -> None:
         """A write or sync failed: fence the ledger and fail every unconfirmed append."""
         log.error("ledger %d: write failed, fencing it: %s", ledger.ledger_id, error)
@@ -347,13 +394,34 @@ class FileLedgerStore:
             return ledger
         path = self._path(ledger_id)
         try:
-            fd = os.open(path, os.O_RDONLY if self.read_only else os.O_RDWR)
+            handle = self._handles.pin(ledger_id, path)
         except FileNotFoundError:
             raise LedgerNotFoundError(f"no ledger {ledger_id}", ledger_id=ledger_id) from None
+        except OSError as error:
+            raise LedgerIOError(f"ledger {ledger_id}: cannot open {path}: {error}", ledger_id=ledger_id) from error
+        try:
+            scanned = self._scan(ledger_id, path, handle.fd)
+        except BaseException:
+            self._handles.unpin(handle)
+            self._handles.discard(ledger_id)
+            raise
+        self._handles.unpin(handle)
+        if ledger is not None:  # refresh of a read-only view: swap in the new scan
+            self._ledgers.pop(ledger_id)
+        lac = len(scanned.entry_offsets) - 1
+        ledger = _FileLedger(ledger_id, path, scanned, scanned.intact_end, lac)
+        ledger.sealed = scanned.sealed
+        self._ledgers[ledger_id] = ledger
+        return ledger
+
+    def _scan(self, ledger_id: int, path: str, fd: int) -> ScanResult:
+        """Scan ledger ``ledger_id``'s file; in a writable store, cut its torn tail."""
         scanned = _scan_fd(fd, path)
         if not scanned.valid or scanned.ledger_id != ledger_id:
-            os.close(fd)
             raise LedgerNotFoundError(f"{path} holds no intact ledger", ledger_id=ledger_id)
+        if scanned.damaged_entries:
+            log.error("ledger %d: entries %s fail their CRC32C check; reads of them will fail",
+                      ledger_id, scanned.damaged_entries)
         if scanned.has_tail and not self.read_only:
             log.warning(
                 "ledger %d: truncating %d bytes of torn or corrupt tail at offset %d",
@@ -361,15 +429,7 @@ class FileLedgerStore:
             )
             os.ftruncate(fd, scanned.intact_end)
             os.fsync(fd)
-        if ledger is not None:  # refresh of a read-only view: swap in the new scan
-            self._ledgers.pop(ledger_id)
-            ledger.deleted = True
-            self._close_fd_if_unused(ledger)
-        lac = len(scanned.entry_offsets) - 1
-        ledger = _FileLedger(ledger_id, path, fd, scanned, scanned.intact_end, lac)
-        ledger.sealed = scanned.sealed
-        self._ledgers[ledger_id] = ledger
-        return ledger
+        return scanned
 
     def _check_appendable(self, ledger: _FileLedger) -> None:
         if ledger.sealed:
@@ -385,49 +445,99 @@ class FileLedgerStore:
         if self._stopping:
             raise LedgerFencedError(f"ledger store {self.root} is shut down")
 
-    def _release(self, ledger: _FileLedger) -> None:
-        with self._lock:
-            ledger.users -= 1
-            self._close_fd_if_unused(ledger)
+    def _pin(self, ledger: _FileLedger) -> FileHandle:
+        """``ledger``'s file descriptor, pinned for use outside the lock; holds ``_lock``."""
+        try:
+            return self._handles.pin(ledger.ledger_id, ledger.path)
+        except FileNotFoundError:
+            raise LedgerNotFoundError(f"ledger {ledger.ledger_id}'s file is gone",
+                                      ledger_id=ledger.ledger_id) from None
+        except OSError as error:
+            raise LedgerIOError(f"ledger {ledger.ledger_id}: cannot open its file: {error}",
+                                ledger_id=ledger.ledger_id) from error
 
-    def _close_fd_if_unused(self, ledger: _FileLedger) -> None:
-        """Close a deleted ledger's fd once nobody uses it; the caller holds ``_lock``."""
-        if ledger.deleted and ledger.users == 0 and ledger.fd >= 0:
-            os.close(ledger.fd)
-            ledger.fd = -1
+    def _unpin(self, handle: FileHandle) -> None:
+        with self._lock:
+            self._handles.unpin(handle)
 
     def _next_ledger_id(self) -> int:
         """Allocate an id durably (sequence file, then the directory); caller holds _lock."""
         sequence_path = os.path.join(self.root, _SEQUENCE_FILE)
-        try:
-            with open(sequence_path, encoding="ascii") as sequence:
-                next_id = int(sequence.read().strip() or "1")
-        except FileNotFoundError:
-            next_id = 1
-        existing = self.list()
-        next_id = max(next_id, existing[-1] + 1 if existing else 1)
+        if self._next_id is None:  # once: this store owns the directory from then on
+            try:
+                with open(sequence_path, encoding="ascii") as sequence:
+                    self._next_id = int(sequence.read().strip() or "1")
+            except FileNotFoundError:
+                self._next_id = 1
+            existing = self.list()
+            self._next_id = max(self._next_id, existing[-1] + 1 if existing else 1)
+        next_id = self._next_id
         temporary = sequence_path + ".tmp"
         with open(temporary, "w", encoding="ascii") as sequence:
             sequence.write(str(next_id + 1))
             sequence.flush()
             os.fsync(sequence.fileno())
         os.replace(temporary, sequence_path)
+        self._next_id = next_id + 1
         return next_id
 
     def _path(self, ledger_id: int) -> str:
         return os.path.join(self.root, f"{ledger_id:020d}{_SUFFIX}")
 
 
+def _verified_entries(
+    ledger_id: int, first_entry_id: int, block: bytes, start: int,
+    offsets: Sequence[int], lengths: Sequence[int],
+) -> list[bytes]:
+    """The payloads of the records in ``block`` (read from file offset ``start``), each
+    checked against its CRC32C; ``CorruptEntryError`` names the first that fails."""
+    view = memoryview(block)
+    entries = []
+    for entry_id, (offset, length) in enumerate(zip(offsets, lengths, strict=True), first_entry_id):
+        payload = entry_payload(view, offset - start, length)
+        if payload is None:
+            raise CorruptEntryError(
+                f"ledger {ledger_id}: entry {entry_id} fails its CRC32C check; it is not served",
+                ledger_id=ledger_id, entry_id=entry_id,
+            )
+        entries.append(bytes(payload))
+    return entries
+
+
 def _scan_fd(fd: int, path: str) -> ScanResult:
     size = os.fstat(fd).st_size
     if size == 0:
         return ScanResult()
+    failure: CorruptLedgerError | None = None
     with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
         view = memoryview(mapped)
         try:
             return scan(view, path)
+        except CorruptLedgerError as error:  # its traceback's frames hold views of the mapping
+            failure = error.with_traceback(None)
         finally:
             view.release()
+    assert failure is not None
+    raise failure
+
+
+def _create_file(path: str, header: bytes, ledger_id: int) -> int:
+    """Create the ledger file holding ``header``, durably (file and directory); its fd.
+    ``LedgerIOError`` (and no file left behind) when the disk refuses."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as error:
+        raise LedgerIOError(f"ledger {ledger_id}: cannot create {path}: {error}", ledger_id=ledger_id) from error
+    try:
+        _write_all(fd, header)
+        os.fsync(fd)
+        _fsync_dir(os.path.dirname(path))
+    except OSError as error:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise LedgerIOError(f"ledger {ledger_id}: cannot create {path}: {error}", ledger_id=ledger_id) from error
+    return fd
 
 
 def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:

@@ -15,15 +15,24 @@ Kinds, in the order they appear:
 * ``SEAL`` (3), at most once, last: ``entries:u64le size_bytes:u64le``. A file with a SEAL
   record is a sealed ledger: immutable, and safe to read from any process.
 
+Every read checks again (``entry_payload``): an ENTRY record whose header or CRC no longer
+matches what the scan recorded is corrupt, and is never served.
+
 Recovery (``scan``): records are read from the start; the first record that is cut short,
 whose length exceeds ``RECORD_BYTES_MAX`` or whose CRC does not match ends the intact
 prefix. Everything after it is a torn or corrupt tail: a writer truncates it, a reader
 ignores it, and neither ever serves it. Bytes after a SEAL record are a tail too.
+
+A file that *ends* with an intact SEAL record was sealed after everything before it was
+synced, so no torn write can lie inside it: a record there that fails its check is damage
+(bit rot, a stray write). The scan steps over it by its length field, the SEAL's counts
+confirm the result, and the entry is listed in ``damaged_entries``; nothing is truncated.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import struct
 from array import array
@@ -42,6 +51,7 @@ __all__ = [
     "encode_meta",
     "encode_record",
     "encode_seal",
+    "entry_payload",
     "scan",
 ]
 
@@ -49,6 +59,7 @@ MAGIC = b"CDLEDGR1"
 HEADER = struct.Struct("<IIB")  # length, crc, kind
 _CRC_PREFIX = struct.Struct("<BI")  # kind, length: what the crc covers before the payload
 _SEAL = struct.Struct("<QQ")
+_SEAL_RECORD_BYTES = HEADER.size + _SEAL.size
 # Pulsar's default maxMessageSize is 5 MiB; a length above this bound can only be a corrupt
 # header, and refusing it keeps a damaged length field from making the scan allocate gigabytes.
 RECORD_BYTES_MAX = 64 * 1024 * 1024
@@ -79,6 +90,26 @@ def encode_seal(entries: int, size_bytes: int) -> bytes:
     return encode_record(RecordKind.SEAL, _SEAL.pack(entries, size_bytes))
 
 
+def entry_payload(view: memoryview, offset: int, length: int) -> memoryview | None:
+    """The payload of the ENTRY record of ``length`` bytes at ``offset`` in ``view``, or
+    None when its header or CRC does not match (the bytes changed after they were written).
+
+    The CRC is computed over ``view`` in place; nothing is copied.
+    """
+    start = offset + HEADER.size
+    payload = view[start : start + length]
+    crc = crc32c.crc32c(payload, _entry_prefix_crc(length))
+    if len(payload) != length or HEADER.unpack_from(view, offset) != (length, crc, RecordKind.ENTRY):
+        return None
+    return payload
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry_prefix_crc(length: int) -> int:
+    """CRC32C of an ENTRY record's ``kind · length`` (entries of a topic share few lengths)."""
+    return int(crc32c.crc32c(_CRC_PREFIX.pack(RecordKind.ENTRY, length)))
+
+
 @dataclass
 class ScanResult:
     """What ``scan`` recovered from a file.
@@ -92,6 +123,8 @@ class ScanResult:
         sealed: a SEAL record ends the intact prefix.
         intact_end: offset just after the last intact record (where a writer appends).
         file_size: size of the file as scanned; ``> intact_end`` means a tail was found.
+        damaged_entries: ids of entries of a sealed file whose record fails its check
+            (reads of them raise ``CorruptEntryError``).
     """
 
     ledger_id: int = -1
@@ -103,6 +136,7 @@ class ScanResult:
     sealed: bool = False
     intact_end: int = 0
     file_size: int = 0
+    damaged_entries: list[int] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -132,7 +166,14 @@ def scan(data: bytes | memoryview, path: str = "?") -> ScanResult:
     _apply_meta(result, first[1], path)
     offset = first[2]
     result.intact_end = offset
-    while (record := _read_record(view, offset)) is not None:
+    seal_offset = _trailing_seal_offset(view)
+    while True:
+        record = _read_record(view, offset)
+        if record is None:
+            if seal_offset is None or offset >= seal_offset:
+                break  # a torn or corrupt tail
+            record = _damaged_entry(view, offset, seal_offset, path)
+            result.damaged_entries.append(len(result.entry_offsets))
         kind, payload, end = record
         if kind is RecordKind.ENTRY:
             result.entry_offsets.append(offset)
@@ -148,6 +189,33 @@ def scan(data: bytes | memoryview, path: str = "?") -> ScanResult:
         offset = end
         result.intact_end = offset
     return result
+
+
+def _trailing_seal_offset(view: memoryview) -> int | None:
+    """Where the SEAL record starts when the file ends with an intact one, else None."""
+    offset = len(view) - _SEAL_RECORD_BYTES
+    if offset < len(MAGIC):
+        return None
+    record = _read_record(view, offset)
+    if record is None or record[0] is not RecordKind.SEAL or record[2] != len(view):
+        return None
+    return offset
+
+
+def _damaged_entry(
+    view: memoryview, offset: int, seal_offset: int, path: str
+) -> tuple[RecordKind, memoryview, int]:
+    """A record before the SEAL of a sealed file fails its check: no torn write reaches
+    there, so it is a damaged entry. Its length field locates the next record (the SEAL's
+    counts verify the result); the read of that entry fails its CRC, the others still work.
+    ``CorruptLedgerError`` when the length field cannot be right."""
+    length = HEADER.unpack_from(view, offset)[0]
+    end = offset + HEADER.size + length
+    if length > RECORD_BYTES_MAX or end > seal_offset:
+        raise CorruptLedgerError(
+            f"{path}: sealed ledger damaged at offset {offset}; the records after it cannot be found"
+        )
+    return RecordKind.ENTRY, view[offset + HEADER.size : end], end
 
 
 def _read_record(view: memoryview, offset: int) -> tuple[RecordKind, memoryview, int] | None:

@@ -8,7 +8,7 @@ import pytest
 
 EXPECTED = {
     "ledger": {
-        "EARLIEST", "LATEST", "CompactionServiceError", "CorruptLedgerError", "CursorRecord",
+        "EARLIEST", "LATEST", "CompactionServiceError", "CorruptEntryError", "CorruptLedgerError", "CursorRecord",
         "DataDir", "DataDirLock", "DataDirLockedError", "Entry", "FaultyLedgerStore",
         "FileLedgerStore", "LedgerError", "LedgerFencedError", "LedgerIOError", "LedgerInfo",
         "LedgerNotFoundError", "LedgerRecord", "LedgerSealedError", "LedgerState", "LedgerStore",

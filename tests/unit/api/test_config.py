@@ -28,6 +28,7 @@ INTERFACES = ROOT.parent / "shared" / "design" / "INTERFACES.md"
 NOT_YET_IN_INTERFACES = {
     "fsync", "managed_ledger_max_entries_per_ledger", "managed_ledger_max_size_per_ledger_bytes",
     "compaction_memory_budget_bytes", "broker_deduplication_enabled", "cluster_name",
+    "max_open_ledger_files",
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -41,7 +42,7 @@ DOCUMENTED_DEFAULTS = {
     "broker_port_tls": 6651, "http_port_tls": 8443,
     "fsync": "group", "managed_ledger_max_entries_per_ledger": 50_000,
     "managed_ledger_max_size_per_ledger_bytes": 2 * 1024**3,
-    "compaction_memory_budget_bytes": 1 << 30,
+    "compaction_memory_budget_bytes": 1 << 30, "max_open_ledger_files": 256,
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
 }
 
@@ -64,6 +65,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "compaction_memory_budget_bytes": ("4096", "4096", 4096),
     "broker_deduplication_enabled": ("on", "true", True),
     "cluster_name": ("east", '"east"', "east"),
+    "max_open_ledger_files": ("64", "64", 64),
     "authentication_enabled": ("yes", "true", True),
     "token_secret_key": ("file:///etc/secret", '"file:///etc/secret"', "file:///etc/secret"),
     "token_public_key": ("data:;base64,AAAA", '"data:;base64,AAAA"', "data:;base64,AAAA"),

@@ -68,6 +68,7 @@ class StorageAgreement(RuleBasedStateMachine):
     """Memory store, file store and model under one sequence of operations."""
 
     sync = SyncPolicy.GROUP
+    max_open_files = 256
 
     def __init__(self) -> None:
         super().__init__()
@@ -80,7 +81,8 @@ class StorageAgreement(RuleBasedStateMachine):
         self.highest_id = {"memory": 0, "file": 0}
 
     def _open_file_store(self) -> FileLedgerStore:
-        return FileLedgerStore(str(Path(self.root) / "ledgers"), sync=self.sync)
+        return FileLedgerStore(str(Path(self.root) / "ledgers"), sync=self.sync,
+                               max_open_files=self.max_open_files)
 
     def teardown(self) -> None:
         self.file.shutdown()
@@ -222,7 +224,8 @@ class StorageAgreement(RuleBasedStateMachine):
     @rule()
     def read_only_view_agrees(self) -> None:
         """A second, read-only store on the directory sees every confirmed entry."""
-        view = FileLedgerStore(str(Path(self.root) / "ledgers"), sync=self.sync, read_only=True)
+        view = FileLedgerStore(str(Path(self.root) / "ledgers"), sync=self.sync, read_only=True,
+                               max_open_files=self.max_open_files)
         try:
             assert view.list() == sorted(ledger.file_id for ledger in self.model.values())
             for ledger in self.model.values():
@@ -254,17 +257,20 @@ class StorageAgreement(RuleBasedStateMachine):
                 self.assert_ledger_agrees(store, ledger_id, ledger)
 
 
-def _machine(sync: SyncPolicy) -> type[StorageAgreement]:
-    return type(f"StorageAgreement{sync.name.title()}", (StorageAgreement,), {"sync": sync})
+def _machine(sync: SyncPolicy, max_open_files: int) -> type[StorageAgreement]:
+    return type(f"StorageAgreement{sync.name.title()}", (StorageAgreement,),
+                {"sync": sync, "max_open_files": max_open_files})
 
 
 @pytest.mark.parametrize(
-    ("sync", "max_examples"),
-    [(SyncPolicy.GROUP, 40), (SyncPolicy.NONE, 40), (SyncPolicy.ALWAYS, 10)],
-    ids=["group", "none", "always"],
+    ("sync", "max_examples", "max_open_files"),
+    [(SyncPolicy.GROUP, 40, 256), (SyncPolicy.NONE, 40, 256), (SyncPolicy.ALWAYS, 10, 256),
+     (SyncPolicy.GROUP, 40, 1), (SyncPolicy.NONE, 20, 2)],
+    ids=["group", "none", "always", "group-one-open-file", "none-two-open-files"],
 )
-def test_backends_agree_with_the_model(sync: SyncPolicy, max_examples: int) -> None:
+def test_backends_agree_with_the_model(sync: SyncPolicy, max_examples: int, max_open_files: int) -> None:
+    """``max_open_files`` of 1 or 2 closes and reopens ledger files all the time."""
     run_state_machine_as_test(
-        _machine(sync),
+        _machine(sync, max_open_files),
         settings=settings(max_examples=max_examples, stateful_step_count=30, deadline=None),
     )
