@@ -21,9 +21,11 @@ import pytest
 from api.wire import connection
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import LedgerIOError
+from ledger.storage import file as file_store
 from ledger.storage.faulty import FaultyLedgerStore
 from tests.integration.wire.helpers import unique_topic
 from tests.integration.wire.test_robustness import _Raw
+from tests.unit.ledger.test_managed_ledger_failures import FullDisk
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -159,3 +161,43 @@ def test_a_failed_append_answers_send_error_and_the_resend_is_stored_once(broker
     stored = _read_all(_new_client(broker), topic)
     assert [m.data() for m in stored] == [b"m0", b"m1", b"m2"]
     assert [str(m.message_id()) for m in stored[1:]] == [str(i) for i in ids]
+
+
+@pytest.mark.parametrize("deduplication", [False, True], ids=["dedup-off", "dedup-on"])
+def test_a_full_disk_fails_sends_and_the_topic_recovers_by_itself_once_space_frees(
+        broker: Any, monkeypatch: pytest.MonkeyPatch, deduplication: bool) -> None:
+    """The disk fills mid-write (ENOSPC on write and sync, at the OS calls of the ledger
+    files): sends answer SEND_ERROR and the client keeps re-sending; once space frees the
+    same topic takes them, with no restart, each stored once where its receipt says."""
+    _set_deduplication(broker, deduplication)
+    disk = FullDisk()
+    monkeypatch.setattr(file_store, "os", disk)
+    topic = unique_topic("full-disk")
+    client = _new_client(broker)
+    done: dict[bytes, Any] = {}
+    try:
+        producer = client.create_producer(topic, send_timeout_millis=0, batching_enabled=False)
+        producer.send(b"m0")
+        disk.full = True
+        for i in range(1, 6):
+            payload = b"m%d" % i
+            producer.send_async(payload, lambda result, message_id, payload=payload: done.update(
+                {payload: (result, str(message_id))}))
+        _until(lambda: disk.refused >= 3, "no write reached the full disk")
+        assert done == {}  # nothing is acknowledged while the disk is full
+        disk.full = False
+        _until(lambda: len(done) == 5, "the sends did not go through once space freed")
+        assert all(result == pulsar.Result.Ok for result, _ in done.values())
+        producer.send(b"after")
+    finally:
+        client.close()
+    stored = _read_all(_new_client(broker), topic)
+    assert [m.data() for m in stored] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5", b"after"]
+    assert {m.data(): str(m.message_id()) for m in stored[1:6]} == {p: i for p, (_, i) in done.items()}
+
+
+def _until(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
