@@ -11,6 +11,8 @@ Domain errors (STYLE P4) map to Pulsar's admin status codes::
     PreconditionFailedError     412  (e.g. deleting a topic with clients attached)
     NotAllowedError             405  (pulsar-admin's NotAllowedException)
     other BrokerError           400
+    a retriable error           503  (storage full or busy: the same request may succeed
+                                      later; the reason says why)
     other CompactionServiceError 500 (logged; the reason is the error's message)
 
 A request that fails validation answers 412 when a value is well-typed but out of range
@@ -76,7 +78,7 @@ def status_of(error: CompactionServiceError) -> int:
     for error_type, status in STATUS_BY_ERROR:
         if isinstance(error, error_type):
             return status
-    return 500
+    return 503 if error.retriable else 500
 
 
 def reason_response(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -95,7 +97,9 @@ def install_error_handlers(app: FastAPI) -> None:
 async def _domain_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, CompactionServiceError)
     status = status_of(error)
-    if status >= 500:
+    if status == 503:
+        log.warning("admin request refused for now: %s: %s", type(error).__name__, error)
+    elif status >= 500:
         log.error("admin request failed: %s: %s", type(error).__name__, error)
     return reason_response(status, str(error) or type(error).__name__)
 
