@@ -10,7 +10,10 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   a checksum mismatch answers SEND_ERROR ``ChecksumError`` and stores nothing.
 * SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
   client flushes its queue and subscribes again from the new position.
-* A malformed frame (``FrameError``) closes this connection only.
+* A malformed frame (``FrameError``) closes this connection only. A well-formed command
+  carrying a hostile value (``api.wire.validate``: a string that is not UTF-8, a name with
+  control characters, a sequence id above int64, a SEND entry that does not decode) is
+  refused for that command only, before its handler runs, so it creates nothing.
 * Keep-alive: a PING every ``KEEPALIVE_INTERVAL_S``; a connection silent for two intervals
   is closed. A connection that goes away frees its consumers (their unacknowledged
   entries are redelivered) and producers.
@@ -43,6 +46,7 @@ from api.wire.frames import (
     encode_command,
     encode_payload_command,
 )
+from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
 from ledger.errors import CompactionServiceError
@@ -194,7 +198,10 @@ class ServerConnection(asyncio.Protocol):
         handler = self._handlers.get(command.type)
         request_id = request_id_of(command)
         try:
-            if handler is None:
+            problem = frame_problem(frame) if handler is not None else None
+            if problem is not None:
+                self._refuse(command, request_id, problem)
+            elif handler is None:
                 self._unsupported(command, request_id)
             else:
                 handler(command, frame)
@@ -202,6 +209,24 @@ class ServerConnection(asyncio.Protocol):
             self._error(request_id, error)
         except Exception as error:  # never a traceback to the client: log it, answer ERROR
             log.exception("failed to handle %s", T.Type.Name(command.type))
+            self._error(request_id, error)
+
+    def _refuse(self, command: pb.BaseCommand, request_id: int | None, error: BrokerError) -> None:
+        """Answer a command that ``frame_problem`` refused, as a failure of that command
+        only; nothing it asked for is created. A refused SEND answers ChecksumError: the
+        only code the client answers by failing that message rather than resending it."""
+        name = T.Type.Name(command.type)
+        log.info("refusing %s: %s", name, error)
+        if command.type == T.SEND:
+            self._send_error(command.send.producer_id, command.send.sequence_id, "ChecksumError", str(error))
+        elif command.type == T.LOOKUP:
+            self._lookup_failed(command.lookupTopic.request_id, error)
+        elif command.type == T.PARTITIONED_METADATA:
+            self._partitioned_metadata_failed(command.partitionMetadata.request_id, error)
+        elif command.type == T.CONNECT:
+            log.warning("closing connection: %s", error)
+            self.close()
+        elif request_id is not None:
             self._error(request_id, error)
 
     def _unsupported(self, command: pb.BaseCommand, request_id: int | None) -> None:
@@ -238,26 +263,38 @@ class ServerConnection(asyncio.Protocol):
 
     def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.partitionMetadata
-        response = pb.CommandPartitionedTopicMetadataResponse(request_id=request.request_id)
         try:
             self.broker.topic_name(request.topic)
-            response.partitions, response.response = 0, pb.CommandPartitionedTopicMetadataResponse.Success
         except BrokerError as error:
-            response.response = pb.CommandPartitionedTopicMetadataResponse.Failed
-            response.error, response.message = _server_error(error.code), str(error)
+            self._partitioned_metadata_failed(request.request_id, error)
+            return
+        response = pb.CommandPartitionedTopicMetadataResponse(
+            request_id=request.request_id, partitions=0,
+            response=pb.CommandPartitionedTopicMetadataResponse.Success)
+        self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
+
+    def _partitioned_metadata_failed(self, request_id: int, error: BrokerError) -> None:
+        response = pb.CommandPartitionedTopicMetadataResponse(
+            request_id=request_id, response=pb.CommandPartitionedTopicMetadataResponse.Failed,
+            error=_server_error(error.code), message=str(error))
         self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
 
     def _lookup(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.lookupTopic
-        response = pb.CommandLookupTopicResponse(request_id=request.request_id)
         try:
             self.broker.topic_name(request.topic)
-            response.response = pb.CommandLookupTopicResponse.Connect
-            response.brokerServiceUrl, response.authoritative = self.service_url, True
-            response.proxy_through_service_url = False
         except BrokerError as error:
-            response.response = pb.CommandLookupTopicResponse.Failed
-            response.error, response.message = _server_error(error.code), str(error)
+            self._lookup_failed(request.request_id, error)
+            return
+        response = pb.CommandLookupTopicResponse(
+            request_id=request.request_id, response=pb.CommandLookupTopicResponse.Connect,
+            brokerServiceUrl=self.service_url, authoritative=True, proxy_through_service_url=False)
+        self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
+
+    def _lookup_failed(self, request_id: int, error: BrokerError) -> None:
+        response = pb.CommandLookupTopicResponse(
+            request_id=request_id, response=pb.CommandLookupTopicResponse.Failed,
+            error=_server_error(error.code), message=str(error))
         self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
 
     def _topics_of_namespace(self, command: pb.BaseCommand, frame: Frame) -> None:
