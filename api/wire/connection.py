@@ -46,6 +46,7 @@ from api.wire.frames import (
     encode_command,
     encode_payload_command,
 )
+from api.wire.limits import PartialFrameBudget, WireLimits
 from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
@@ -120,6 +121,12 @@ class ServerConnection(asyncio.Protocol):
         self._loop = asyncio.get_event_loop()
         self._last_received = self._loop.time()
         self._keepalive: asyncio.TimerHandle | None = None
+        self.limits: WireLimits = broker.wire_limits
+        self._budget: PartialFrameBudget = broker.partial_frames
+        self._partial_held = 0  # bytes of an incomplete frame, taken from the budget
+        self._partial_since: float | None = None  # when the incomplete frame started
+        self._partial_timer: asyncio.TimerHandle | None = None
+        self._connect_timer: asyncio.TimerHandle | None = None
         self._handlers: dict[int, Callable[[pb.BaseCommand, Frame], None]] = {
             T.CONNECT: self._connect, T.PARTITIONED_METADATA: self._partitioned_metadata,
             T.LOOKUP: self._lookup, T.PRODUCER: self._producer, T.SEND: self._send,
@@ -140,6 +147,7 @@ class ServerConnection(asyncio.Protocol):
         self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
         self.broker.connections.add(self)
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
+        self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = self._loop.time()
@@ -149,14 +157,18 @@ class ServerConnection(asyncio.Protocol):
             log.warning("closing connection: %s", error)
             self.close()
             return
+        if not self._hold_partial_frame(started_anew=bool(frames)):
+            return
         for frame in frames:
             if self.transport is None or self.transport.is_closing():
                 return
             self._handle(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._keepalive is not None:
-            self._keepalive.cancel()
+        for timer in (self._keepalive, self._connect_timer, self._partial_timer):
+            if timer is not None:
+                timer.cancel()
+        self._release_partial_frame()
         self.broker.connections.discard(self)
         for consumer in list(self.consumers.values()):
             if consumer.topic is not None and consumer.subscription is not None:
@@ -178,6 +190,57 @@ class ServerConnection(asyncio.Protocol):
     def write_payload(self, command: pb.BaseCommand, entry: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(encode_payload_command(command, entry, with_checksum=True))
+
+    # -- limits on what a connection holds --------------------------------------------
+
+    def _hold_partial_frame(self, *, started_anew: bool) -> bool:
+        """Account the decoder's incomplete frame against the broker's budget and start
+        its clock; False (the connection is closing) when it does not fit."""
+        held = self.decoder.buffered
+        if not self._budget.resize(self._partial_held, held):
+            log.warning(
+                "closing connection %s: its incomplete frame of %d bytes would take the partial "
+                "frames of all connections over their budget of %d bytes",
+                self._peer(), held, self._budget.limit_bytes)
+            self._release_partial_frame()
+            self.close()
+            return False
+        self._partial_held = held
+        if not held:
+            self._partial_since = None
+        elif started_anew or self._partial_since is None:
+            self._partial_since = self._loop.time()
+            if self._partial_timer is None:
+                self._partial_timer = self._loop.call_later(self.limits.frame_timeout_s, self._check_partial_frame)
+        return True
+
+    def _release_partial_frame(self) -> None:
+        """The connection is closing: give its buffered bytes back to the budget and to the
+        allocator now (the protocol object itself may live on until a cyclic GC pass)."""
+        self._budget.resize(self._partial_held, 0)
+        self._partial_held = 0
+        self._partial_since = None
+        self.decoder.release()
+
+    def _check_partial_frame(self) -> None:
+        self._partial_timer = None
+        if self._partial_since is None or self.transport is None:
+            return
+        waited = self._loop.time() - self._partial_since
+        if waited < self.limits.frame_timeout_s:
+            self._partial_timer = self._loop.call_later(self.limits.frame_timeout_s - waited, self._check_partial_frame)
+            return
+        log.warning("closing connection %s: a frame stayed incomplete for %.1f s", self._peer(), waited)
+        self.close()
+
+    def _check_connected(self) -> None:
+        if not self.connected and self.transport is not None:
+            log.warning("closing connection %s: no CONNECT within %.1f s", self._peer(), self.limits.connect_timeout_s)
+            self.close()
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
 
     def _check_alive(self) -> None:
         if self._loop.time() - self._last_received > 2 * KEEPALIVE_INTERVAL_S:
