@@ -14,6 +14,13 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   carrying a hostile value (``api.wire.validate``: a string that is not UTF-8, a name with
   control characters, a sequence id above int64, a SEND entry that does not decode) is
   refused for that command only, before its handler runs, so it creates nothing.
+* Flow control: while the transport's write buffer is over ``WRITE_BUFFER_HIGH_BYTES``
+  the connection's consumers are not ``writable`` and dispatch sends them nothing; when
+  it drains (``resume_writing``) their subscriptions dispatch again. With dispatch's
+  bounded rounds this keeps what a consumer's permits can make the broker hold bounded.
+* Limits (``api.wire.limits``): no CONNECT within the connect timeout, or a frame left
+  incomplete past the frame timeout, closes the connection; partial frames count against
+  a broker-wide budget, and the connection that would exceed it is closed.
 * Keep-alive: a PING every ``KEEPALIVE_INTERVAL_S``; a connection silent for two intervals
   is closed. A connection that goes away frees its consumers (their unacknowledged
   entries are redelivered) and producers.
@@ -63,6 +70,9 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_INTERVAL_S = 30.0  # the client's own ping interval; silence for two closes
 PROTOCOL_VERSION = 20  # what pulsar-client 3.13.0 (C++ 4.2.0) speaks
+# Consumers stop getting entries while more than this waits in a connection's write buffer
+# (asyncio pauses writing above it, resumes at a quarter of it).
+WRITE_BUFFER_HIGH_BYTES = 1024 * 1024
 T = pb.BaseCommand
 
 
@@ -87,6 +97,10 @@ class WireConsumer(Consumer):
         self.connection = connection
         self.topic: Topic | None = None
         self.subscription: Subscription | None = None
+
+    @property
+    def writable(self) -> bool:
+        return not self.connection.writing_paused
 
     def send(self, delivery: Delivery) -> None:
         message = pb.CommandMessage(
@@ -118,6 +132,7 @@ class ServerConnection(asyncio.Protocol):
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, WireConsumer] = {}
         self.service_url = ""
+        self.writing_paused = False  # the transport's write buffer is over its high-water mark
         self._loop = asyncio.get_event_loop()
         self._last_received = self._loop.time()
         self._keepalive: asyncio.TimerHandle | None = None
@@ -143,6 +158,7 @@ class ServerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         host, port = transport.get_extra_info("sockname")[:2]
         self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
         self.broker.connections.add(self)
@@ -163,6 +179,16 @@ class ServerConnection(asyncio.Protocol):
             if self.transport is None or self.transport.is_closing():
                 return
             self._handle(frame)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        """The write buffer drained: the consumers that stopped for it get their next round."""
+        self.writing_paused = False
+        for subscription in {id(c.subscription): c.subscription for c in self.consumers.values()
+                             if c.subscription is not None}.values():
+            subscription.dispatch()
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._keepalive, self._connect_timer, self._partial_timer):

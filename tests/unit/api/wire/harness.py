@@ -64,6 +64,9 @@ class FakeTransport(asyncio.Transport):
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
 
 class Wire:
     """One connection to the broker; ``request`` sends a command and returns the answers."""
