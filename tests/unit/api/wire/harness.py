@@ -20,6 +20,7 @@ from api.wire.connection import ServerConnection
 from api.wire.frames import Frame, FrameDecoder, encode_command, make_command
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.data_dir import DataDir
+from ledger.storage.base import SyncPolicy
 
 T = pb.BaseCommand
 
@@ -104,14 +105,19 @@ class Wire:
 
 
 @contextmanager
-def broker_service(path: Path, settings: Any = None) -> Iterator[BrokerService]:
-    """A real broker service over a data dir at ``path`` (no listener); call in a loop."""
-    data_dir = DataDir.open(str(path))
+def broker_service(path: Path, settings: Any = None, *, sync: SyncPolicy = SyncPolicy.GROUP) -> Iterator[BrokerService]:
+    """A real broker service over a data dir at ``path`` (no listener unless the test
+    starts one); call in a loop."""
+    data_dir = DataDir.open(str(path), sync=sync)
     service = BrokerService(data_dir, settings)
     service.loop = asyncio.get_running_loop()
     try:
         yield service
     finally:
+        if service._server is not None:
+            service._server.close()
+        for connection in list(service.connections):
+            connection.close()
         for topic in list(service.topics.values()):
             topic.close()
         service.topics.clear()
