@@ -282,8 +282,8 @@ class Subscription:
                 return True
             consumer = ready[self._round_robin % len(ready)]
             self._round_robin += 1
-            deliveries = self._replayed(consumer.permits) or self._read(
-                self._read_size(consumer.permits, budget))
+            size = self._read_size(consumer.permits, budget)
+            deliveries = self._replayed(size) or self._read(size)
             if not deliveries:
                 return False
             for delivery in deliveries:
@@ -302,9 +302,9 @@ class Subscription:
         self._next_round = None
         self.dispatch()
 
-    def _replayed(self, permits: int) -> list[Delivery]:
+    def _replayed(self, max_entries: int) -> list[Delivery]:
         out: list[Delivery] = []
-        for position in sorted(self._replay)[: max(1, min(permits, DISPATCH_ENTRIES_MAX))]:
+        for position in sorted(self._replay)[:max_entries]:
             self._replay.discard(position)
             if self.cursor.is_acknowledged(position):
                 continue
