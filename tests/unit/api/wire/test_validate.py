@@ -201,3 +201,23 @@ def test_every_entry_a_producer_writes_passes(
         template.compression, template.uncompressed_size = codec, len(value)
         entry = encode_entry(template, compress(codec, value), with_checksum=False)
     assert entry_problem(entry) is None
+
+
+@pytest.mark.parametrize("field", ["subscription", "consumer_name", "producer_name"])
+@pytest.mark.parametrize("bad", ["a\nb", "tab\there", "\x00", "del\x7f"])
+def test_names_with_control_characters_are_refused_and_create_nothing(tmp_path: Path, field: str, bad: str) -> None:
+    async def body(broker: BrokerService) -> None:
+        wire = Wire(broker)
+        if field == "producer_name":
+            command = make_command(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=9, producer_name=bad))
+        else:
+            names = {"subscription": "sub", "consumer_name": "c", field: bad}
+            command = make_command(pb.CommandSubscribe(
+                topic=TOPIC, subType=0, consumer_id=1, request_id=9, **names))
+        answer = wire.request(command)
+        assert [frame.type for frame in answer] == [T.ERROR]
+        assert answer[0].command.error.request_id == 9
+        assert answer[0].command.error.error == pb.NotAllowedError
+        assert not wire.protocol.producers and not wire.protocol.consumers
+        assert broker.data_dir.metadata.list_cursors(TOPIC) == []
+    _run(tmp_path, body)
