@@ -89,6 +89,14 @@ MaxBytes = Annotated[str | None, _option(
     "managed_ledger_max_size_per_ledger_bytes", "--managed-ledger-max-size-per-ledger-bytes", "N")]
 MaxOpenLedgerFiles = Annotated[str | None, _option(
     "max_open_ledger_files", "--max-open-ledger-files", "N")]
+ConnectTimeout = Annotated[str | None, _option(
+    "wire_connect_timeout_seconds", "--wire-connect-timeout-seconds", "N")]
+FrameTimeout = Annotated[str | None, _option(
+    "wire_frame_timeout_seconds", "--wire-frame-timeout-seconds", "N")]
+PartialFramesBudget = Annotated[str | None, _option(
+    "wire_partial_frames_budget_bytes", "--wire-partial-frames-budget-bytes", "BYTES")]
+HttpMaxBody = Annotated[str | None, _option(
+    "http_max_request_body_bytes", "--http-max-request-body-bytes", "BYTES")]
 AuthenticationEnabled = Annotated[bool | None, _option(
     "authentication_enabled", "--authentication-enabled/--no-authentication-enabled")]
 TokenSecretKey = Annotated[str | None, _option("token_secret_key", "--token-secret-key", "file:///PATH")]
@@ -129,6 +137,9 @@ def serve(  # one parameter per setting, each named as its key
     managed_ledger_max_entries_per_ledger: MaxEntries = None,
     managed_ledger_max_size_per_ledger_bytes: MaxBytes = None,
     max_open_ledger_files: MaxOpenLedgerFiles = None,
+    wire_connect_timeout_seconds: ConnectTimeout = None, wire_frame_timeout_seconds: FrameTimeout = None,
+    wire_partial_frames_budget_bytes: PartialFramesBudget = None,
+    http_max_request_body_bytes: HttpMaxBody = None,
     authentication_enabled: AuthenticationEnabled = None,
     token_secret_key: TokenSecretKey = None, token_public_key: TokenPublicKey = None,
     super_user_roles: SuperUserRoles = None,

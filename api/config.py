@@ -122,6 +122,16 @@ class Settings:
     max_open_ledger_files: int = _setting(
         256, "Ledger files kept open while idle; more are closed (least recently used first) "
         "and reopened on demand.", minimum=1)
+    wire_connect_timeout_seconds: float = _setting(
+        10.0, "A Pulsar connection that has not sent CONNECT within this is closed.", above=0)
+    wire_frame_timeout_seconds: float = _setting(
+        30.0, "A Pulsar connection whose frame stays incomplete this long is closed.", above=0)
+    wire_partial_frames_budget_bytes: int = _setting(
+        128 * 1024 * 1024, "Bytes all Pulsar connections together may hold in incomplete frames; "
+        "the connection that would go over is closed.", minimum=1)
+    http_max_request_body_bytes: int = _setting(
+        1024 * 1024, "Largest admin REST request body; a larger one answers 413 before it is read.",
+        minimum=1)
     authentication_enabled: bool = _setting(
         False, "Require a token on both ports (not supported yet).")
     token_secret_key: str | None = _setting(

@@ -6,20 +6,29 @@ listener, so the application has no lifespan of its own). It adds the health che
 routers of ``api.routers`` (one per resource) and the error handlers of ``api.errors``
 (every failure answers Pulsar's ``{"reason": "…"}``). ``/docs`` and ``/openapi.json``
 describe every route.
+
+Request bodies are bounded before they are read (``BodyLimitMiddleware``): a declared
+``Content-Length`` above ``http_max_request_body_bytes`` answers 413 without reading a
+byte, and a body without one (chunked) is counted as it streams in and answers 413 as
+soon as it goes over, so no body ever grows the broker beyond the limit.
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.config import Settings
-from api.errors import install_error_handlers
+from api.errors import install_error_handlers, reason_response
 from api.routers import ROUTERS
 
-__all__ = ["HEALTH_PATH", "create_app"]
+__all__ = ["HEALTH_PATH", "MAX_REQUEST_BODY_BYTES", "BodyLimitMiddleware", "create_app"]
 
 HEALTH_PATH = "/admin/v2/brokers/health"
+MAX_REQUEST_BODY_BYTES = Settings().http_max_request_body_bytes
+"""The limit of an application built without settings (tests)."""
 
 DESCRIPTION = """\
 Pulsar's admin v2 paths for topics, compaction and compaction policies, served by compactd.
@@ -40,6 +49,8 @@ def create_app(settings: Settings | None = None, *, broker: object | None = None
     app.state.settings = settings
     app.state.broker = broker
     install_error_handlers(app)
+    limit = settings.http_max_request_body_bytes if settings is not None else MAX_REQUEST_BODY_BYTES
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limit)  # outermost: before anything reads
 
     @app.get(HEALTH_PATH, response_class=PlainTextResponse, tags=["brokers"],
              summary="Broker health check", responses={200: {"description": "The text `ok`."}})
@@ -50,3 +61,38 @@ def create_app(settings: Settings | None = None, *, broker: object | None = None
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+class BodyLimitMiddleware:
+    """Answers 413 ``{"reason": …}`` for a request body over ``max_bytes``, before reading
+    it when its ``Content-Length`` says so, else as soon as the streamed chunks go over."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            reason = self._reason(declared.decode("latin-1"))
+            await reason_response(413, reason, {"Connection": "close"})(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, self._reason(f"more than {received}"),
+                                        headers={"Connection": "close"})
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _reason(self, size: str) -> str:
+        return f"the request body of {size} bytes exceeds the limit of {self.max_bytes} bytes"

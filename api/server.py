@@ -36,6 +36,7 @@ import uvicorn
 
 from api.config import Settings, require_supported
 from api.http import create_app
+from api.listener import listening_socket, quiet_accept_errors
 from compactor.runner import collect_orphans
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
@@ -125,6 +126,7 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
                 ready: Callable[[str], None] = print_ready) -> int:
     """The body of ``run``, on a running loop in the main thread (signal handlers)."""
     require_supported(settings)
+    quiet_accept_errors(asyncio.get_running_loop())  # both listeners log accept failures once
     stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_stop_on_signals(stop))
@@ -208,7 +210,7 @@ async def _http_listener(settings: Settings, broker: Broker) -> AsyncIterator[_H
     config = uvicorn.Config(
         create_app(settings, broker=broker), log_config=None, log_level="warning",
         access_log=False, lifespan="off", ws="none",
-        timeout_graceful_shutdown=HTTP_GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=HTTP_GRACEFUL_SHUTDOWN_S, backlog=HTTP_LISTEN_BACKLOG,
     )
     server = _HttpServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -234,10 +236,10 @@ async def _until_started(server: _HttpServer, task: asyncio.Task[None]) -> None:
 
 def _listen(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` for uvicorn (binding here, not in uvicorn, makes
-    a port in use an error we report, not uvicorn's ``sys.exit``, and makes port 0 work)."""
+    a port in use an error we report, not uvicorn's ``sys.exit``, and makes port 0 work;
+    ``api.listener`` makes running out of descriptors a logged back-off, not a spin)."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        return socket.create_server((host, port), family=family, backlog=HTTP_LISTEN_BACKLOG)
+        return listening_socket(host, port, HTTP_LISTEN_BACKLOG)
     except OSError as error:
         raise _listen_error("admin REST", host, port, error) from None
 

@@ -15,6 +15,9 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
   ``maxCompactionLagMs`` and ``deleteRetentionMs`` (Kafka's). The caller validates values;
   a change of ``deduplicationEnabled`` applies to the loaded topics at once.
 * ``stats`` and ``internal_stats`` in Pulsar's JSON shapes (the fields compactd can fill).
+  They never fail on what a topic holds: a cursor name or property key that is not text
+  (a broker before wire validation stored what upb gave it for a non-UTF-8 string: bytes)
+  is shown with its bad bytes escaped (``sub-\\xff``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ log = logging.getLogger(__name__)
 POLICY_NAMES = ("compactionThreshold", "minCleanableDirtyRatio", "maxCompactionLagMs", "deleteRetentionMs",
                 "deduplicationEnabled")
 INTERRUPTED = "the broker stopped during the run"
+
+
+def _shown(name: object) -> str:
+    """A stored name as stats show it: text as is, bytes decoded with bad bytes escaped."""
+    if isinstance(name, bytes):
+        return name.decode("utf-8", "backslashreplace")
+    return str(name)
 
 
 def _now_ms() -> int:
@@ -161,7 +171,7 @@ class Admin:
         for name in self._subscription_names(topic):
             cursor = self._cursor(topic, name)
             live = topic.subscriptions.get(name)
-            subscriptions[name] = {
+            subscriptions[_shown(name)] = {
                 "msgBacklog": cursor.backlog_entries(),
                 "backlogSize": cursor.estimated_backlog_bytes(),
                 "type": live.sub_type.name.capitalize() if live else "Exclusive",
@@ -189,14 +199,14 @@ class Admin:
         cursors = {}
         for name in self._subscription_names(topic, internal=True):
             cursor = self._cursor(topic, name)
-            cursors[name] = {
+            cursors[_shown(name)] = {
                 "markDeletePosition": str(cursor.mark_delete_position),
                 "readPosition": str(cursor.read_position),
                 "individuallyDeletedMessages": cursor.acked_ranges.to_pulsar_string(),
                 "messagesConsumedCounter": cursor.messages_consumed_counter,
                 "cursorLedger": -1,
                 "state": "Open",
-                "properties": cursor.properties,
+                "properties": {_shown(key): value for key, value in cursor.properties.items()},
             }
         view = topic.compacted.view
         compacted = {"ledgerId": -1, "entries": -1, "size": -1, "offloaded": False, "underReplicated": False}
@@ -222,7 +232,7 @@ class Admin:
         names |= {name for name, s in topic.subscriptions.items() if s.cursor.durable}
         if not internal:
             names.discard(DEDUP_CURSOR)
-        return sorted(names)
+        return sorted(names, key=_shown)
 
     @staticmethod
     def _cursor(topic: Topic, name: str) -> ManagedCursor:

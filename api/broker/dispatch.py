@@ -14,6 +14,14 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
   on its consumer until acknowledged; a consumer that leaves has its pending positions
   replayed to the others, before any new entry; when the last one has left, the next
   consumer starts again from the mark-delete position.
+* **Bounded rounds.** Whatever permits a consumer grants (up to 2**32 - 1), one call of
+  ``dispatch`` sends at most ``DISPATCH_ROUND_ENTRIES_MAX`` entries and about
+  ``DISPATCH_ROUND_BYTES_MAX`` bytes, reading in slices sized from the entries seen so
+  far; when permits and entries remain, the next round is scheduled on the event loop, so
+  other connections and the REST API are served in between. A consumer that is not
+  ``writable`` (its connection's write buffer is over its high-water mark) gets nothing
+  until its connection drains and dispatches again, so what waits for a slow consumer is
+  bounded by its transport's buffer, not by its permits.
 * **Read-compacted** subscriptions (Exclusive and Failover only) read through the topic's
   compacted view (``CompactedTopic.read_compacted``), then the raw tail; batches from the
   compacted ledger carry the surviving-slot mask (``ack_set``). Their acks are kept like
@@ -25,6 +33,7 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 import logging
 from collections.abc import Iterable
@@ -44,8 +53,15 @@ __all__ = ["Consumer", "Delivery", "SubType", "Subscription"]
 
 log = logging.getLogger(__name__)
 
-# Pulsar's dispatcherMaxReadBatchSize: entries read for one dispatch round.
+# Pulsar's dispatcherMaxReadBatchSize: entries read at once.
 DISPATCH_ENTRIES_MAX = 100
+# One dispatch round sends at most this much before yielding to the event loop (Pulsar's
+# dispatcherMaxReadSizeBytes is 5 MB a read).
+DISPATCH_ROUND_ENTRIES_MAX = 1000
+DISPATCH_ROUND_BYTES_MAX = 5 * 1024 * 1024
+# Size assumed for an entry before any was read: the largest a client may send, so the
+# first read of a subscription is one entry and the next ones are sized from what came.
+ENTRY_BYTES_ASSUMED = 5 * 1024 * 1024
 
 
 class SubType(enum.Enum):
@@ -85,6 +101,12 @@ class Consumer(abc.ABC):
         self.priority_level = priority_level
         self.permits = 0
 
+    @property
+    def writable(self) -> bool:
+        """False while the consumer cannot take more now (its outgoing buffer is full); it
+        then calls ``Subscription.dispatch`` again once it can (default: always True)."""
+        return True
+
     @abc.abstractmethod
     def send(self, delivery: Delivery) -> None:
         """Hand one entry to the consumer (must not block)."""
@@ -111,6 +133,24 @@ def _ack_set_words(entry: CompactedEntry) -> tuple[int, ...]:
     return tuple(ack_set_words(entry.surviving, entry.batch_size))
 
 
+class _Round:
+    """What one dispatch round may still send."""
+
+    __slots__ = ("bytes_left", "entries_left")
+
+    def __init__(self) -> None:
+        self.entries_left = DISPATCH_ROUND_ENTRIES_MAX
+        self.bytes_left = DISPATCH_ROUND_BYTES_MAX
+
+    @property
+    def spent(self) -> bool:
+        return self.entries_left <= 0 or self.bytes_left <= 0
+
+    def charge(self, delivery: Delivery) -> None:
+        self.entries_left -= 1
+        self.bytes_left -= len(delivery.data)
+
+
 class Subscription:
     """One subscription of a topic: its cursor, its consumers, and dispatch."""
 
@@ -135,6 +175,8 @@ class Subscription:
         self._masks: dict[Position, tuple[int, ...]] = {}  # ack_set of compacted batches sent
         self._sought: Position | None = None  # read position a seek left for the re-subscribe
         self._round_robin = 0
+        self._entry_bytes = ENTRY_BYTES_ASSUMED  # largest entry of the last read
+        self._next_round: asyncio.Handle | None = None
 
     @property
     def read_compacted(self) -> bool:
@@ -213,37 +255,72 @@ class Subscription:
         self.dispatch()
 
     def dispatch(self) -> None:
-        """Send what permits allow; call after FLOW, acks, redelivery and new entries."""
-        if self.sub_type is SubType.SHARED:
-            self._dispatch_shared()
+        """Send one bounded round of what permits allow (see "Bounded rounds"); call after
+        FLOW, acks, redelivery, new entries and a consumer becoming writable."""
+        if self._next_round is not None:
+            self._next_round.cancel()
+            self._next_round = None
+        while self._dispatch_round(_Round()):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # a synchronous caller, no event loop: nobody else to serve
+                continue
+            self._next_round = loop.call_soon(self._run_next_round)
             return
+
+    def _dispatch_round(self, budget: _Round) -> bool:
+        """One round; True when it ended with permits and entries left."""
+        if self.sub_type is SubType.SHARED:
+            return self._dispatch_shared(budget)
+        return self._dispatch_active(budget)
+
+    def _dispatch_active(self, budget: _Round) -> bool:
+        """Exclusive/Failover; True when the round ended with permits and entries left."""
         active = self._active
-        while active is not None and active.permits > 0:
-            deliveries = self._read(min(active.permits, DISPATCH_ENTRIES_MAX))
+        while active is not None and active.permits > 0 and active.writable:
+            if budget.spent:
+                return True
+            deliveries = self._read(self._read_size(active.permits, budget))
             if not deliveries:
-                return
+                return False
             for delivery in deliveries:
                 active.permits -= delivery.messages
+                budget.charge(delivery)
                 active.send(delivery)
+        return False
 
-    def _dispatch_shared(self) -> None:
+    def _dispatch_shared(self, budget: _Round) -> bool:
         while True:
-            ready = [c for c in self.consumers if c.permits > 0]
+            ready = [c for c in self.consumers if c.permits > 0 and c.writable]
             if not ready:
-                return
+                return False
+            if budget.spent:
+                return True
             consumer = ready[self._round_robin % len(ready)]
             self._round_robin += 1
-            deliveries = self._replayed(consumer.permits) or self._read(min(consumer.permits, DISPATCH_ENTRIES_MAX))
+            size = self._read_size(consumer.permits, budget)
+            deliveries = self._replayed(size) or self._read(size)
             if not deliveries:
-                return
+                return False
             for delivery in deliveries:
                 self._pending[delivery.position] = consumer
                 consumer.permits -= delivery.messages
+                budget.charge(delivery)
                 consumer.send(delivery)
 
-    def _replayed(self, permits: int) -> list[Delivery]:
+    def _read_size(self, permits: int, budget: _Round) -> int:
+        """Entries to read next: within permits and the round, sized from the largest
+        entry of the last read so that one read stays near the round's bytes."""
+        by_bytes = max(1, budget.bytes_left // max(1, self._entry_bytes))
+        return max(1, min(permits, DISPATCH_ENTRIES_MAX, budget.entries_left, by_bytes))
+
+    def _run_next_round(self) -> None:
+        self._next_round = None
+        self.dispatch()
+
+    def _replayed(self, max_entries: int) -> list[Delivery]:
         out: list[Delivery] = []
-        for position in sorted(self._replay)[: max(1, min(permits, DISPATCH_ENTRIES_MAX))]:
+        for position in sorted(self._replay)[:max_entries]:
             self._replay.discard(position)
             if self.cursor.is_acknowledged(position):
                 continue
@@ -264,8 +341,12 @@ class Subscription:
             for delivery in deliveries:
                 if delivery.ack_set:
                     self._masks[delivery.position] = delivery.ack_set
-            return deliveries
-        return [Delivery(e.position, e.data, _message_count(e.data)) for e in self.cursor.read_entries(max_entries)]
+        else:
+            deliveries = [Delivery(e.position, e.data, _message_count(e.data))
+                          for e in self.cursor.read_entries(max_entries)]
+        if deliveries:
+            self._entry_bytes = max(len(d.data) for d in deliveries)
+        return deliveries
 
     # -- acknowledgements and redelivery --------------------------------------------------
 

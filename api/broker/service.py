@@ -22,6 +22,8 @@ from api.broker.errors import TopicNotFoundError
 from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
+from api.listener import listening_socket
+from api.wire.limits import PartialFrameBudget, WireLimits
 from compactor.errors import CompactionInProgressError
 from compactor.record import RunFigures
 from compactor.runner import MEMORY_BUDGET_BYTES_DEFAULT, CompactionConfig, Compactor
@@ -45,6 +47,8 @@ __all__ = ["TRIM_INTERVAL_S", "BrokerService", "compaction_config"]
 
 log = logging.getLogger(__name__)
 
+# Pending connections the kernel queues on the Pulsar port (asyncio's default).
+PULSAR_LISTEN_BACKLOG = 100
 # How often consumed ledgers are trimmed (Pulsar's retentionCheckIntervalInSeconds: 120).
 TRIM_INTERVAL_S = 120.0
 
@@ -69,6 +73,8 @@ class BrokerService:
         self.settings = settings
         self.topics: dict[str, Topic] = {}
         self.connections: set[ServerConnection] = set()
+        self.wire_limits = WireLimits.from_settings(settings)
+        self.partial_frames = PartialFrameBudget(self.wire_limits.partial_frames_budget_bytes)
         self.compactor = Compactor(compaction_config(settings))
         self.ledger_config = ManagedLedgerConfig(
             max_entries_per_ledger=int(getattr(settings, "managed_ledger_max_entries_per_ledger", 50_000)),
@@ -95,7 +101,13 @@ class BrokerService:
         from api.wire.connection import ServerConnection
 
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(lambda: ServerConnection(self), host, port)
+        sock = listening_socket(host, port, PULSAR_LISTEN_BACKLOG)
+        try:
+            self._server = await self.loop.create_server(
+                lambda: ServerConnection(self), sock=sock, backlog=PULSAR_LISTEN_BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
         self._trim_task = asyncio.create_task(self._trim_periodically())
         interval_s = float(getattr(self.settings, "compaction_monitor_interval_seconds", 60))
         if interval_s > 0:

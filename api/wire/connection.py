@@ -15,7 +15,17 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   ProducerBusy, a dead one is closed and the newcomer takes the name.
 * SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
   client flushes its queue and subscribes again from the new position.
-* A malformed frame (``FrameError``) closes this connection only.
+* A malformed frame (``FrameError``) closes this connection only. A well-formed command
+  carrying a hostile value (``api.wire.validate``: a string that is not UTF-8, a name with
+  control characters, a sequence id above int64, a SEND entry that does not decode) is
+  refused for that command only, before its handler runs, so it creates nothing.
+* Flow control: while the transport's write buffer is over ``WRITE_BUFFER_HIGH_BYTES``
+  the connection's consumers are not ``writable`` and dispatch sends them nothing; when
+  it drains (``resume_writing``) their subscriptions dispatch again. With dispatch's
+  bounded rounds this keeps what a consumer's permits can make the broker hold bounded.
+* Limits (``api.wire.limits``): no CONNECT within the connect timeout, or a frame left
+  incomplete past the frame timeout, closes the connection; partial frames count against
+  a broker-wide budget, and the connection that would exceed it is closed.
 * Keep-alive: a PING every ``KEEPALIVE_INTERVAL_S``; a connection silent for two intervals
   is closed. A connection that goes away frees its consumers (their unacknowledged
   entries are redelivered) and producers.
@@ -49,6 +59,8 @@ from api.wire.frames import (
     encode_command,
     encode_payload_command,
 )
+from api.wire.limits import PartialFrameBudget, WireLimits
+from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
 from ledger.errors import CompactionServiceError
@@ -65,6 +77,9 @@ log = logging.getLogger(__name__)
 KEEPALIVE_INTERVAL_S = 30.0  # the client's own ping interval; silence for two closes
 LIVENESS_TIMEOUT_S = 5.0  # Pulsar's connectionLivenessCheckTimeoutMillis
 PROTOCOL_VERSION = 20  # what pulsar-client 3.13.0 (C++ 4.2.0) speaks
+# Consumers stop getting entries while more than this waits in a connection's write buffer
+# (asyncio pauses writing above it, resumes at a quarter of it).
+WRITE_BUFFER_HIGH_BYTES = 1024 * 1024
 T = pb.BaseCommand
 
 
@@ -91,6 +106,10 @@ class WireConsumer(Consumer):
         self.connection = connection
         self.topic: Topic | None = None
         self.subscription: Subscription | None = None
+
+    @property
+    def writable(self) -> bool:
+        return not self.connection.writing_paused
 
     def send(self, delivery: Delivery) -> None:
         message = pb.CommandMessage(
@@ -122,10 +141,17 @@ class ServerConnection(asyncio.Protocol):
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, WireConsumer] = {}
         self.service_url = ""
+        self.writing_paused = False  # the transport's write buffer is over its high-water mark
         self._loop = asyncio.get_event_loop()
         self._last_received = self._loop.time()
         self._activity = asyncio.Event()  # set by any data received or by the connection's end
         self._keepalive: asyncio.TimerHandle | None = None
+        self.limits: WireLimits = broker.wire_limits
+        self._budget: PartialFrameBudget = broker.partial_frames
+        self._partial_held = 0  # bytes of an incomplete frame, taken from the budget
+        self._partial_since: float | None = None  # when the incomplete frame started
+        self._partial_timer: asyncio.TimerHandle | None = None
+        self._connect_timer: asyncio.TimerHandle | None = None
         self._handlers: dict[int, Callable[[pb.BaseCommand, Frame], None]] = {
             T.CONNECT: self._connect, T.PARTITIONED_METADATA: self._partitioned_metadata,
             T.LOOKUP: self._lookup, T.PRODUCER: self._producer, T.SEND: self._send,
@@ -142,10 +168,12 @@ class ServerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         host, port = transport.get_extra_info("sockname")[:2]
         self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
         self.broker.connections.add(self)
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
+        self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = self._loop.time()
@@ -156,14 +184,28 @@ class ServerConnection(asyncio.Protocol):
             log.warning("closing connection: %s", error)
             self.close()
             return
+        if not self._hold_partial_frame(started_anew=bool(frames)):
+            return
         for frame in frames:
             if self.transport is None or self.transport.is_closing():
                 return
             self._handle(frame)
 
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        """The write buffer drained: the consumers that stopped for it get their next round."""
+        self.writing_paused = False
+        for subscription in {id(c.subscription): c.subscription for c in self.consumers.values()
+                             if c.subscription is not None}.values():
+            subscription.dispatch()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._keepalive is not None:
-            self._keepalive.cancel()
+        for timer in (self._keepalive, self._connect_timer, self._partial_timer):
+            if timer is not None:
+                timer.cancel()
+        self._release_partial_frame()
         self.broker.connections.discard(self)
         for consumer in list(self.consumers.values()):
             if consumer.topic is not None and consumer.subscription is not None:
@@ -203,6 +245,57 @@ class ServerConnection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(encode_payload_command(command, entry, with_checksum=True))
 
+    # -- limits on what a connection holds --------------------------------------------
+
+    def _hold_partial_frame(self, *, started_anew: bool) -> bool:
+        """Account the decoder's incomplete frame against the broker's budget and start
+        its clock; False (the connection is closing) when it does not fit."""
+        held = self.decoder.buffered
+        if not self._budget.resize(self._partial_held, held):
+            log.warning(
+                "closing connection %s: its incomplete frame of %d bytes would take the partial "
+                "frames of all connections over their budget of %d bytes",
+                self._peer(), held, self._budget.limit_bytes)
+            self._release_partial_frame()
+            self.close()
+            return False
+        self._partial_held = held
+        if not held:
+            self._partial_since = None
+        elif started_anew or self._partial_since is None:
+            self._partial_since = self._loop.time()
+            if self._partial_timer is None:
+                self._partial_timer = self._loop.call_later(self.limits.frame_timeout_s, self._check_partial_frame)
+        return True
+
+    def _release_partial_frame(self) -> None:
+        """The connection is closing: give its buffered bytes back to the budget and to the
+        allocator now (the protocol object itself may live on until a cyclic GC pass)."""
+        self._budget.resize(self._partial_held, 0)
+        self._partial_held = 0
+        self._partial_since = None
+        self.decoder.release()
+
+    def _check_partial_frame(self) -> None:
+        self._partial_timer = None
+        if self._partial_since is None or self.transport is None:
+            return
+        waited = self._loop.time() - self._partial_since
+        if waited < self.limits.frame_timeout_s:
+            self._partial_timer = self._loop.call_later(self.limits.frame_timeout_s - waited, self._check_partial_frame)
+            return
+        log.warning("closing connection %s: a frame stayed incomplete for %.1f s", self._peer(), waited)
+        self.close()
+
+    def _check_connected(self) -> None:
+        if not self.connected and self.transport is not None:
+            log.warning("closing connection %s: no CONNECT within %.1f s", self._peer(), self.limits.connect_timeout_s)
+            self.close()
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
+
     def _check_alive(self) -> None:
         if self._loop.time() - self._last_received > 2 * KEEPALIVE_INTERVAL_S:
             log.info("closing silent connection %s", self.service_url)
@@ -222,7 +315,10 @@ class ServerConnection(asyncio.Protocol):
         handler = self._handlers.get(command.type)
         request_id = request_id_of(command)
         try:
-            if handler is None:
+            problem = frame_problem(frame) if handler is not None else None
+            if problem is not None:
+                self._refuse(command, request_id, problem)
+            elif handler is None:
                 self._unsupported(command, request_id)
             else:
                 handler(command, frame)
@@ -230,6 +326,24 @@ class ServerConnection(asyncio.Protocol):
             self._error(request_id, error)
         except Exception as error:  # never a traceback to the client: log it, answer ERROR
             log.exception("failed to handle %s", T.Type.Name(command.type))
+            self._error(request_id, error)
+
+    def _refuse(self, command: pb.BaseCommand, request_id: int | None, error: BrokerError) -> None:
+        """Answer a command that ``frame_problem`` refused, as a failure of that command
+        only; nothing it asked for is created. A refused SEND answers ChecksumError: the
+        only code the client answers by failing that message rather than resending it."""
+        name = T.Type.Name(command.type)
+        log.info("refusing %s: %s", name, error)
+        if command.type == T.SEND:
+            self._send_error(command.send.producer_id, command.send.sequence_id, "ChecksumError", str(error))
+        elif command.type == T.LOOKUP:
+            self._lookup_failed(command.lookupTopic.request_id, error)
+        elif command.type == T.PARTITIONED_METADATA:
+            self._partitioned_metadata_failed(command.partitionMetadata.request_id, error)
+        elif command.type == T.CONNECT:
+            log.warning("closing connection: %s", error)
+            self.close()
+        elif request_id is not None:
             self._error(request_id, error)
 
     def _unsupported(self, command: pb.BaseCommand, request_id: int | None) -> None:
@@ -266,26 +380,38 @@ class ServerConnection(asyncio.Protocol):
 
     def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.partitionMetadata
-        response = pb.CommandPartitionedTopicMetadataResponse(request_id=request.request_id)
         try:
             self.broker.topic_name(request.topic)
-            response.partitions, response.response = 0, pb.CommandPartitionedTopicMetadataResponse.Success
         except BrokerError as error:
-            response.response = pb.CommandPartitionedTopicMetadataResponse.Failed
-            response.error, response.message = _server_error(error.code), str(error)
+            self._partitioned_metadata_failed(request.request_id, error)
+            return
+        response = pb.CommandPartitionedTopicMetadataResponse(
+            request_id=request.request_id, partitions=0,
+            response=pb.CommandPartitionedTopicMetadataResponse.Success)
+        self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
+
+    def _partitioned_metadata_failed(self, request_id: int, error: BrokerError) -> None:
+        response = pb.CommandPartitionedTopicMetadataResponse(
+            request_id=request_id, response=pb.CommandPartitionedTopicMetadataResponse.Failed,
+            error=_server_error(error.code), message=str(error))
         self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
 
     def _lookup(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.lookupTopic
-        response = pb.CommandLookupTopicResponse(request_id=request.request_id)
         try:
             self.broker.topic_name(request.topic)
-            response.response = pb.CommandLookupTopicResponse.Connect
-            response.brokerServiceUrl, response.authoritative = self.service_url, True
-            response.proxy_through_service_url = False
         except BrokerError as error:
-            response.response = pb.CommandLookupTopicResponse.Failed
-            response.error, response.message = _server_error(error.code), str(error)
+            self._lookup_failed(request.request_id, error)
+            return
+        response = pb.CommandLookupTopicResponse(
+            request_id=request.request_id, response=pb.CommandLookupTopicResponse.Connect,
+            brokerServiceUrl=self.service_url, authoritative=True, proxy_through_service_url=False)
+        self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
+
+    def _lookup_failed(self, request_id: int, error: BrokerError) -> None:
+        response = pb.CommandLookupTopicResponse(
+            request_id=request_id, response=pb.CommandLookupTopicResponse.Failed,
+            error=_server_error(error.code), message=str(error))
         self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
 
     def _topics_of_namespace(self, command: pb.BaseCommand, frame: Frame) -> None:

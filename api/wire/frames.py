@@ -191,6 +191,17 @@ class FrameDecoder:
         """Bytes received but not yet part of a complete frame (non-zero at EOF: truncated)."""
         return len(self._buffer) - self._offset
 
+    def release(self) -> None:
+        """Drop what is buffered and refuse further input: the connection is gone.
+
+        The buffer may hold megabytes of a partial frame, and a closed connection's
+        protocol object can outlive it until the cyclic garbage collector runs; releasing
+        here gives the memory back at once.
+        """
+        self._failure = FrameError("the connection is closed")
+        self._buffer = bytearray()
+        self._offset = 0
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Append ``data``; return the frames now complete, in order.
 

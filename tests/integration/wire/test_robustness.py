@@ -12,8 +12,9 @@ What each part shows, with the real pulsar-client (3.13.0) as the well-behaved n
   SIGKILLed while it holds unacknowledged messages: an Exclusive subscription takes a new
   consumer (no ConsumerBusy) that gets them all again; on a Shared subscription they go to
   the remaining consumer. A raw consumer that resets its socket mid-frame frees the same.
-* **Per-request failures answer, and keep the connection.** A SEND with a wrong checksum
-  gets SEND_ERROR ChecksumError and stores nothing; unsupported requests carrying a
+* **Per-request failures answer, and keep the connection.** A SEND with a wrong checksum,
+  or one whose entry a real client could not decode, gets SEND_ERROR ChecksumError and
+  stores nothing (a real reader reads on); unsupported requests carrying a
   request_id (CONSUMER_STATS, GET_SCHEMA, GET_OR_CREATE_SCHEMA, NEW_TXN) get ERROR with
   that id; PING gets PONG, and the broker's own keep-alive closes only silent connections.
 * **A killed ``compactd serve`` loses no acknowledged message.** The real process is
@@ -628,3 +629,34 @@ def test_serve_sigkill_mid_production_loses_no_acknowledged_message(tmp_path: Pa
     finally:
         code = serve.terminate()
     assert code == 0, log_path.read_text()
+
+
+def test_an_undecodable_send_is_refused_and_real_readers_keep_reading(broker: Any, client: Any) -> None:
+    """A raw producer sends entries a real client could not decode (a batch claiming more
+    slots than it holds, a ZLIB payload that is not zlib): each gets SEND_ERROR and nothing
+    is stored, so a real reader of the topic reads just the good message after them."""
+    topic = _topic("undecodable")
+    raw = _Raw(broker.port)
+    try:
+        success = raw.request(make_command(pb.CommandProducer(topic=topic, producer_id=1, request_id=1)))
+        name = success.producer_success.producer_name
+        single = pb.SingleMessageMetadata(payload_size=1).SerializeToString()
+        slot = struct.pack(">I", len(single)) + single + b"v"
+        bad = [
+            pb.MessageMetadata(producer_name=name, sequence_id=0, publish_time=1, num_messages_in_batch=1000),
+            pb.MessageMetadata(producer_name=name, sequence_id=1, publish_time=1, compression=pb.ZLIB,
+                               uncompressed_size=100),
+        ]
+        for sequence_id, metadata in enumerate(bad):
+            body = metadata.SerializeToString()
+            send = make_command(pb.CommandSend(producer_id=1, sequence_id=sequence_id, num_messages=1))
+            raw.sock.sendall(encode_payload_command(send, struct.pack(">I", len(body)) + body + slot))
+            answer = raw.receive()
+            assert answer.type == T.SEND_ERROR, answer
+            assert answer.command.send_error.sequence_id == sequence_id
+        send = make_command(pb.CommandSend(producer_id=1, sequence_id=2, num_messages=1))
+        raw.sock.sendall(encode_payload_command(send, _entry(name, 2, b"good")))
+        assert raw.receive().type == T.SEND_RECEIPT
+    finally:
+        raw.close()
+    assert [m.data() for m in _read_all(client, topic)] == [b"good"]

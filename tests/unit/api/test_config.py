@@ -29,6 +29,8 @@ NOT_YET_IN_INTERFACES = {
     "fsync", "managed_ledger_max_entries_per_ledger", "managed_ledger_max_size_per_ledger_bytes",
     "compaction_memory_budget_bytes", "broker_deduplication_enabled", "cluster_name",
     "max_open_ledger_files",
+    "wire_connect_timeout_seconds", "wire_frame_timeout_seconds",
+    "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -44,6 +46,8 @@ DOCUMENTED_DEFAULTS = {
     "managed_ledger_max_size_per_ledger_bytes": 2 * 1024**3,
     "compaction_memory_budget_bytes": 1 << 30, "max_open_ledger_files": 256,
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
+    "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
+    "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -66,6 +70,10 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "broker_deduplication_enabled": ("on", "true", True),
     "cluster_name": ("east", '"east"', "east"),
     "max_open_ledger_files": ("64", "64", 64),
+    "wire_connect_timeout_seconds": ("0.5", "0.5", 0.5),
+    "wire_frame_timeout_seconds": ("2", "2", 2.0),
+    "wire_partial_frames_budget_bytes": ("1048576", "1048576", 1048576),
+    "http_max_request_body_bytes": ("4096", "4096", 4096),
     "authentication_enabled": ("yes", "true", True),
     "token_secret_key": ("file:///etc/secret", '"file:///etc/secret"', "file:///etc/secret"),
     "token_public_key": ("data:;base64,AAAA", '"data:;base64,AAAA"', "data:;base64,AAAA"),

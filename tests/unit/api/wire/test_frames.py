@@ -436,3 +436,14 @@ def test_fuzz_frames_or_frame_error_only(
         assert error is None
     except FrameError:
         assert error is not None
+
+
+def test_a_released_decoder_holds_nothing_and_refuses_input() -> None:
+    decoder = FrameDecoder()
+    frame = encode_command(make_command(pb.CommandPing()))
+    decoder.feed(frame + frame[:5])
+    assert decoder.buffered > 0
+    decoder.release()
+    assert decoder.buffered == 0
+    with pytest.raises(FrameError):
+        decoder.feed(frame)

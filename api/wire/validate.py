@@ -1,0 +1,184 @@
+"""What a decoded frame must also satisfy before a handler may act on it.
+
+``api/wire/frames.py`` guarantees a frame's shape (it parses, required fields are there,
+one sub-message); this module checks what is *legal protobuf but hostile*, so that no such
+value ever reaches broker state. ``frame_problem`` answers the refusal for a frame, or
+None; the connection answers it for that command only (ERROR with the request id, the
+command's own failed response, SEND_ERROR, or closing a connection-level command) and
+creates nothing. The rules:
+
+* **Strings are text.** Every ``string`` field, at every depth, is valid UTF-8. The upb
+  runtime does not check proto2 strings: it hands back ``bytes`` instead of ``str``, and
+  such a value used as a subscription name became a cursor row that failed every stats
+  answer of its topic.
+* **Names are names.** Topic names parse (``TopicName.parse``: no control characters, a
+  trailing newline included), a namespace is ``tenant/namespace``, and the names the
+  broker persists or shows (subscription, producer, consumer) have no control character;
+  a subscription name is not empty.
+* **Integers fit what they feed.** Sequence ids (``uint64`` on the wire) feed signed
+  64-bit state, so they are below 2**63; so is a seek's publish time. A message id's
+  ``ledgerId``/``entryId`` are below 2**63 or the -1 sentinel (2**64 - 1).
+* **A SEND's entry decodes** as every reader will decode it: its ``MessageMetadata``
+  parses, its producer name is text and its sequence ids fit; unless it is encrypted or
+  one chunk of a chunked message (neither can be opened alone), its payload decompresses
+  to ``uncompressed_size`` bytes and a batch splits into ``num_messages_in_batch`` slots.
+  A SEND whose checksum failed is not looked at (it is refused as damaged already).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message as ProtobufMessage
+
+from api.broker.errors import BrokerError, InvalidTopicNameError, NotAllowedError
+from api.broker.topic_name import TopicName, parse_namespace
+from api.wire.frames import Frame
+from compactor.errors import MalformedEntryError
+from compactor.message import (
+    check_slot_count,
+    decoded_payload,
+    is_batch,
+    is_encrypted,
+    parse_entry,
+    read_slot,
+)
+from compactor.proto import pulsar_api_pb2 as pb
+
+__all__ = ["SIGNED_64_MAX", "entry_problem", "frame_problem"]
+
+SIGNED_64_MAX = (1 << 63) - 1
+"""Largest value a wire ``uint64`` may carry into signed 64-bit broker state."""
+_U64_MAX = (1 << 64) - 1  # the -1 sentinel of a message id
+_T = pb.BaseCommand
+_MESSAGE_ID = pb.MessageIdData.DESCRIPTOR.full_name
+_SIGNED_FIELDS = {
+    (pb.CommandSend.DESCRIPTOR.full_name, "sequence_id"),
+    (pb.CommandSend.DESCRIPTOR.full_name, "highest_sequence_id"),
+    (pb.CommandSeek.DESCRIPTOR.full_name, "message_publish_time"),
+}
+"""``uint64`` fields whose value the broker keeps as a signed 64-bit integer."""
+
+
+def _topic(value: str) -> BrokerError | None:
+    try:
+        TopicName.parse(value)
+    except BrokerError as error:
+        return error
+    return None
+
+
+def _namespace(value: str) -> BrokerError | None:
+    try:
+        parse_namespace(value)
+    except BrokerError as error:
+        return error
+    return None
+
+
+def _name(what: str, *, allow_empty: bool = True) -> Callable[[str], BrokerError | None]:
+    def check(value: str) -> BrokerError | None:
+        if not value and not allow_empty:
+            return NotAllowedError(f"the {what} must not be empty")
+        if any(unicodedata.category(char) == "Cc" for char in value):
+            return NotAllowedError(f"invalid {what} {value!r}: control characters are not allowed")
+        return None
+    return check
+
+
+_TEXT_CHECKS: dict[tuple[str, str], Callable[[str], BrokerError | None]] = {
+    (pb.CommandLookupTopic.DESCRIPTOR.full_name, "topic"): _topic,
+    (pb.CommandPartitionedTopicMetadata.DESCRIPTOR.full_name, "topic"): _topic,
+    (pb.CommandProducer.DESCRIPTOR.full_name, "topic"): _topic,
+    (pb.CommandSubscribe.DESCRIPTOR.full_name, "topic"): _topic,
+    (pb.CommandGetTopicsOfNamespace.DESCRIPTOR.full_name, "namespace"): _namespace,
+    (pb.CommandSubscribe.DESCRIPTOR.full_name, "subscription"): _name("subscription name", allow_empty=False),
+    (pb.CommandSubscribe.DESCRIPTOR.full_name, "consumer_name"): _name("consumer name"),
+    (pb.CommandProducer.DESCRIPTOR.full_name, "producer_name"): _name("producer name"),
+}
+"""Strings that name something, with the check each name must pass."""
+_TOPIC_FIELDS = frozenset(key for key, check in _TEXT_CHECKS.items() if check in (_topic, _namespace))
+
+
+def frame_problem(frame: Frame) -> BrokerError | None:
+    """Why ``frame`` must be refused before its handler runs, or None when it may run."""
+    command = frame.command
+    field = command.DESCRIPTOR.fields_by_number[command.type]
+    problem = message_problem(getattr(command, field.name))
+    if problem is None and command.type == _T.SEND and frame.entry is not None and frame.checksum_ok:
+        problem = entry_problem(frame.entry)
+    return problem
+
+
+def message_problem(message: ProtobufMessage) -> BrokerError | None:
+    """The first string, name or integer of ``message`` (at any depth) that breaks the
+    rules of the module docstring, as the error to answer; None when all pass."""
+    for owner, field, value in _set_values(message):
+        key = (owner.DESCRIPTOR.full_name, field.name)
+        if field.type == FieldDescriptor.TYPE_STRING:
+            problem = _text_problem(key, value)
+        elif key in _SIGNED_FIELDS and value > SIGNED_64_MAX:
+            problem = NotAllowedError(f"{field.name} {value} is above {SIGNED_64_MAX}")
+        elif owner.DESCRIPTOR.full_name == _MESSAGE_ID and field.name in ("ledgerId", "entryId") \
+                and SIGNED_64_MAX < value < _U64_MAX:
+            problem = NotAllowedError(f"message id {field.name} {value} is out of range")
+        else:
+            problem = None
+        if problem is not None:
+            return problem
+    return None
+
+
+def _text_problem(key: tuple[str, str], value: object) -> BrokerError | None:
+    if not isinstance(value, str):  # upb: a proto2 string that is not UTF-8 comes as bytes
+        error_type = InvalidTopicNameError if key in _TOPIC_FIELDS else NotAllowedError
+        return error_type(f"{key[1]} {value!r} is not valid UTF-8")
+    check = _TEXT_CHECKS.get(key)
+    return check(value) if check is not None else None
+
+
+def _set_values(message: ProtobufMessage) -> Iterator[tuple[ProtobufMessage, FieldDescriptor, Any]]:
+    """Every set scalar of ``message`` and its sub-messages, depth first, with its owner."""
+    for field, value in message.ListFields():
+        values = value if field.is_repeated else (value,)
+        for item in values:
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                yield from _set_values(item)
+            else:
+                yield message, field, item
+
+
+def entry_problem(entry: bytes) -> BrokerError | None:
+    """Why a SEND's ``entry`` (metadataSize · metadata · payload) must not be stored, or
+    None; see "A SEND's entry decodes" in the module docstring."""
+    try:
+        parsed = parse_entry(entry)
+    except MalformedEntryError as error:
+        return NotAllowedError(f"the message does not decode: {error}")
+    metadata = parsed.metadata
+    if not isinstance(metadata.producer_name, str):
+        return NotAllowedError(f"producer_name {metadata.producer_name!r} is not valid UTF-8")
+    for name in ("sequence_id", "highest_sequence_id"):
+        if getattr(metadata, name) > SIGNED_64_MAX:
+            return NotAllowedError(f"message {name} {getattr(metadata, name)} is above {SIGNED_64_MAX}")
+    if is_encrypted(metadata) or metadata.HasField("num_chunks_from_msg") or metadata.HasField("uuid"):
+        return None  # sealed, or one piece of a payload: nothing to open here
+    try:
+        body = decoded_payload(parsed)
+        if is_batch(metadata):
+            _check_slots(body, metadata.num_messages_in_batch)
+    except MalformedEntryError as error:  # UndecodablePayloadError is one
+        return NotAllowedError(f"the message payload does not decode: {error}")
+    return None
+
+
+def _check_slots(body: bytes, count: int) -> None:
+    """Raise ``UndecodablePayloadError`` unless ``body`` holds ``count`` well-formed slots."""
+    check_slot_count(body, count)
+    single = pb.SingleMessageMetadata()
+    position = 0
+    for batch_index in range(count):
+        position = read_slot(body, position, batch_index, single)
