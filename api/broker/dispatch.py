@@ -28,6 +28,10 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
   any other: compacted entries already acknowledged are skipped, and the cursor counts
   compacted entries whose raw ledgers were trimmed as entries (``compacted_successor``),
   so a re-subscribe or a restart delivers exactly what was not acknowledged.
+* **A corrupt entry is never served, never skipped.** A read that fails (a record whose
+  CRC32C does not match: ``CorruptEntryError``) stops dispatch of that subscription where
+  it is, logged once; its consumers get nothing past it until the subscription is moved
+  (seek, reset) or the data is repaired. Other subscriptions and topics are not affected.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from compactor.topic import CompactedTopic
 from compactor.view import ack_set_words
 from cursor.cursor import ManagedCursor
 from cursor.errors import CursorError
+from ledger.errors import LedgerError
 from ledger.position import Position
 
 __all__ = ["Consumer", "Delivery", "SubType", "Subscription"]
@@ -177,6 +182,7 @@ class Subscription:
         self._round_robin = 0
         self._entry_bytes = ENTRY_BYTES_ASSUMED  # largest entry of the last read
         self._next_round: asyncio.Handle | None = None
+        self._stalled_on: str | None = None  # the read error dispatch stopped at, logged once
 
     @property
     def read_compacted(self) -> bool:
@@ -260,13 +266,25 @@ class Subscription:
         if self._next_round is not None:
             self._next_round.cancel()
             self._next_round = None
-        while self._dispatch_round(_Round()):
+        while self._dispatch_round_or_stall():
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # a synchronous caller, no event loop: nobody else to serve
                 continue
             self._next_round = loop.call_soon(self._run_next_round)
             return
+
+    def _dispatch_round_or_stall(self) -> bool:
+        """One round; a read that fails stalls the subscription (see "A corrupt entry")."""
+        try:
+            more = self._dispatch_round(_Round())
+        except LedgerError as error:
+            if str(error) != self._stalled_on:
+                log.error("subscription %s: dispatch stopped: %s", self.name, error)
+            self._stalled_on = str(error)
+            return False
+        self._stalled_on = None
+        return more
 
     def _dispatch_round(self, budget: _Round) -> bool:
         """One round; True when it ended with permits and entries left."""
