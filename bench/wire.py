@@ -15,6 +15,10 @@ machine's cores) and measures, with pulsar-client 3.13.0:
 * **send latency**: ``--latency-messages`` synchronous ``producer.send`` calls of 100 B,
   non-batched and batched with a 1 ms batching delay; p50 and p99 after a warm-up.
 
+``--deduplication on`` runs the broker with de-duplication on; ``--deduplication both``
+measures the produce figures with it off (the baseline) and on, in the same run, and
+prints their ratio (the cost of identifying and fingerprinting each send).
+
 Each figure is the median over ``--runs`` runs. A benchmark, not a test: it asserts
 nothing beyond every send succeeding.
 """
@@ -47,11 +51,12 @@ PAYLOAD_SIZES = (100, 1024)
 class Server:
     """``compactd serve`` as a subprocess on its own data dir."""
 
-    def __init__(self, data_dir: str, fsync: str) -> None:
+    def __init__(self, data_dir: str, fsync: str, deduplication: bool = False) -> None:
         executable = os.path.join(os.path.dirname(sys.executable), "compactd")
+        dedup = "--broker-deduplication-enabled" if deduplication else "--no-broker-deduplication-enabled"
         self.process = subprocess.Popen(
             [executable, "serve", "--broker-port", "0", "--http-port", "0", "--data-dir", data_dir,
-             "--fsync", fsync],
+             "--fsync", fsync, dedup],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         lines: queue.Queue[str] = queue.Queue()
@@ -139,10 +144,48 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def produce_only(args: argparse.Namespace, deduplication: bool) -> dict[str, float]:
+    """The produce figures of one broker, de-duplication on or off."""
+    root = tempfile.mkdtemp(prefix="bench-wire-", dir=args.dir)
+    server = Server(os.path.join(root, "data"), args.fsync, deduplication)
+    figures: dict[str, float] = {}
+    try:
+        client = pulsar.Client(server.url, operation_timeout_seconds=30,
+                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            for size in PAYLOAD_SIZES:
+                for batching in (False, True):
+                    key = f"{size}/{'on' if batching else 'off'}"
+                    seconds = produce(client, _topic(f"{size}-{int(batching)}"), size, args.messages, batching, args)
+                    figures[f"produce {key} msgs"] = args.messages / seconds
+        finally:
+            client.close()
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
+def compare_deduplication(args: argparse.Namespace) -> None:
+    """Produce msgs/s with de-duplication off (the baseline) and on, in the same runs."""
+    runs: list[tuple[dict[str, float], dict[str, float]]] = []
+    for index in range(args.runs):
+        runs.append((produce_only(args, False), produce_only(args, True)))
+        print(f"  run {index + 1}/{args.runs} done", flush=True)
+    print(f"\nproduce with de-duplication off and on: {args.messages:,} msgs, median of {args.runs} runs")
+    print(f"{'payload':>8} {'batching':>9} {'off msgs/s':>11} {'on msgs/s':>10} {'on/off':>7}")
+    for size in PAYLOAD_SIZES:
+        for batching in ("off", "on"):
+            name = f"produce {size}/{batching} msgs"
+            off = statistics.median(run[0][name] for run in runs)
+            on = statistics.median(run[1][name] for run in runs)
+            print(f"{size:>7}B {batching:>9} {off:>11,.0f} {on:>10,.0f} {on / off:>7.2f}")
+
+
 def one_run(args: argparse.Namespace) -> dict[str, float]:
     """Every figure of one run, keyed by name."""
     root = tempfile.mkdtemp(prefix="bench-wire-", dir=args.dir)
-    server = Server(os.path.join(root, "data"), args.fsync)
+    server = Server(os.path.join(root, "data"), args.fsync, args.deduplication == "on")
     figures: dict[str, float] = {}
     try:
         client = pulsar.Client(server.url, operation_timeout_seconds=30,
@@ -188,7 +231,14 @@ def main() -> None:
     parser.add_argument("--batch-delay-ms", type=int, default=10, help="batching delay for the batched producer")
     parser.add_argument("--fsync", default="group", choices=("always", "group", "none"))
     parser.add_argument("--dir", default=None, help="where the data dirs go (default: a temp dir)")
+    parser.add_argument("--deduplication", default="off", choices=("off", "on", "both"),
+                        help="the broker's de-duplication; both: produce figures off and on, and their ratio")
     args = parser.parse_args()
+    if args.deduplication == "both":
+        print(f"load average before: {_load()}", flush=True)
+        compare_deduplication(args)
+        print(f"load average after: {_load()}")
+        return
 
     print(f"broker: `compactd serve` subprocess (fsync={args.fsync}), client: pulsar-client "
           f"{pulsar.__version__} in this process, {os.cpu_count()} CPUs; median of {args.runs} runs")

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.broker.service import BrokerService
-from api.wire.frames import encode_payload_command, make_command
+from api.wire.frames import encode_command, encode_payload_command, make_command
 from api.wire.validate import SIGNED_64_MAX, entry_problem
 from compactor.encoder import encode_batch, encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
@@ -132,7 +132,9 @@ def test_a_send_with_a_sequence_id_above_int64_is_refused_and_the_producer_name_
         assert [frame.type for frame in answer] == [T.SEND_ERROR]
         assert broker.topics[TOPIC].ledger.entries_added_counter == 0
         assert broker.topics[TOPIC].last_sequence_id("big") == -1
-        # a later producer of that name works, and so does a send
+        # a later producer of that name works (once this one closed), and so does a send
+        closed = wire.request_bytes(encode_command(make_command(pb.CommandCloseProducer(producer_id=1, request_id=99))))
+        assert [frame.type for frame in closed] == [T.SUCCESS]
         other = Wire(broker)
         success = _producer(other, name="big")
         assert success.last_sequence_id == -1
