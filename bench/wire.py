@@ -26,6 +26,7 @@ nothing beyond every send succeeding.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import shutil
@@ -37,7 +38,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pulsar
@@ -144,25 +145,32 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def produce_only(args: argparse.Namespace, deduplication: bool) -> dict[str, float]:
-    """The produce figures of one broker, de-duplication on or off."""
+@contextlib.contextmanager
+def broker_client(args: argparse.Namespace, deduplication: bool) -> Iterator[Any]:
+    """A client of a fresh ``compactd serve`` on a fresh data dir, both gone afterwards."""
     root = tempfile.mkdtemp(prefix="bench-wire-", dir=args.dir)
     server = Server(os.path.join(root, "data"), args.fsync, deduplication)
-    figures: dict[str, float] = {}
     try:
         client = pulsar.Client(server.url, operation_timeout_seconds=30,
                                logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         try:
-            for size in PAYLOAD_SIZES:
-                for batching in (False, True):
-                    key = f"{size}/{'on' if batching else 'off'}"
-                    seconds = produce(client, _topic(f"{size}-{int(batching)}"), size, args.messages, batching, args)
-                    figures[f"produce {key} msgs"] = args.messages / seconds
+            yield client
         finally:
             client.close()
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def produce_only(args: argparse.Namespace, deduplication: bool) -> dict[str, float]:
+    """The produce figures of one broker, de-duplication on or off."""
+    figures: dict[str, float] = {}
+    with broker_client(args, deduplication) as client:
+        for size in PAYLOAD_SIZES:
+            for batching in (False, True):
+                key = f"{size}/{'on' if batching else 'off'}"
+                seconds = produce(client, _topic(f"{size}-{int(batching)}"), size, args.messages, batching, args)
+                figures[f"produce {key} msgs"] = args.messages / seconds
     return figures
 
 
@@ -184,36 +192,26 @@ def compare_deduplication(args: argparse.Namespace) -> None:
 
 def one_run(args: argparse.Namespace) -> dict[str, float]:
     """Every figure of one run, keyed by name."""
-    root = tempfile.mkdtemp(prefix="bench-wire-", dir=args.dir)
-    server = Server(os.path.join(root, "data"), args.fsync, args.deduplication == "on")
     figures: dict[str, float] = {}
-    try:
-        client = pulsar.Client(server.url, operation_timeout_seconds=30,
-                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        try:
-            topics = {}
-            for size in PAYLOAD_SIZES:
-                for batching in (False, True):
-                    key = f"{size}/{'on' if batching else 'off'}"
-                    topics[key] = topic = _topic(f"{size}-{int(batching)}")
-                    seconds = produce(client, topic, size, args.messages, batching, args)
-                    figures[f"produce {key} msgs"] = args.messages / seconds
-                    figures[f"produce {key} MB"] = args.messages * size / seconds / 1e6
-            for key, topic in topics.items():
-                seconds = consume(client, topic, args.messages)
-                size = int(key.split("/")[0])
-                figures[f"consume {key} msgs"] = args.messages / seconds
-                figures[f"consume {key} MB"] = args.messages * size / seconds / 1e6
+    with broker_client(args, args.deduplication == "on") as client:
+        topics = {}
+        for size in PAYLOAD_SIZES:
             for batching in (False, True):
-                key = "on" if batching else "off"
-                samples = send_latencies(client, _topic(f"latency-{key}"), args.latency_messages, batching)
-                figures[f"latency {key} p50"] = percentile(samples, 0.50)
-                figures[f"latency {key} p99"] = percentile(samples, 0.99)
-        finally:
-            client.close()
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+                key = f"{size}/{'on' if batching else 'off'}"
+                topics[key] = topic = _topic(f"{size}-{int(batching)}")
+                seconds = produce(client, topic, size, args.messages, batching, args)
+                figures[f"produce {key} msgs"] = args.messages / seconds
+                figures[f"produce {key} MB"] = args.messages * size / seconds / 1e6
+        for key, topic in topics.items():
+            seconds = consume(client, topic, args.messages)
+            size = int(key.split("/")[0])
+            figures[f"consume {key} msgs"] = args.messages / seconds
+            figures[f"consume {key} MB"] = args.messages * size / seconds / 1e6
+        for batching in (False, True):
+            key = "on" if batching else "off"
+            samples = send_latencies(client, _topic(f"latency-{key}"), args.latency_messages, batching)
+            figures[f"latency {key} p50"] = percentile(samples, 0.50)
+            figures[f"latency {key} p99"] = percentile(samples, 0.99)
     return figures
 
 

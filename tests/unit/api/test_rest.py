@@ -46,12 +46,14 @@ def publish(broker: BrokerService, topic: str, *pairs: tuple[str, bytes]) -> Non
 
 
 def run(tmp_path: Path, body: Body, **settings: Any) -> None:
-    """Run ``body(broker, client)`` against a real broker and the real application."""
+    """Run ``body(broker, client)`` against a real broker and the real application, both
+    built from the same settings."""
     async def main() -> None:
         data_dir = DataDir.open(str(tmp_path / "data"))
-        broker = BrokerService(data_dir, Settings(compaction_monitor_interval_seconds=0, **settings))
+        chosen = Settings(compaction_monitor_interval_seconds=0, **settings)
+        broker = BrokerService(data_dir, chosen)
         broker.loop = asyncio.get_running_loop()
-        transport = httpx.ASGITransport(app=create_app(broker=broker))
+        transport = httpx.ASGITransport(app=create_app(chosen, broker=broker))
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://compactd") as client:
                 await body(broker, client)

@@ -6,37 +6,14 @@ Runs on the real application over a real broker, as ``test_rest`` does (its help
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from api.broker.service import BrokerService
-from api.config import Settings
-from api.http import create_app
 from cursor.cursor import InitialPosition, ManagedCursor
-from ledger import DataDir
-from tests.unit.api.test_rest import TOPIC, TOPIC_URL, Body, assert_reason, publish, run
-
-
-def run_limited(tmp_path: Path, body: Body, **settings: Any) -> None:
-    """``test_rest.run`` with the application built from the same settings as the broker."""
-    async def main() -> None:
-        data_dir = DataDir.open(str(tmp_path / "data"))
-        chosen = Settings(compaction_monitor_interval_seconds=0, **settings)
-        broker = BrokerService(data_dir, chosen)
-        broker.loop = asyncio.get_running_loop()
-        transport = httpx.ASGITransport(app=create_app(chosen, broker=broker))
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://compactd") as client:
-                await body(broker, client)
-        finally:
-            await broker.stop()
-            data_dir.close()
-
-    asyncio.run(main())
+from tests.unit.api.test_rest import TOPIC, TOPIC_URL, assert_reason, publish, run
 
 
 def test_stats_of_a_topic_with_a_cursor_row_that_is_not_text_answer_200(tmp_path: Path) -> None:
@@ -86,7 +63,7 @@ def test_a_body_declared_over_the_limit_answers_413_before_it_is_read(tmp_path: 
         assert_reason(response, 413, "100000", "4096")
         assert read <= 1  # httpx may have started the body; the app never asked for it
         assert broker.data_dir.metadata.get_policy(TOPIC, "compactionThreshold") is None
-    run_limited(tmp_path, body, http_max_request_body_bytes=4096)
+    run(tmp_path, body, http_max_request_body_bytes=4096)
 
 
 def test_a_streamed_body_over_the_limit_answers_413_as_soon_as_it_goes_over(tmp_path: Path) -> None:
@@ -105,4 +82,4 @@ def test_a_streamed_body_over_the_limit_answers_413_as_soon_as_it_goes_over(tmp_
         assert sent < 10
         small = await client.post(POLICY_URL, content=b"1000", headers={"Content-Type": "application/json"})
         assert small.status_code == 204, small.text  # a body within the limit still works
-    run_limited(tmp_path, body, http_max_request_body_bytes=4096)
+    run(tmp_path, body, http_max_request_body_bytes=4096)
