@@ -20,6 +20,7 @@ DESCRIPTOR_LIMIT = 1024
 
 CHILD = r"""
 import asyncio, os, resource, sys
+from api.broker.dedup import ProducerSession
 from api.broker.service import BrokerService
 from api.config import Settings
 from compactor.encoder import encode_entry
@@ -48,7 +49,7 @@ def name(i):
 async def publish_all(broker, indexes, round_):
     futures = []
     for i in indexes:
-        futures.append((i, broker.get_topic(name(i)).publish(f"producer-{i}", round_, entry(i, round_))))
+        futures.append((i, broker.get_topic(name(i)).publish(ProducerSession(), f"producer-{i}", round_, round_, entry(i, round_))))
         if i % 500 == 0:
             descriptors()
     for i, future in futures:
