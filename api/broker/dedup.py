@@ -5,26 +5,27 @@ for a message that is not a chunk) and fingerprinted by a *content digest*: its 
 without the fields a re-send may change (publish time, sequence ids, producer name, chunk
 uuid) plus its payload. Each PRODUCER the broker accepts starts a ``ProducerSession``.
 
-* A send whose identity and content match an entry in flight or among the last
-  ``WINDOW_ENTRIES`` durable ones is a duplicate: the answer waits for the in-flight one,
-  or is the stored entry's position.
+* A send whose identity and content match an entry in flight or among the topic's last
+  ``WINDOW_ENTRIES`` durable entries (at most ``WINDOW_BYTES`` of them) is a duplicate:
+  the answer waits for the in-flight one, or is the stored entry's position.
 * Within one session sequence ids only grow (a client re-sends only after it reconnects,
-  in a new session). Any other send whose ``(sequence id, chunk id)`` is not above the
-  highest the session already sent is a new message reusing a sequence id — the client
-  restarts its numbering after a reconnect when it never got a receipt — and is stored;
-  so is one whose identity is in the window with other content.
-* Past the window, a sequence id not above the highest durable one of its producer is a
-  duplicate answered ``-1:-1`` (Pulsar's rule: an application re-sending after its own
-  restart); anything else is stored.
-* A chunk advances its producer's highest sequence id only as the last chunk, so a chunk
-  lost in a crash is stored when re-sent. A failed append rolls the producer's pushed
-  sequence id back to the highest durable one (Pulsar's ``resetHighestSequenceIdPushed``).
+  in a new session), so a send whose ``(sequence id, chunk id)`` is not above the highest
+  the session already sent is a new message reusing a sequence id — the client restarts
+  its numbering after a reconnect when it never got a receipt — and is stored even when
+  its content matches.
+* Anything else is stored: a duplicate answer is only ever the position of the stored
+  original, never Pulsar's ``-1:-1`` for a sequence id merely at or below the highest
+  durable one (that answer would lose a message whose append failed while later ones of
+  its producer succeeded). A re-send of a message older than the window is stored again.
+* A chunk advances its producer's highest sequence id only as the last chunk.
 
-The durable part (producer name → highest durable sequence id) is snapshotted into the
-properties of a durable cursor named ``pulsar.dedup`` every ``SNAPSHOT_INTERVAL_ENTRIES``
-durable entries and when the topic closes; its mark-delete position says which entry the
-snapshot covers. Loading replays the entries after the snapshot, and at least the last
-``WINDOW_ENTRIES`` entries, so that re-sends after a crash find what was durable. Enabling
+The durable part (producer name → highest durable sequence id, what PRODUCER_SUCCESS
+answers) is snapshotted into the properties of a durable cursor named ``pulsar.dedup``
+every ``SNAPSHOT_INTERVAL_ENTRIES`` durable entries or ``SNAPSHOT_INTERVAL_BYTES``, and
+when the topic closes; its mark-delete position says which entry the snapshot covers.
+Loading replays the entries after the snapshot and the window (a few at a time, so a topic
+of large entries loads in bounded memory), so that re-sends after a crash find what was
+durable; an entry that cannot be read (corrupt) is skipped there. Enabling
 starts fresh at the end of the log (as Pulsar, which opens the cursor at the latest
 entry); disabling deletes the cursor, so that it holds nothing against trimming.
 """
@@ -32,7 +33,8 @@ entry); disabling deletes the cursor, so that it holds nothing against trimming.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter, OrderedDict
+import logging
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -40,22 +42,25 @@ from compactor.errors import MalformedEntryError
 from compactor.message import chunk_of, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition, ManagedCursor
-from ledger.managed_ledger import ManagedLedger
+from ledger.errors import LedgerError
+from ledger.managed_ledger import Entry, ManagedLedger
 from ledger.position import Position
 
-__all__ = ["DEDUP_CURSOR", "SNAPSHOT_INTERVAL_ENTRIES", "UNKNOWN_POSITION", "WINDOW_ENTRIES", "Deduplication",
-           "ProducerSession", "Send", "describe_send"]
+__all__ = ["DEDUP_CURSOR", "SNAPSHOT_INTERVAL_ENTRIES", "WINDOW_ENTRIES", "Deduplication", "ProducerSession",
+           "Send", "describe_send"]
+
+log = logging.getLogger(__name__)
 
 DEDUP_CURSOR = "pulsar.dedup"
-# Pulsar's brokerDeduplicationEntriesInterval: entries between two snapshots.
+# Pulsar's brokerDeduplicationEntriesInterval: entries between two snapshots; and bytes.
 SNAPSHOT_INTERVAL_ENTRIES = 1000
+SNAPSHOT_INTERVAL_BYTES = 64 << 20
 # Durable entries whose identity and content digest are remembered for re-sends: well
 # above what the client keeps pending per producer (maxPendingMessages, 1000 by default).
 WINDOW_ENTRIES = 10_000
-_REPLAY_BATCH_ENTRIES = 1000
+WINDOW_BYTES = 64 << 20  # ... and no more than this much of them is read back at load
+_REPLAY_BATCH_ENTRIES = 16
 SEQUENCE_ID_MAX = (1 << 63) - 1  # sequence ids are int64 where they are persisted
-UNKNOWN_POSITION = Position(-1, -1)
-"""The answer to a duplicate whose original is older than the window (Pulsar's -1:-1)."""
 _VOLATILE_FIELDS = ("highest_sequence_id", "uuid")  # besides the required ones, zeroed
 
 
@@ -68,18 +73,18 @@ class Send:
     highest_sequence_id: int
     chunk_id: int  # -1 when the message is not a chunk
     last_chunk: bool  # True when not a chunk
-    digest: bytes
-
-    @property
-    def identity(self) -> tuple[str, int, int]:
-        return self.producer_name, self.sequence_id, self.chunk_id
+    digest: bytes  # of the identity and the content: what a re-send must match
+    size: int  # of the entry
 
 
 @dataclass(slots=True)
 class ProducerSession:
-    """One PRODUCER accepted by the broker: the highest ``(sequence id, chunk id)`` sent."""
+    """One PRODUCER accepted by the broker: the highest ``(sequence id, chunk id)`` sent,
+    and whether one of its sends failed (its later sends are refused, so that the client
+    re-sends them in order after it reconnects)."""
 
     highest_sent: tuple[int, int] = (-1, -1)
+    failed: bool = False
 
 
 def describe_send(producer_name: str, sequence_id: int, highest_sequence_id: int, entry: bytes) -> Send:
@@ -87,7 +92,8 @@ def describe_send(producer_name: str, sequence_id: int, highest_sequence_id: int
     try:
         parsed = parse_entry(entry)
     except MalformedEntryError:
-        return Send(producer_name, sequence_id, highest_sequence_id, -1, True, _digest(entry))
+        identity = f"{producer_name}\0{sequence_id}\0-1\0".encode()
+        return Send(producer_name, sequence_id, highest_sequence_id, -1, True, _digest(identity + entry), len(entry))
     metadata = parsed.metadata
     chunk = chunk_of(metadata)  # as compaction and the client tell a chunk
     chunk_id = chunk.chunk_id if chunk is not None else -1
@@ -97,8 +103,9 @@ def describe_send(producer_name: str, sequence_id: int, highest_sequence_id: int
     content.producer_name, content.sequence_id, content.publish_time = "", 0, 0
     for name in _VOLATILE_FIELDS:
         content.ClearField(name)
-    digest = _digest(content.SerializeToString(deterministic=True) + parsed.payload)
-    return Send(producer_name, sequence_id, highest_sequence_id, chunk_id, last_chunk, digest)
+    identity = f"{producer_name}\0{sequence_id}\0{chunk_id}\0".encode()
+    digest = _digest(identity + content.SerializeToString(deterministic=True) + parsed.payload)
+    return Send(producer_name, sequence_id, highest_sequence_id, chunk_id, last_chunk, digest, len(entry))
 
 
 def _digest(data: bytes) -> bytes:
@@ -114,25 +121,23 @@ class Deduplication:
         self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST)
         self.persisted: dict[str, int] = dict(self.cursor.properties)
         self.pushed: dict[str, int] = dict(self.persisted)
-        # (identity, content digest) -> where it is stored / its append in flight
-        self._window: OrderedDict[tuple[tuple[str, int, int], bytes], Position] = OrderedDict()
-        self._identities: Counter[tuple[str, int, int]] = Counter()  # identities in the window
-        self._in_flight: dict[tuple[tuple[str, int, int], bytes], Future[Position]] = {}
+        # a send's digest -> where it is stored / its append in flight
+        self._window: OrderedDict[bytes, Position] = OrderedDict()
+        self._in_flight: dict[bytes, Future[Position]] = {}
         self._last_durable = self.cursor.mark_delete_position
         self._unsnapshotted = 0
+        self._unsnapshotted_bytes = 0
         if existed:
             self._replay()
 
     # -- loading ------------------------------------------------------------------------
 
     def _replay(self) -> None:
-        """Rebuild the durable part: the snapshot plus the entries after it, and at least
-        the last ``WINDOW_ENTRIES`` entries into the window."""
-        start = min(self.ledger.next_valid_position(self.cursor.mark_delete_position), self._window_start())
+        """Rebuild the durable part: the snapshot plus the entries after it, and the window."""
+        position = min(self.ledger.next_valid_position(self.cursor.mark_delete_position), self._window_start())
         end = self.ledger.last_confirmed_position()
-        position = start
         while position <= end:
-            entries = self.ledger.read_entries(position, _REPLAY_BATCH_ENTRIES, end=end)
+            entries = self._read_skipping_corrupt(position, end)
             if not entries:
                 break
             for entry in entries:
@@ -146,14 +151,30 @@ class Deduplication:
             position = self.ledger.next_valid_position(entries[-1].position)
         self.pushed = dict(self.persisted)
 
+    def _read_skipping_corrupt(self, position: Position, end: Position) -> list[Entry]:
+        """A few entries from ``position``; one that cannot be read is logged and skipped
+        (its sequence id is then unknown: a re-send of it is stored)."""
+        try:
+            return self.ledger.read_entries(position, _REPLAY_BATCH_ENTRIES, end=end)
+        except LedgerError:
+            try:
+                return self.ledger.read_entries(position, 1, end=end)
+            except LedgerError as error:
+                log.warning("topic %s: de-duplication skips entry %s: %s", self.ledger.name, position, error)
+                return [Entry(position, b"")]
+
     def _window_start(self) -> Position:
-        """The position ``WINDOW_ENTRIES`` entries before the end of the log (or its start)."""
-        remaining = WINDOW_ENTRIES
+        """Where the window begins: ``WINDOW_ENTRIES`` entries or ``WINDOW_BYTES`` before
+        the end of the log (or its start)."""
+        entries_left, bytes_left = WINDOW_ENTRIES, WINDOW_BYTES
         first = self.ledger.first_position()
         for record in reversed(self.ledger.ledger_list()):
-            if record.entries >= remaining:
-                return Position(record.ledger_id, record.entries - remaining)
-            remaining -= record.entries
+            average = max(1, record.size_bytes // max(1, record.entries))
+            fits = min(entries_left, bytes_left // average)
+            if record.entries > fits:
+                return Position(record.ledger_id, record.entries - max(1, fits))
+            entries_left -= record.entries
+            bytes_left -= record.size_bytes
             first = Position(record.ledger_id, 0)
         return first
 
@@ -165,60 +186,50 @@ class Deduplication:
 
     def find_duplicate(self, session: ProducerSession, send: Send) -> Future[Position] | None:
         """A future of where the original is stored when ``send`` re-sends a stored or
-        in-flight message; None when it is to be stored. Advances the session."""
+        in-flight message of an earlier session; None when it is to be stored."""
         key = (send.sequence_id, send.chunk_id)
-        earlier_session = key > session.highest_sent
-        session.highest_sent = max(session.highest_sent, key)
-        in_flight = self._in_flight.get((send.identity, send.digest))
+        if key <= session.highest_sent:
+            return None  # a sequence id reused within a session: a new message
+        session.highest_sent = key
+        in_flight = self._in_flight.get(send.digest)
         if in_flight is not None:
             return in_flight
-        remembered = self._window.get((send.identity, send.digest))
-        if remembered is not None:
-            return _resolved(remembered)
-        if not earlier_session or send.identity in self._identities:
-            return None  # a sequence id reused for another message
-        if send.highest_sequence_id <= self.persisted.get(send.producer_name, -1):
-            return _resolved(UNKNOWN_POSITION)
-        return None
+        stored = self._window.get(send.digest)
+        return _resolved(stored) if stored is not None else None
 
     def pushed_send(self, send: Send, future: Future[Position]) -> None:
         """A send was appended (not yet durable)."""
         if send.last_chunk and send.highest_sequence_id > self.pushed.get(send.producer_name, -1):
             self.pushed[send.producer_name] = send.highest_sequence_id
-        self._in_flight[(send.identity, send.digest)] = future
+        self._in_flight[send.digest] = future
 
     def failed(self, send: Send, future: Future[Position]) -> None:
         """The append of a send failed: forget it and roll the producer back to what is
         durable, so that its re-send is stored."""
-        if self._in_flight.get((send.identity, send.digest)) is future:
-            del self._in_flight[(send.identity, send.digest)]
+        if self._in_flight.get(send.digest) is future:
+            del self._in_flight[send.digest]
         self.pushed[send.producer_name] = self.persisted.get(send.producer_name, -1)
 
     def durable(self, send: Send, position: Position, future: Future[Position] | None = None) -> None:
         """The entry of a send is durable at ``position``."""
-        if future is not None and self._in_flight.get((send.identity, send.digest)) is future:
-            del self._in_flight[(send.identity, send.digest)]
+        if future is not None and self._in_flight.get(send.digest) is future:
+            del self._in_flight[send.digest]
         self._remember(send, position)
         if send.last_chunk and self.pushed.get(send.producer_name, -1) < send.highest_sequence_id:
             self.pushed[send.producer_name] = send.highest_sequence_id
         self._unsnapshotted += 1
-        if self._unsnapshotted >= SNAPSHOT_INTERVAL_ENTRIES:
+        self._unsnapshotted_bytes += send.size
+        if self._unsnapshotted >= SNAPSHOT_INTERVAL_ENTRIES or self._unsnapshotted_bytes >= SNAPSHOT_INTERVAL_BYTES:
             self.snapshot()
 
     def _remember(self, send: Send, position: Position) -> None:
         highest = send.highest_sequence_id
         if send.last_chunk and SEQUENCE_ID_MAX >= highest > self.persisted.get(send.producer_name, -1):
             self.persisted[send.producer_name] = highest
-        key = (send.identity, send.digest)
-        if key not in self._window:
-            self._identities[send.identity] += 1
-        self._window[key] = position
-        self._window.move_to_end(key)
+        self._window[send.digest] = position
+        self._window.move_to_end(send.digest)
         while len(self._window) > WINDOW_ENTRIES:
-            (identity, _), _ = self._window.popitem(last=False)
-            self._identities[identity] -= 1
-            if not self._identities[identity]:
-                del self._identities[identity]
+            self._window.popitem(last=False)
         self._last_durable = max(self._last_durable, position)
 
     # -- persistence --------------------------------------------------------------------
@@ -228,7 +239,7 @@ class Deduplication:
         if self._unsnapshotted == 0 or self._last_durable <= self.cursor.mark_delete_position:
             return
         self.cursor.mark_delete(self._last_durable, self.persisted)
-        self._unsnapshotted = 0
+        self._unsnapshotted = self._unsnapshotted_bytes = 0
 
     def delete(self) -> None:
         """De-duplication was turned off: drop the cursor (it holds nothing back)."""

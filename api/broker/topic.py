@@ -103,9 +103,14 @@ class Topic:
         duplicate = dedup.find_duplicate(session, send)
         if duplicate is not None:
             return duplicate
-        future = self._append(entry)
+        appended = self._append(entry)
+        future: Future[Position] = Future()  # resolved on the loop, after the bookkeeping
         dedup.pushed_send(send, future)
-        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(self._appended, dedup, done, send))
+        if appended.done():  # refused at once: settle now, before the next send is taken
+            self._appended(dedup, appended, send, future)
+        else:
+            appended.add_done_callback(lambda done: self._loop.call_soon_threadsafe(
+                self._appended, dedup, done, send, future))
         return future
 
     def _append(self, entry: bytes) -> Future[Position]:
@@ -116,15 +121,19 @@ class Topic:
             failed.set_exception(error)
             return failed
 
-    def _appended(self, dedup: Deduplication, done: Future[Position], send: Send) -> None:
+    def _appended(self, dedup: Deduplication, done: Future[Position], send: Send, future: Future[Position]) -> None:
         """On the loop: a durable entry enters the de-duplication state; a failed one is
-        forgotten, so the client's re-send is stored."""
-        if self.closed or dedup is not self.dedup:
-            return  # replayed from the log at the next load, or de-duplication was turned off
-        if done.exception() is None:
-            dedup.durable(send, done.result(), done)
+        forgotten, so the client's re-send is stored; then ``future`` tells the sender."""
+        error = done.exception()
+        if not self.closed and dedup is self.dedup:  # else: replayed from the log at the next load
+            if error is None:
+                dedup.durable(send, done.result(), future)
+            else:
+                dedup.failed(send, future)
+        if error is None:
+            future.set_result(done.result())
         else:
-            dedup.failed(send, done)
+            future.set_exception(error)
 
     def _on_durable(self, position: Position) -> None:
         """Listener on the flusher thread: schedule one dispatch round on the loop."""

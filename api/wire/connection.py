@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -63,7 +64,7 @@ from api.wire.limits import PartialFrameBudget, WireLimits
 from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
-from ledger.errors import CompactionServiceError
+from ledger.errors import CompactionServiceError, LedgerError
 from ledger.position import Position
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_INTERVAL_S = 30.0  # the client's own ping interval; silence for two closes
 LIVENESS_TIMEOUT_S = 5.0  # Pulsar's connectionLivenessCheckTimeoutMillis
+CLOSE_FLUSH_S = 2.0  # a closed connection's unsent bytes get this long, then it is aborted
 PROTOCOL_VERSION = 20  # what pulsar-client 3.13.0 (C++ 4.2.0) speaks
 # Consumers stop getting entries while more than this waits in a connection's write buffer
 # (asyncio pauses writing above it, resumes at a quarter of it).
@@ -143,6 +145,7 @@ class ServerConnection(asyncio.Protocol):
         self.service_url = ""
         self.writing_paused = False  # the transport's write buffer is over its high-water mark
         self._loop = asyncio.get_event_loop()
+        self._loop_thread = threading.get_ident()  # connections are made on the loop's thread
         self._last_received = self._loop.time()
         self._activity = asyncio.Event()  # set by any data received or by the connection's end
         self._keepalive: asyncio.TimerHandle | None = None
@@ -218,8 +221,12 @@ class ServerConnection(asyncio.Protocol):
         self._activity.set()
 
     def close(self) -> None:
+        """Close the connection; what cannot be flushed within ``CLOSE_FLUSH_S`` (a peer
+        that does not read) is dropped, so the connection is always released."""
         if self.transport is not None:
-            self.transport.close()
+            transport = self.transport
+            transport.close()
+            self._loop.call_later(CLOSE_FLUSH_S, transport.abort)
 
     def is_open(self) -> bool:
         """True until the connection is closing."""
@@ -430,10 +437,12 @@ class ServerConnection(asyncio.Protocol):
         topic = self.broker.get_topic(request.topic)
         name = request.producer_name or self.broker.new_producer_name()
         holder = topic.producers.get(name)
-        if isinstance(holder, _Producer) and holder.connection is not self and holder.connection.is_open():
-            task = self._loop.create_task(self._producer_after_liveness_check(request, topic, name, holder))
-            task.add_done_callback(lambda done: done.cancelled() or done.exception())  # errors answered inside
-            return
+        if isinstance(holder, _Producer) and holder.connection is not self:
+            if holder.connection.is_open():
+                task = self._loop.create_task(self._producer_after_liveness_check(request, topic, name, holder))
+                task.add_done_callback(lambda done: done.cancelled() or done.exception())  # answered inside
+                return
+            topic.detach_producer(name, holder)  # its connection is going away
         self._add_producer(request, topic, name)
 
     async def _producer_after_liveness_check(self, request: pb.CommandProducer, topic: Topic, name: str,
@@ -457,11 +466,13 @@ class ServerConnection(asyncio.Protocol):
         another id) and answer PRODUCER_SUCCESS."""
         if not self.is_open():
             return
-        previous = self.producers.pop(request.producer_id, None)
+        previous = self.producers.get(request.producer_id)
+        producer = _Producer(self, request.producer_id, name, topic)
+        if previous is not None and previous.topic is topic and previous.name == name:
+            topic.detach_producer(name, previous)  # the same producer created again
+        topic.attach_producer(name, producer)  # ProducerBusy leaves everything as it was
         if previous is not None:
             previous.topic.detach_producer(previous.name, previous)
-        producer = _Producer(self, request.producer_id, name, topic)
-        topic.attach_producer(name, producer)
         self.producers[request.producer_id] = producer
         success = pb.CommandProducerSuccess(request_id=request.request_id, producer_name=name,
                                             last_sequence_id=topic.last_sequence_id(name))
@@ -477,9 +488,27 @@ class ServerConnection(asyncio.Protocol):
             self._send_error(send.producer_id, send.sequence_id, "ChecksumError", "checksum mismatch")
             return
         highest = max(send.sequence_id, send.highest_sequence_id) if send.HasField("highest_sequence_id") else send.sequence_id
-        future = producer.topic.publish(producer.session, producer.name, send.sequence_id, highest, frame.entry)
+        if producer.session.failed:  # an earlier send failed: the client re-sends in order
+            future: Future[Position] = Future()
+            future.set_exception(LedgerError("an earlier send of this producer failed; send again"))
+        else:
+            future = producer.topic.publish(producer.session, producer.name, send.sequence_id, highest, frame.entry)
         producer.receipts.append((send.sequence_id, highest, future))
-        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(self._drain_receipts, producer))
+        future.add_done_callback(lambda done: self._on_loop(self._send_done, producer, done))
+
+    def _on_loop(self, callback: Callable[..., None], *args: object) -> None:
+        """Run ``callback(*args)`` on the event loop: now when called there, else scheduled."""
+        if threading.get_ident() == self._loop_thread:
+            callback(*args)
+        else:
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _send_done(self, producer: _Producer, done: Future[Position]) -> None:
+        """A send ended: a failure refuses the producer session's later sends (Pulsar closes
+        the producer), then receipts go out in order."""
+        if done.exception() is not None:
+            producer.session.failed = True
+        self._drain_receipts(producer)
 
     def _drain_receipts(self, producer: _Producer) -> None:
         """Answer completed sends in send order (a later one waits for an earlier one)."""

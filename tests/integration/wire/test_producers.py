@@ -144,23 +144,34 @@ def test_a_holder_that_no_longer_answers_loses_its_name_after_a_liveness_check(
 
 
 @pytest.mark.parametrize("deduplication", [False, True], ids=["dedup-off", "dedup-on"])
-def test_a_failed_append_answers_send_error_and_the_resend_is_stored_once(broker: Any, deduplication: bool) -> None:
+def test_a_failed_append_answers_send_error_and_every_send_is_stored_once_in_order(
+        broker: Any, deduplication: bool) -> None:
+    """One append fails while later sends of the same producer are already on their way:
+    those are refused too (the producer's session failed), the client reconnects and sends
+    them all again, and each is stored once, in order, where its receipt says — with
+    de-duplication on, the failed one is never answered as a duplicate of nothing."""
     _set_deduplication(broker, deduplication)
     faulty = FaultyLedgerStore(broker.data_dir.ledgers)
     broker.service.data_dir.ledgers = faulty  # topics loaded from now on append through it
     topic = unique_topic("send-error")
     client = _new_client(broker)
+    done: dict[bytes, Any] = {}
     try:
-        producer = client.create_producer(topic, send_timeout_millis=20_000)
+        producer = client.create_producer(topic, send_timeout_millis=20_000, batching_enabled=False)
         producer.send(b"m0")
         faulty.fail_on("append", error=LedgerIOError("No space left on device"))
-        ids = [producer.send(b"m1"), producer.send(b"m2")]  # SEND_ERROR, reconnect, sent again
-        assert faulty.calls["append"] >= 4  # m0, the failed m1, then m1 and m2 again
+        for i in range(1, 6):  # pipelined: m2..m5 reach the broker before m1's answer
+            payload = b"m%d" % i
+            producer.send_async(payload, lambda result, message_id, payload=payload: done.update(
+                {payload: (result, str(message_id))}))
+        _until(lambda: len(done) == 5, "the sends did not all end")
     finally:
         client.close()
+    assert all(result == pulsar.Result.Ok for result, _ in done.values()), done
     stored = _read_all(_new_client(broker), topic)
-    assert [m.data() for m in stored] == [b"m0", b"m1", b"m2"]
-    assert [str(m.message_id()) for m in stored[1:]] == [str(i) for i in ids]
+    assert [m.data() for m in stored] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+    assert {m.data(): str(m.message_id()) for m in stored[1:]} == {p: i for p, (_, i) in done.items()}
+    assert faulty.calls["append"] >= 7  # m0, the failed m1, then m1..m5 again
 
 
 @pytest.mark.parametrize("deduplication", [False, True], ids=["dedup-off", "dedup-on"])
@@ -201,3 +212,44 @@ def _until(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, what
         time.sleep(0.02)
+
+
+def test_a_connection_closed_while_its_peer_does_not_read_is_released(
+        broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker closes a connection (here: a malformed frame) whose peer stopped reading
+    with megabytes still unsent: the connection is dropped after a bounded flush, so its
+    producer name, its consumers' messages and its buffers are released."""
+    monkeypatch.setattr(connection, "CLOSE_FLUSH_S", 0.5)
+    topic = unique_topic("stuck")
+    client = _new_client(broker)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for _ in range(250):  # ~16 MB: more than the kernel's socket buffers take
+            producer.send_async(bytes(64 * 1024), lambda result, message_id: None)
+        producer.flush()
+        raw = _Raw(broker.port)
+        raw.request(pb.BaseCommand(type=pb.BaseCommand.PRODUCER, producer=pb.CommandProducer(
+            topic=topic, producer_id=1, request_id=1, producer_name="held")))
+        raw.request(pb.BaseCommand(type=pb.BaseCommand.SUBSCRIBE, subscribe=pb.CommandSubscribe(
+            topic=topic, subscription="s", subType=pb.CommandSubscribe.Shared, consumer_id=1, request_id=2,
+            initialPosition=pb.CommandSubscribe.Earliest)))
+        raw.send(pb.BaseCommand(type=pb.BaseCommand.FLOW, flow=pb.CommandFlow(consumer_id=1, messagePermits=1000)))
+        address = raw.address
+        _until(lambda: _unsent(broker, address) > 256 << 10, "the broker never filled the peer's buffers")
+        raw.sock.sendall(b"\x00\x00\x00\x08\x00\x00\x00\x04\xff\xff\xff\xff")  # malformed: closes it
+        _until(lambda: _unsent(broker, address) < 0, "the connection was never released")
+        client.create_producer(topic, producer_name="held").send(b"the name is free")
+        raw.close()
+    finally:
+        client.close()
+
+
+def _unsent(broker: Any, address: tuple[str, int]) -> int:
+    """Bytes the broker still holds for the connection from ``address``; -1 once it is gone."""
+    async def look() -> int:
+        for each in broker.service.connections:
+            if each.transport is not None and each.transport.get_extra_info("peername")[:2] == address:
+                return int(each.transport.get_write_buffer_size())
+        return -1
+    result: int = broker.call(look())
+    return result

@@ -208,11 +208,7 @@ def test_removing_the_policy_falls_back_and_turning_off_forgets_the_state(tmp_pa
         admin.set_policy(TOPIC, "deduplicationEnabled", True)
         topic = broker.get_topic(TOPIC)
         assert topic.dedup is not None
-        topic.publish(ProducerSession(), "p", 3, 3, entry("k", b"v")).result(timeout=10)
-        for _ in range(100):  # the durable callback runs on the loop
-            if topic.last_sequence_id("p") == 3:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(asyncio.wrap_future(topic.publish(ProducerSession(), "p", 3, 3, entry("k", b"v"))), 10)
         assert topic.last_sequence_id("p") == 3
         admin.remove_policy(TOPIC, "deduplicationEnabled")
         assert topic.dedup is None and topic.last_sequence_id("p") == -1

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from api.broker import dedup
 from api.broker.dedup import (
     DEDUP_CURSOR,
-    UNKNOWN_POSITION,
     Deduplication,
     ProducerSession,
     Send,
@@ -24,6 +23,7 @@ from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger import DataDir, ManagedLedger
 from ledger.position import Position
+from ledger.storage.record import scan
 
 TOPIC = "persistent://public/default/dedup"
 
@@ -102,7 +102,6 @@ def test_a_sequence_id_reused_within_a_session_is_a_new_message_and_is_stored(lo
     session = ProducerSession()
     resent = [log.send(session, entry("fresh", i, b"old%d" % i)).result() for i in range(3)]
     renumbered = [log.send(session, entry("fresh", i, b"new%d" % i)).result() for i in range(3)]
-    assert UNKNOWN_POSITION not in resent + renumbered
     assert len(set(resent + renumbered)) == 6
     assert len(log.stored()) == 6
 
@@ -110,8 +109,7 @@ def test_a_sequence_id_reused_within_a_session_is_a_new_message_and_is_stored(lo
 def test_a_resend_whose_content_differs_is_stored(log: Log) -> None:
     log.send(ProducerSession(), entry("p", 0, b"one")).result()
     other = log.send(ProducerSession(), entry("p", 0, b"two")).result()
-    assert other != UNKNOWN_POSITION
-    assert log.stored()[-1] == entry("p", 0, b"two")
+    assert log.stored()[-1] == entry("p", 0, b"two") and other.entry_id == 1
 
 
 def test_a_resend_differing_only_in_publish_time_is_a_duplicate(log: Log) -> None:
@@ -142,7 +140,7 @@ def test_a_failed_append_is_forgotten_and_its_resend_is_stored(log: Log) -> None
     log.state.failed(send, failed)
     assert log.state.last_sequence_id("p") == 0
     stored = log.send(ProducerSession(), data).result()
-    assert stored != UNKNOWN_POSITION and log.stored()[-1] == data
+    assert stored.entry_id == 1 and log.stored()[-1] == data
 
 
 def test_only_the_last_chunk_advances_the_sequence_id(log: Log) -> None:
@@ -154,7 +152,7 @@ def test_only_the_last_chunk_advances_the_sequence_id(log: Log) -> None:
     again = ProducerSession()
     assert log.send(again, entry("c", 5, b"part0", chunk=(0, 2))).result() == first
     last = log.send(again, entry("c", 5, b"part1", chunk=(1, 2))).result()
-    assert last not in (first, UNKNOWN_POSITION)
+    assert last != first
     assert log.state.last_sequence_id("c") == 5
     assert log.stored() == [entry("c", 5, b"part0", chunk=(0, 2)), entry("c", 5, b"part1", chunk=(1, 2))]
 
@@ -178,14 +176,62 @@ def test_resends_after_a_crash_find_every_durable_entry(log: Log, monkeypatch: p
     assert len(log.stored()) == len(sends)
 
 
-def test_past_the_window_an_old_sequence_id_is_a_duplicate_answered_unknown(
-        log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_past_the_window_a_resend_is_stored_again(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A duplicate answer is only ever the stored original's position: a re-send whose
+    original left the window is stored again (never answered -1:-1 unseen)."""
     monkeypatch.setattr(dedup, "WINDOW_ENTRIES", 2)
     session = ProducerSession()
     for i in range(4):
         log.send(session, entry("p", i, b"m%d" % i)).result()
-    assert log.send(ProducerSession(), entry("p", 0, b"m0")).result() == UNKNOWN_POSITION
-    assert len(log.stored()) == 4
+    assert log.send(ProducerSession(), entry("p", 3, b"m3")).result().entry_id == 3  # in the window
+    assert log.send(ProducerSession(), entry("p", 0, b"m0")).result().entry_id == 4  # stored again
+    assert len(log.stored()) == 5
+
+
+def test_a_failed_send_followed_by_stored_ones_is_stored_when_sent_again(log: Log) -> None:
+    """The review's case: m1's append fails, m2..m3 of the same producer are stored after
+    it; the client re-sends m1..m3 after its reconnect: m1 is stored, m2..m3 are found."""
+    session = ProducerSession()
+    log.send(session, entry("p", 0, b"m0")).result()
+    lost = entry("p", 1, b"m1")
+    send = describe_send("p", 1, 1, lost)
+    assert log.state.find_duplicate(session, send) is None
+    failed: Future[Position] = Future()
+    log.state.pushed_send(send, failed)
+    failed.set_exception(OSError("write failed"))
+    log.state.failed(send, failed)
+    later = [log.send(session, entry("p", i, b"m%d" % i)).result() for i in (2, 3)]
+    again = ProducerSession()
+    stored = log.send(again, lost).result()
+    assert [log.send(again, entry("p", i, b"m%d" % i)).result() for i in (2, 3)] == later
+    assert log.stored()[stored.entry_id] == lost and len(log.stored()) == 4
+
+
+def test_a_corrupt_entry_in_the_window_is_skipped_at_load(log: Log) -> None:
+    session = ProducerSession()
+    positions = [log.send(session, entry("p", i, b"m%d" % i)).result() for i in range(3)]
+    log.ledger.close()
+    ledger_file = log.path / "ledgers" / f"{positions[1].ledger_id:020d}.ledger"
+    offset = scan(ledger_file.read_bytes()).entry_offsets[positions[1].entry_id] + 12
+    with ledger_file.open("r+b") as raw:
+        raw.seek(offset)
+        byte = raw.read(1)
+        raw.seek(offset)
+        raw.write(bytes([byte[0] ^ 0x5A]))
+    log.crash_and_reopen()  # loads: the damaged entry is skipped, the others are found
+    again = ProducerSession()
+    assert log.send(again, entry("p", 0, b"m0")).result() == positions[0]
+    assert log.send(again, entry("p", 2, b"m2")).result() == positions[2]
+
+
+def test_the_window_read_back_at_load_is_bounded_in_bytes(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dedup, "WINDOW_BYTES", 3 * 1024)
+    session = ProducerSession()
+    positions = [log.send(session, entry("p", i, bytes(1000))).result() for i in range(10)]
+    log.state.snapshot()
+    log.crash_and_reopen()
+    assert log.state._window_start() >= positions[6]  # about 3 KiB of 1 KB entries
+    assert len(log.state._window) <= 4
 
 
 def test_snapshot_moves_the_cursor_so_it_holds_little_data(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,7 +258,7 @@ def test_a_send_is_described_without_its_volatile_fields() -> None:
     two = describe_send("p", 1, 1, entry("p", 1, b"v", publish_time=2))
     other = describe_send("p", 1, 1, entry("p", 1, b"w", publish_time=1))
     assert one.digest == two.digest != other.digest
-    assert one == Send("p", 1, 1, -1, True, one.digest)
+    assert one == Send("p", 1, 1, -1, True, one.digest, len(entry("p", 1, b"v", publish_time=1)))
     chunk = describe_send("p", 1, 1, entry("p", 1, chunk=(0, 3)))
     assert (chunk.chunk_id, chunk.last_chunk) == (0, False)
 
