@@ -15,19 +15,23 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
 
 from api import admin_cli, offline
-from api.config import ConfigError, Settings, load_settings, require_supported, setting_specs
+from api.config import (
+    CONFIG_ENV,
+    ConfigError,
+    require_supported,
+    setting_specs,
+    settings_from_command_line,
+)
 from ledger.errors import CompactionServiceError
 
 __all__ = ["CONFIG_ENV", "app", "main", "settings_from_command_line"]
 
-CONFIG_ENV = "COMPACTD_CONFIG"
 EXIT_FAILURE = 1
 EXIT_BAD_SETTINGS = 2  # what click uses for a usage error
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -164,20 +168,6 @@ def serve(  # one parameter per setting, each named as its key
     except CompactionServiceError as error:
         _fail(error, EXIT_FAILURE)
     raise typer.Exit(code)
-
-
-def settings_from_command_line(flags: Mapping[str, object], env: Mapping[str, str]) -> Settings:
-    """Settings from the passed flags (``config`` among them), the environment and the config file."""
-    flags = dict(flags)
-    config_path = flags.pop("config", None) or env.get(CONFIG_ENV) or None
-    text = None
-    if config_path is not None:
-        try:
-            with open(str(config_path), encoding="utf-8") as file:
-                text = file.read()
-        except (OSError, UnicodeDecodeError) as error:
-            raise ConfigError(f"cannot read config file {config_path}: {error}") from None
-    return load_settings(flags, env, text, config_file_path=None if config_path is None else str(config_path))
 
 
 def _passed(ctx: typer.Context) -> dict[str, object]:

@@ -9,6 +9,8 @@ environment variable (``COMPACTD_BROKER_PORT``); a TOML config file names it by 
 and checks it where it was found, so an error names the flag, the variable or the config
 file key that was wrong, and the value. It is a pure function of its three inputs: the
 CLI reads ``os.environ`` and the file and passes them in (STYLE P1), tests pass dicts.
+``settings_from_command_line`` is that reading, shared by ``compactd serve`` and
+``compactd compact-topic``: the config file is the ``config`` flag, else ``COMPACTD_CONFIG``.
 
 Flag values may already be typed (typer parsed them) or be strings; environment values
 are strings (booleans: ``true/false``, ``1/0``, ``yes/no``, ``on/off``; role lists:
@@ -32,6 +34,7 @@ from typing import Any, Literal, NamedTuple
 from ledger.errors import CompactionServiceError
 
 __all__ = [
+    "CONFIG_ENV",
     "ENV_PREFIX",
     "ConfigError",
     "SettingSpec",
@@ -41,9 +44,11 @@ __all__ = [
     "load_settings",
     "require_supported",
     "setting_specs",
+    "settings_from_command_line",
 ]
 
 ENV_PREFIX = "COMPACTD_"
+CONFIG_ENV = "COMPACTD_CONFIG"  # names the TOML config file when no --config is passed
 PORT_MAX = 65535
 GIB = 1024 * 1024 * 1024
 # Pulsar's token key settings are URLs: a file (``file:///PATH``) or inline (``data:``).
@@ -222,6 +227,20 @@ def load_settings(flags: Mapping[str, object], env: Mapping[str, str], config_fi
     settings = Settings(**values)  # type: ignore[arg-type]  # each value checked against its spec
     _check_together(settings)
     return settings
+
+
+def settings_from_command_line(flags: Mapping[str, object], env: Mapping[str, str]) -> Settings:
+    """Settings from the passed flags (``config`` among them), the environment and the config file."""
+    flags = dict(flags)
+    config_path = flags.pop("config", None) or env.get(CONFIG_ENV) or None
+    text = None
+    if config_path is not None:
+        try:
+            with open(str(config_path), encoding="utf-8") as file:
+                text = file.read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"cannot read config file {config_path}: {error}") from None
+    return load_settings(flags, env, text, config_file_path=None if config_path is None else str(config_path))
 
 
 def require_supported(settings: Settings) -> None:

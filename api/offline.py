@@ -40,7 +40,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.config import ConfigError, Settings
+from api.config import ConfigError, Settings, settings_from_command_line
 from compactor.record import RunFigures
 from ledger.errors import CompactionServiceError
 
@@ -173,7 +173,6 @@ def compact_topic_command(
     come from the environment and COMPACTD_CONFIG, as for compactd serve.
     """
     from api.broker.errors import InvalidTopicNameError, NotAllowedError
-    from api.cli import settings_from_command_line
 
     if engine not in ENGINES:
         _fail(f"--engine: {engine!r} is not one of local, spark", EXIT_USAGE)

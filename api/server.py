@@ -68,7 +68,8 @@ class ListenError(CompactionServiceError):
 
 
 class Broker(Protocol):
-    """What ``serve`` needs of the broker service (``api.broker.service.BrokerService``)."""
+    """What ``serve`` needs of the broker (``api.wire.listener.PulsarBroker``: the broker core
+    served over the Pulsar protocol)."""
 
     async def start(self, host: str, port: int) -> int:
         """Listen for Pulsar clients on ``host:port``; return the bound port (port 0: a free one)."""
@@ -103,9 +104,9 @@ def run(settings: Settings, *, broker_factory: BrokerFactory | None = None,
 
 def _default_broker_factory() -> BrokerFactory:
     # Imported here so that the CLI's other commands do not load the whole broker.
-    from api.broker.service import BrokerService
+    from api.wire.listener import PulsarBroker
 
-    return BrokerService
+    return PulsarBroker
 
 
 def print_ready(line: str) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from api.broker.dedup import DEDUP_CURSOR
 from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
@@ -36,9 +36,10 @@ from compactor.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import ManagedCursor
 
 if TYPE_CHECKING:
-    from api.broker.service import BrokerService
+    from compactor.record import RunFigures
+    from ledger.data_dir import DataDir
 
-__all__ = ["POLICY_NAMES", "Admin"]
+__all__ = ["POLICY_NAMES", "Admin", "AdminBroker"]
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,30 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Admin:
-    """Admin operations over one ``BrokerService``; call on the broker's event loop."""
+class AdminBroker(Protocol):
+    """What admin operations need of the broker core (``api.broker.service.BrokerService``,
+    which holds the ``Admin``: named here so that this module does not import it back)."""
 
-    def __init__(self, broker: BrokerService) -> None:
+    data_dir: DataDir
+    topics: dict[str, Topic]
+
+    def get_topic(self, text: str, *, create: bool = True) -> Topic:
+        """The loaded topic named ``text``, loading or creating it."""
+
+    def list_topics(self, namespace: str) -> list[str]:
+        """Every topic of ``tenant/namespace``."""
+
+    def refresh_deduplication(self) -> None:
+        """Apply a changed ``deduplicationEnabled`` policy to every loaded topic."""
+
+    async def compact(self, text: str) -> RunFigures:
+        """Run one compaction of the topic, then trim what it covered."""
+
+
+class Admin:
+    """Admin operations over one broker core; call on the broker's event loop."""
+
+    def __init__(self, broker: AdminBroker) -> None:
         self.broker = broker
         self.metadata = broker.data_dir.metadata
         self._runs: dict[str, asyncio.Task[None]] = {}

@@ -1,11 +1,13 @@
-"""The broker core shared by both doors: the topic registry, listeners, compaction runs.
+"""The broker core shared by both doors: the topic registry and compaction runs.
 
-``BrokerService`` owns every loaded ``Topic`` (created on first use), the Pulsar protocol
-listener, and the compactor. It runs on one asyncio event loop; the only work it moves off
-the loop is a compaction run (``compact``), which goes to a worker thread, at most
-``compaction_max_concurrent_runs`` at a time. Lifecycle: ``start`` binds the listener;
-``stop`` closes the listener and every connection, then seals every topic's current
-ledger, which makes (or fails) every pending append before it returns.
+``BrokerService`` owns every loaded ``Topic`` (created on first use) and the compactor; it
+knows no sockets: the Pulsar listener is the wire package's (``api.wire.listener``, whose
+``PulsarBroker`` is this core served on a port). It runs on one asyncio event loop; the
+only work it moves off the loop is a compaction run (``compact``), which goes to a worker
+thread, at most ``compaction_max_concurrent_runs`` at a time. Lifecycle: ``start_tasks``
+starts the periodic work (trimming, the compaction scheduler); ``stop`` ends it, waits for
+the runs in flight, then seals every topic's current ledger, which makes (or fails) every
+pending append before it returns.
 """
 
 from __future__ import annotations
@@ -15,14 +17,13 @@ import functools
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from api.broker.admin import Admin
 from api.broker.errors import TopicNotFoundError
 from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
-from api.listener import listening_socket
 from api.wire.limits import PartialFrameBudget, WireLimits
 from compactor.errors import CompactionInProgressError
 from compactor.record import RunFigures
@@ -40,15 +41,10 @@ from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
 
-if TYPE_CHECKING:
-    from api.wire.connection import ServerConnection
-
-__all__ = ["TRIM_INTERVAL_S", "BrokerService", "compaction_config"]
+__all__ = ["TRIM_INTERVAL_S", "BrokerService", "Connection", "compaction_config"]
 
 log = logging.getLogger(__name__)
 
-# Pending connections the kernel queues on the Pulsar port (asyncio's default).
-PULSAR_LISTEN_BACKLOG = 100
 # How often consumed ledgers are trimmed (Pulsar's retentionCheckIntervalInSeconds: 120).
 TRIM_INTERVAL_S = 120.0
 
@@ -65,6 +61,13 @@ def compaction_config(settings: Any) -> CompactionConfig:
     )
 
 
+class Connection(Protocol):
+    """A client connection as the core holds it (the wire package's ``ServerConnection``)."""
+
+    def close(self) -> None:
+        """Close the connection; its consumers and producers go away with it."""
+
+
 class BrokerService:
     """One broker over one data dir; see the module docstring."""
 
@@ -72,7 +75,7 @@ class BrokerService:
         self.data_dir = data_dir
         self.settings = settings
         self.topics: dict[str, Topic] = {}
-        self.connections: set[ServerConnection] = set()
+        self.connections: set[Connection] = set()  # the wire's connections register here
         self.wire_limits = WireLimits.from_settings(settings)
         self.partial_frames = PartialFrameBudget(self.wire_limits.partial_frames_budget_bytes)
         self.compactor = Compactor(compaction_config(settings))
@@ -86,7 +89,6 @@ class BrokerService:
         self._producer_name_prefix = (f"{getattr(settings, 'cluster_name', 'standalone')}-"
                                       f"{data_dir.metadata.next_counter('broker_instance_id')}-")
         self._producer_names = itertools.count()
-        self._server: asyncio.Server | None = None
         self._trim_task: asyncio.Task[None] | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -96,36 +98,24 @@ class BrokerService:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen for Pulsar clients on ``host:port`` (0: any free port); returns the port."""
-        from api.wire.connection import ServerConnection
-
+    def start_tasks(self) -> None:
+        """Start the periodic work on the running loop: trimming and the compaction scheduler."""
         self.loop = asyncio.get_running_loop()
-        sock = listening_socket(host, port, PULSAR_LISTEN_BACKLOG)
-        try:
-            self._server = await self.loop.create_server(
-                lambda: ServerConnection(self), sock=sock, backlog=PULSAR_LISTEN_BACKLOG)
-        except BaseException:
-            sock.close()
-            raise
         self._trim_task = asyncio.create_task(self._trim_periodically())
         interval_s = float(getattr(self.settings, "compaction_monitor_interval_seconds", 60))
         if interval_s > 0:
             self._scheduler_task = asyncio.create_task(self._schedule_periodically(interval_s))
-        bound: int = self._server.sockets[0].getsockname()[1]
-        return bound
 
-    async def stop(self) -> None:
-        """Close the listener and connections; seal every topic (pending appends finish)."""
+    def stop_tasks(self) -> None:
+        """Cancel the periodic work (the runs in flight go on; ``stop`` waits for them)."""
         for task in (self._trim_task, self._scheduler_task):
             if task is not None:
                 task.cancel()
-        if self._server is not None:
-            self._server.close()
-        for connection in list(self.connections):
-            connection.close()
-        if self._server is not None:
-            await self._server.wait_closed()
+
+    async def stop(self) -> None:
+        """End the periodic work and the runs in flight; seal every topic (pending appends
+        finish). A listener closes its connections before it calls this."""
+        self.stop_tasks()
         await self.admin.wait_for_runs()
         for topic in list(self.topics.values()):
             try:

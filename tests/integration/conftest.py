@@ -1,7 +1,8 @@
 """An in-process compactd broker for integration tests, driven by the real pulsar-client.
 
-``broker`` runs a real ``BrokerService`` over a real data dir (files + SQLite) on its own
-event loop in a background thread, listening on a free loopback port. The real client
+``broker`` runs a real ``PulsarBroker`` (the broker core and its Pulsar listener) over a
+real data dir (files + SQLite) on its own event loop in a background thread, listening on
+a free loopback port. The real client
 (C++ core) talks to it over TCP exactly as to a separate process. ``broker.restart()``
 stops it (sealing ledgers, releasing the data dir) and starts a new one on the same dir;
 ``broker.compact(topic)`` runs a compaction as the REST trigger will.
@@ -19,7 +20,7 @@ import pytest
 
 pulsar = pytest.importorskip("pulsar")
 
-from api.broker.service import BrokerService
+from api.wire.listener import PulsarBroker
 from compactor.record import RunFigures
 from compactor.runner import collect_orphans
 from ledger.data_dir import DataDir
@@ -36,7 +37,7 @@ class BrokerHarness:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="broker-loop", daemon=True)
         self._thread.start()
-        self.service: BrokerService | None = None
+        self.service: PulsarBroker | None = None
         self.data_dir: DataDir | None = None
         self.port = 0
         self.start()
@@ -48,10 +49,10 @@ class BrokerHarness:
     def start(self) -> None:
         self.data_dir = DataDir.open(str(self.path))
         collect_orphans(self.data_dir)
-        self.service = BrokerService(self.data_dir, self.settings)
+        self.service = PulsarBroker(self.data_dir, self.settings)
         self.port = self.call(self._start(self.service))
 
-    async def _start(self, service: BrokerService) -> int:
+    async def _start(self, service: PulsarBroker) -> int:
         return await service.start("127.0.0.1", self.port)
 
     def stop(self) -> None:

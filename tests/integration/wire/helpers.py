@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pulsar
 
+from ledger.position import Position
+
 RECEIVE_MS = 5_000  # how long a message that should come is waited for
 SILENCE_MS = 300  # how long "nothing more comes" is checked for
+POLL_S = 0.02  # how often a poll of the broker's state looks again
 
 
 def unique_topic(prefix: str) -> str:
@@ -35,3 +40,24 @@ def read_available(reader: Any, limit: int = 200) -> list[Any]:
             return messages
         messages.append(reader.read_next(RECEIVE_MS))
     raise AssertionError(f"has_message_available still true after {limit} messages")
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = RECEIVE_MS / 1000) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` once ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not reached within {timeout_s} s"
+        time.sleep(POLL_S)
+
+
+def wait_for_mark_delete(broker: Any, topic: str, subscription: str, message_id: Any) -> None:
+    """Until the broker's cursor of ``subscription`` has its mark-delete position at or past
+    ``message_id``'s entry (the client groups acknowledgements for 100 ms before sending)."""
+    wanted = Position(message_id.ledger_id(), message_id.entry_id())
+
+    def applied() -> bool:
+        loaded = broker.service.topics.get(topic)
+        sub = loaded.subscriptions.get(subscription) if loaded is not None else None
+        return sub is not None and sub.cursor.mark_delete_position >= wanted
+
+    wait_until(applied, f"the broker applying the acknowledgement of {wanted} on {subscription}")

@@ -20,7 +20,7 @@ from typing import Any
 import pulsar
 import pytest
 
-from tests.integration.wire.helpers import read_available
+from tests.integration.wire.helpers import read_available, wait_for_mark_delete
 
 pytestmark = pytest.mark.integration
 
@@ -108,8 +108,9 @@ def test_testGetLastMessageIdWhenNoNonEmptyLedgerExists(broker: Any, client: Any
     consumer = client.subscribe(TOPIC, "sub", receiver_queue_size=1)
     producer = client.create_producer(TOPIC)
     producer.send(b"v0", partition_key="k0")
-    consumer.acknowledge(consumer.receive(RECEIVE_MS))
-    time.sleep(0.3)  # the client groups acknowledgements (100 ms)
+    received = consumer.receive(RECEIVE_MS)
+    consumer.acknowledge(received)
+    wait_for_mark_delete(broker, TOPIC, "sub", received.message_id())
     unload(broker)
     assert len(raw_ledgers(broker)) == 1  # only the new, empty ledger is left
     last = consumer.get_last_message_id()

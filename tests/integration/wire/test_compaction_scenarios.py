@@ -38,7 +38,7 @@ import pulsar
 import pytest
 
 from ledger.position import Position
-from tests.integration.wire.helpers import read_available
+from tests.integration.wire.helpers import read_available, wait_for_mark_delete, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -672,13 +672,18 @@ def test_testReceiverQueueSize(broker: Any, client: Any) -> None:
     send_sync(make_producer(client), [(str(i % 2), str(i).encode()) for i in range(10)])
     broker.compact(TOPIC)
     consumer = subscribe(client, "my-sub", earliest=True, receiver_queue_size=1)
-    time.sleep(0.3)  # let the broker dispatch what the first FLOW allows
 
-    async def dispatched() -> tuple[Any, Any]:
+    async def dispatched() -> tuple[Any, Any, Any]:
         subscription = broker.service.topics[TOPIC].subscriptions["my-sub"]
-        return subscription.cursor.read_position, subscription.compacted.view.read(1, 1)[0].position
+        first, second = (entry.position for entry in subscription.compacted.view.read(0, 1))
+        return subscription.cursor.read_position, first, second
 
-    read_position, second = broker.call(dispatched())
+    def first_dispatch_done() -> bool:  # what the first FLOW allows: the read position moves on
+        read_position, first, _ = broker.call(dispatched())
+        return bool(read_position > first)
+
+    wait_until(first_dispatch_done, "the broker dispatching after the first FLOW")
+    read_position, _, second = broker.call(dispatched())
     assert read_position == second  # the first compacted entry only was read for the consumer
     assert [kv(m) for m in receive_n(consumer, 2)] == [("0", b"8"), ("1", b"9")]
     assert nothing_more(consumer)
@@ -695,7 +700,7 @@ def test_testCompactionWithTTL(broker: Any, client: Any) -> None:
     send_sync(producer, [("K1", b"V3"), ("K2", b"V4")])
     last = receive_n(sub, 4)[-1]
     sub.acknowledge_cumulative(last)
-    time.sleep(0.3)  # the client groups acknowledgements (100 ms)
+    wait_for_mark_delete(broker, TOPIC, "sub", last.message_id())
     unload(broker)
     producer.send(b"V5", partition_key="K3")
     broker.compact(TOPIC)
@@ -969,7 +974,7 @@ def test_cumulativeAckInsideCompactedView(broker: Any, client: Any) -> None:
     got = receive_n(consumer, 2)
     assert values(got) == ["2", "3"]
     consumer.acknowledge_cumulative(got[-1])
-    time.sleep(0.3)  # the client groups acknowledgements (100 ms)
+    wait_for_mark_delete(broker, TOPIC, "sub1", got[-1].message_id())
     consumer.close()
     consumer = subscribe(client, earliest=True)
     assert values(receive_n(consumer, 2)) == ["4", "5"]
@@ -985,7 +990,7 @@ def _ack_compacted_batch(broker: Any, client: Any, **options: Any) -> None:
     assert [kv(m) for m in got] == [("key1", b"m1"), ("key2", b"m3"), ("key3", b"x")]
     for message in got:
         consumer.acknowledge(message)
-    time.sleep(0.3)  # the client groups acknowledgements (100 ms)
+    _wait_acknowledged(broker, "sub1", got)
     consumer.close()
     consumer = subscribe(client, earliest=True, **options)
     assert nothing_more(consumer, wait_ms=500)  # everything received was acknowledged

@@ -1,4 +1,4 @@
-"""``ServerConnection`` driven directly, over a real ``BrokerService`` on a tmp data dir.
+"""``ServerConnection`` driven directly, over a real broker (``PulsarBroker``, not started) on a tmp data dir.
 
 No sockets: a ``FakeTransport`` stands where asyncio's socket transport would, so a test
 can feed a connection thousands of frames a second and read what it answered. Everything
@@ -18,6 +18,7 @@ from typing import Any
 from api.broker.service import BrokerService
 from api.wire.connection import ServerConnection
 from api.wire.frames import Frame, FrameDecoder, encode_command, make_command
+from api.wire.listener import PulsarBroker
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.data_dir import DataDir
 from ledger.storage.base import SyncPolicy
@@ -105,11 +106,11 @@ class Wire:
 
 
 @contextmanager
-def broker_service(path: Path, settings: Any = None, *, sync: SyncPolicy = SyncPolicy.GROUP) -> Iterator[BrokerService]:
+def broker_service(path: Path, settings: Any = None, *, sync: SyncPolicy = SyncPolicy.GROUP) -> Iterator[PulsarBroker]:
     """A real broker service over a data dir at ``path`` (no listener unless the test
     starts one); call in a loop."""
     data_dir = DataDir.open(str(path), sync=sync)
-    service = BrokerService(data_dir, settings)
+    service = PulsarBroker(data_dir, settings)
     service.loop = asyncio.get_running_loop()
     try:
         yield service
