@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
 
-__all__ = ["CONNECTION_COMMANDS", "U64_MAX", "from_message_id", "request_id_of", "to_message_id"]
+__all__ = ["CONNECTION_COMMANDS", "U64_MAX", "from_message_id", "request_id_of", "server_error", "to_message_id"]
 
 U64_MAX = (1 << 64) - 1
 _T = pb.BaseCommand
@@ -23,6 +25,11 @@ CONNECTION_COMMANDS = frozenset({
     _T.GET_LAST_MESSAGE_ID_RESPONSE, _T.ACTIVE_CONSUMER_CHANGE, _T.REACHED_END_OF_TOPIC,
 })
 """Commands only a broker sends: a client sending one is broken, and is disconnected."""
+
+
+def server_error(code: str) -> pb.ServerError:
+    """The ``ServerError`` value named ``code`` (a name from our error classes)."""
+    return cast("pb.ServerError", pb.ServerError.Value(code))
 
 
 def _signed(value: int) -> int:

@@ -6,13 +6,8 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
 * CONNECT must come first; anything else before it closes the connection.
 * Every command that carries a request id gets an answer; what compactd does not support
   answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
-* SEND receipts go back in send order per producer, each only once the entry is durable;
-  a checksum mismatch answers SEND_ERROR ``ChecksumError`` and stores nothing; a failed
-  append answers SEND_ERROR ``PersistenceError`` (the client reconnects and re-sends).
-* A producer name is held by one producer of a topic: a PRODUCER naming one held over
-  another connection first checks that connection's liveness (a PING answered within
-  ``LIVENESS_TIMEOUT_S``, as Pulsar 3 does); a live holder gets the newcomer refused with
-  ProducerBusy, a dead one is closed and the newcomer takes the name.
+* PRODUCER, SEND and CLOSE_PRODUCER are ``api.wire.producing`` (ProducerBusy, receipts in
+  send order once durable, SEND_ERROR on a failed append).
 * SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
   client flushes its queue and subscribes again from the new position.
 * A malformed frame (``FrameError``) closes this connection only. A well-formed command
@@ -36,19 +31,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from api.broker.dedup import ProducerSession
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
-from api.broker.errors import BrokerError, NotAllowedError, ProducerBusyError
+from api.broker.errors import BrokerError, NotAllowedError
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
     from_message_id,
     request_id_of,
+    server_error,
     to_message_id,
 )
 from api.wire.frames import (
@@ -61,11 +54,11 @@ from api.wire.frames import (
     encode_payload_command,
 )
 from api.wire.limits import PartialFrameBudget, WireLimits
+from api.wire.producing import ProducerHandlers, WireProducer
 from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
-from ledger.errors import CompactionServiceError, LedgerError
-from ledger.position import Position
+from ledger.errors import CompactionServiceError
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService
@@ -76,28 +69,12 @@ __all__ = ["KEEPALIVE_INTERVAL_S", "ServerConnection"]
 log = logging.getLogger(__name__)
 
 KEEPALIVE_INTERVAL_S = 30.0  # the client's own ping interval; silence for two closes
-LIVENESS_TIMEOUT_S = 5.0  # Pulsar's connectionLivenessCheckTimeoutMillis
 CLOSE_FLUSH_S = 2.0  # a closed connection's unsent bytes get this long, then it is aborted
 PROTOCOL_VERSION = 20  # what pulsar-client 3.13.0 (C++ 4.2.0) speaks
 # Consumers stop getting entries while more than this waits in a connection's write buffer
 # (asyncio pauses writing above it, resumes at a quarter of it).
 WRITE_BUFFER_HIGH_BYTES = 1024 * 1024
 T = pb.BaseCommand
-
-
-def _server_error(code: str) -> pb.ServerError:
-    """The ``ServerError`` value named ``code`` (a name from our error classes)."""
-    return cast("pb.ServerError", pb.ServerError.Value(code))
-
-
-class _Producer:
-    def __init__(self, connection: ServerConnection, producer_id: int, name: str, topic: Topic) -> None:
-        self.connection = connection
-        self.producer_id = producer_id
-        self.name = name
-        self.topic = topic
-        self.session = ProducerSession()
-        self.receipts: deque[tuple[int, int, Future[Position]]] = deque()
 
 
 class WireConsumer(Consumer):
@@ -132,15 +109,15 @@ class WireConsumer(Consumer):
         self.connection.consumers.pop(self.consumer_id, None)
 
 
-class ServerConnection(asyncio.Protocol):
-    """The protocol object of one TCP connection."""
+class ServerConnection(ProducerHandlers, asyncio.Protocol):
+    """The protocol object of one TCP connection; its producer side is ``ProducerHandlers``."""
 
     def __init__(self, broker: BrokerService) -> None:
         self.broker = broker
         self.decoder = FrameDecoder(max_frame_bytes=FRAME_BYTES_MAX)
         self.transport: asyncio.Transport | None = None
         self.connected = False
-        self.producers: dict[int, _Producer] = {}
+        self.producers: dict[int, WireProducer] = {}
         self.consumers: dict[int, WireConsumer] = {}
         self.service_url = ""
         self.writing_paused = False  # the transport's write buffer is over its high-water mark
@@ -370,7 +347,7 @@ class ServerConnection(asyncio.Protocol):
         if request_id is None:
             log.warning("request without id failed: %s", error)
             return
-        failure = pb.CommandError(request_id=request_id, error=_server_error(code), message=str(error))
+        failure = pb.CommandError(request_id=request_id, error=server_error(code), message=str(error))
         self.write(pb.BaseCommand(type=T.ERROR, error=failure))
 
     def _success(self, request_id: int) -> None:
@@ -400,7 +377,7 @@ class ServerConnection(asyncio.Protocol):
     def _partitioned_metadata_failed(self, request_id: int, error: BrokerError) -> None:
         response = pb.CommandPartitionedTopicMetadataResponse(
             request_id=request_id, response=pb.CommandPartitionedTopicMetadataResponse.Failed,
-            error=_server_error(error.code), message=str(error))
+            error=server_error(error.code), message=str(error))
         self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
 
     def _lookup(self, command: pb.BaseCommand, frame: Frame) -> None:
@@ -418,7 +395,7 @@ class ServerConnection(asyncio.Protocol):
     def _lookup_failed(self, request_id: int, error: BrokerError) -> None:
         response = pb.CommandLookupTopicResponse(
             request_id=request_id, response=pb.CommandLookupTopicResponse.Failed,
-            error=_server_error(error.code), message=str(error))
+            error=server_error(error.code), message=str(error))
         self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
 
     def _topics_of_namespace(self, command: pb.BaseCommand, frame: Frame) -> None:
@@ -429,109 +406,6 @@ class ServerConnection(asyncio.Protocol):
 
     def _ping(self, command: pb.BaseCommand, frame: Frame) -> None:
         self.write(pb.BaseCommand(type=T.PONG, pong=pb.CommandPong()))
-
-    # -- producers ----------------------------------------------------------------------
-
-    def _producer(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.producer
-        topic = self.broker.get_topic(request.topic)
-        name = request.producer_name or self.broker.new_producer_name()
-        holder = topic.producers.get(name)
-        if isinstance(holder, _Producer) and holder.connection is not self:
-            if holder.connection.is_open():
-                task = self._loop.create_task(self._producer_after_liveness_check(request, topic, name, holder))
-                task.add_done_callback(lambda done: done.cancelled() or done.exception())  # answered inside
-                return
-            topic.detach_producer(name, holder)  # its connection is going away
-        self._add_producer(request, topic, name)
-
-    async def _producer_after_liveness_check(self, request: pb.CommandProducer, topic: Topic, name: str,
-                                             holder: _Producer) -> None:
-        """A producer's name is held over another connection: refuse if it is alive."""
-        try:
-            if await holder.connection.is_alive(LIVENESS_TIMEOUT_S):
-                raise ProducerBusyError(f"Producer with name '{name}' is already connected to topic {topic.name}")
-            log.info("producer %s: its connection %s is dead, closing it", name, holder.connection.service_url)
-            holder.connection.close()
-            topic.detach_producer(name, holder)
-            self._add_producer(request, topic, name)
-        except CompactionServiceError as error:
-            self._error(request.request_id, error)
-        except Exception as error:  # never a traceback to the client
-            log.exception("failed to create producer %s", name)
-            self._error(request.request_id, error)
-
-    def _add_producer(self, request: pb.CommandProducer, topic: Topic, name: str) -> None:
-        """Attach producer ``name`` (ProducerBusy when this connection holds it already under
-        another id) and answer PRODUCER_SUCCESS."""
-        if not self.is_open():
-            return
-        previous = self.producers.get(request.producer_id)
-        producer = _Producer(self, request.producer_id, name, topic)
-        if previous is not None and previous.topic is topic and previous.name == name:
-            topic.detach_producer(name, previous)  # the same producer created again
-        topic.attach_producer(name, producer)  # ProducerBusy leaves everything as it was
-        if previous is not None:
-            previous.topic.detach_producer(previous.name, previous)
-        self.producers[request.producer_id] = producer
-        success = pb.CommandProducerSuccess(request_id=request.request_id, producer_name=name,
-                                            last_sequence_id=topic.last_sequence_id(name))
-        self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=success))
-
-    def _send(self, command: pb.BaseCommand, frame: Frame) -> None:
-        send = command.send
-        producer = self.producers.get(send.producer_id)
-        if producer is None or frame.entry is None:
-            self._send_error(send.producer_id, send.sequence_id, "NotAllowedError", "unknown producer or no payload")
-            return
-        if not frame.checksum_ok:
-            self._send_error(send.producer_id, send.sequence_id, "ChecksumError", "checksum mismatch")
-            return
-        highest = max(send.sequence_id, send.highest_sequence_id) if send.HasField("highest_sequence_id") else send.sequence_id
-        if producer.session.failed:  # an earlier send failed: the client re-sends in order
-            future: Future[Position] = Future()
-            future.set_exception(LedgerError("an earlier send of this producer failed; send again"))
-        else:
-            future = producer.topic.publish(producer.session, producer.name, send.sequence_id, highest, frame.entry)
-        producer.receipts.append((send.sequence_id, highest, future))
-        future.add_done_callback(lambda done: self._on_loop(self._send_done, producer, done))
-
-    def _on_loop(self, callback: Callable[..., None], *args: object) -> None:
-        """Run ``callback(*args)`` on the event loop: now when called there, else scheduled."""
-        if threading.get_ident() == self._loop_thread:
-            callback(*args)
-        else:
-            self._loop.call_soon_threadsafe(callback, *args)
-
-    def _send_done(self, producer: _Producer, done: Future[Position]) -> None:
-        """A send ended: a failure refuses the producer session's later sends (Pulsar closes
-        the producer), then receipts go out in order."""
-        if done.exception() is not None:
-            producer.session.failed = True
-        self._drain_receipts(producer)
-
-    def _drain_receipts(self, producer: _Producer) -> None:
-        """Answer completed sends in send order (a later one waits for an earlier one)."""
-        while producer.receipts and producer.receipts[0][2].done():
-            sequence_id, highest, future = producer.receipts.popleft()
-            error = future.exception()
-            if error is not None:
-                self._send_error(producer.producer_id, sequence_id, "PersistenceError", str(error))
-                continue
-            receipt = pb.CommandSendReceipt(producer_id=producer.producer_id, sequence_id=sequence_id,
-                                            message_id=to_message_id(future.result()), highest_sequence_id=highest)
-            self.write(pb.BaseCommand(type=T.SEND_RECEIPT, send_receipt=receipt))
-
-    def _send_error(self, producer_id: int, sequence_id: int, code: str, message: str) -> None:
-        error = pb.CommandSendError(producer_id=producer_id, sequence_id=sequence_id,
-                                    error=_server_error(code), message=message)
-        self.write(pb.BaseCommand(type=T.SEND_ERROR, send_error=error))
-
-    def _close_producer(self, command: pb.BaseCommand, frame: Frame) -> None:
-        producer = self.producers.pop(command.close_producer.producer_id, None)
-        if producer is not None:
-            producer.topic.detach_producer(producer.name, producer)
-        self._success(command.close_producer.request_id)
 
     # -- consumers ----------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from api.wire import connection
+from api.wire import connection, producing
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import LedgerIOError
 from ledger.storage import file as file_store
@@ -125,7 +125,7 @@ def test_a_producer_whose_connection_dropped_takes_its_name_again(broker: Any) -
 
 def test_a_holder_that_no_longer_answers_loses_its_name_after_a_liveness_check(
         broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(connection, "LIVENESS_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(producing, "LIVENESS_TIMEOUT_S", 0.5)
     topic = unique_topic("dead-holder")
     raw = _Raw(broker.port)
     answer = raw.request(pb.BaseCommand(type=pb.BaseCommand.PRODUCER, producer=pb.CommandProducer(

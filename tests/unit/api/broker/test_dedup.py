@@ -62,6 +62,17 @@ class Log:
             self.state.durable(send, future.result(timeout=10), future)
         return future
 
+    def fail(self, session: ProducerSession, data: bytes) -> None:
+        """One send whose append fails, as the broker settles it."""
+        metadata = pb.MessageMetadata()
+        metadata.ParseFromString(data[4:4 + int.from_bytes(data[:4], "big")])
+        send = describe_send(metadata.producer_name, metadata.sequence_id, metadata.sequence_id, data)
+        assert self.state.find_duplicate(session, send) is None
+        failed: Future[Position] = Future()
+        self.state.pushed_send(send, failed)
+        failed.set_exception(OSError("write failed"))
+        self.state.failed(send, failed)
+
     def stored(self) -> list[bytes]:
         end = self.ledger.last_confirmed_position()
         if end.entry_id < 0:
@@ -132,12 +143,7 @@ def test_a_failed_append_is_forgotten_and_its_resend_is_stored(log: Log) -> None
     session = ProducerSession()
     log.send(session, entry("p", 0)).result()
     data = entry("p", 1, b"lost")
-    send = describe_send("p", 1, 1, data)
-    assert log.state.find_duplicate(session, send) is None
-    failed: Future[Position] = Future()
-    log.state.pushed_send(send, failed)
-    failed.set_exception(OSError("disk full"))
-    log.state.failed(send, failed)
+    log.fail(session, data)
     assert log.state.last_sequence_id("p") == 0
     stored = log.send(ProducerSession(), data).result()
     assert stored.entry_id == 1 and log.stored()[-1] == data
@@ -194,12 +200,7 @@ def test_a_failed_send_followed_by_stored_ones_is_stored_when_sent_again(log: Lo
     session = ProducerSession()
     log.send(session, entry("p", 0, b"m0")).result()
     lost = entry("p", 1, b"m1")
-    send = describe_send("p", 1, 1, lost)
-    assert log.state.find_duplicate(session, send) is None
-    failed: Future[Position] = Future()
-    log.state.pushed_send(send, failed)
-    failed.set_exception(OSError("write failed"))
-    log.state.failed(send, failed)
+    log.fail(session, lost)
     later = [log.send(session, entry("p", i, b"m%d" % i)).result() for i in (2, 3)]
     again = ProducerSession()
     stored = log.send(again, lost).result()

@@ -1,0 +1,196 @@
+"""The producer side of a Pulsar connection: PRODUCER, SEND and CLOSE_PRODUCER.
+
+``ProducerHandlers`` is mixed into ``ServerConnection`` (``api.wire.connection``), which
+supplies the transport, the loop and the answers. Rules it keeps:
+
+* A producer name is held by one producer of a topic: a PRODUCER naming one held over
+  another connection first checks that connection's liveness (a PING answered within
+  ``LIVENESS_TIMEOUT_S``, as Pulsar 3 does); a live holder gets the newcomer refused with
+  ProducerBusy, a dead or closing one gives the name up.
+* SEND receipts go back in send order per producer, each only once the entry is durable;
+  a checksum mismatch answers SEND_ERROR ``ChecksumError`` and stores nothing; a failed
+  append answers SEND_ERROR ``PersistenceError``, and so does every later send of that
+  producer session (``ProducerSession.failed``), so that the client, which reconnects,
+  sends them all again in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Protocol
+
+from api.broker.dedup import ProducerSession
+from api.broker.errors import ProducerBusyError
+from api.wire.codec import server_error, to_message_id
+from api.wire.frames import Frame
+from compactor.proto import pulsar_api_pb2 as pb
+from ledger.errors import CompactionServiceError, LedgerError
+from ledger.position import Position
+
+if TYPE_CHECKING:
+    from api.broker.service import BrokerService
+    from api.broker.topic import Topic
+
+__all__ = ["LIVENESS_TIMEOUT_S", "ProducerHandlers", "WireProducer"]
+
+log = logging.getLogger(__name__)
+
+LIVENESS_TIMEOUT_S = 5.0  # Pulsar's connectionLivenessCheckTimeoutMillis
+T = pb.BaseCommand
+
+
+class _Peer(Protocol):
+    """What a producer needs of the connection it came over."""
+
+    service_url: str
+
+    def is_open(self) -> bool: ...
+    async def is_alive(self, timeout_s: float) -> bool: ...
+    def close(self) -> None: ...
+
+
+class WireProducer:
+    """A producer attached over a connection: its session and its receipts in send order."""
+
+    def __init__(self, connection: _Peer, producer_id: int, name: str, topic: Topic) -> None:
+        self.connection = connection
+        self.producer_id = producer_id
+        self.name = name
+        self.topic = topic
+        self.session = ProducerSession()
+        self.receipts: deque[tuple[int, int, Future[Position]]] = deque()
+
+
+class ProducerHandlers:
+    """PRODUCER, SEND and CLOSE_PRODUCER of one connection (see the module docstring)."""
+
+    # supplied by the connection
+    broker: BrokerService
+    producers: dict[int, WireProducer]
+    service_url: str
+    _loop: asyncio.AbstractEventLoop
+    _loop_thread: int
+
+    def write(self, command: pb.BaseCommand) -> None:
+        raise NotImplementedError
+
+    def is_open(self) -> bool:
+        raise NotImplementedError
+
+    async def is_alive(self, timeout_s: float) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _error(self, request_id: int | None, error: BaseException) -> None:
+        raise NotImplementedError
+
+    def _success(self, request_id: int) -> None:
+        raise NotImplementedError
+
+    def _producer(self, command: pb.BaseCommand, frame: Frame) -> None:
+        request = command.producer
+        topic = self.broker.get_topic(request.topic)
+        name = request.producer_name or self.broker.new_producer_name()
+        holder = topic.producers.get(name)
+        if isinstance(holder, WireProducer) and holder.connection is not self:
+            if holder.connection.is_open():
+                task = self._loop.create_task(self._producer_after_liveness_check(request, topic, name, holder))
+                task.add_done_callback(lambda done: done.cancelled() or done.exception())  # answered inside
+                return
+            topic.detach_producer(name, holder)  # its connection is going away
+        self._add_producer(request, topic, name)
+
+    async def _producer_after_liveness_check(self, request: pb.CommandProducer, topic: Topic, name: str,
+                                             holder: WireProducer) -> None:
+        """A producer's name is held over another connection: refuse if it is alive."""
+        try:
+            if await holder.connection.is_alive(LIVENESS_TIMEOUT_S):
+                raise ProducerBusyError(f"Producer with name '{name}' is already connected to topic {topic.name}")
+            log.info("producer %s: its connection %s is dead, closing it", name, holder.connection.service_url)
+            holder.connection.close()
+            topic.detach_producer(name, holder)
+            self._add_producer(request, topic, name)
+        except CompactionServiceError as error:
+            self._error(request.request_id, error)
+        except Exception as error:  # never a traceback to the client
+            log.exception("failed to create producer %s", name)
+            self._error(request.request_id, error)
+
+    def _add_producer(self, request: pb.CommandProducer, topic: Topic, name: str) -> None:
+        """Attach producer ``name`` (ProducerBusy when this connection holds it already under
+        another id) and answer PRODUCER_SUCCESS."""
+        if not self.is_open():
+            return
+        previous = self.producers.get(request.producer_id)
+        producer = WireProducer(self, request.producer_id, name, topic)
+        if previous is not None and previous.topic is topic and previous.name == name:
+            topic.detach_producer(name, previous)  # the same producer created again
+        topic.attach_producer(name, producer)  # ProducerBusy leaves everything as it was
+        if previous is not None:
+            previous.topic.detach_producer(previous.name, previous)
+        self.producers[request.producer_id] = producer
+        success = pb.CommandProducerSuccess(request_id=request.request_id, producer_name=name,
+                                            last_sequence_id=topic.last_sequence_id(name))
+        self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=success))
+
+    def _send(self, command: pb.BaseCommand, frame: Frame) -> None:
+        send = command.send
+        producer = self.producers.get(send.producer_id)
+        if producer is None or frame.entry is None:
+            self._send_error(send.producer_id, send.sequence_id, "NotAllowedError", "unknown producer or no payload")
+            return
+        if not frame.checksum_ok:
+            self._send_error(send.producer_id, send.sequence_id, "ChecksumError", "checksum mismatch")
+            return
+        highest = max(send.sequence_id, send.highest_sequence_id) if send.HasField("highest_sequence_id") else send.sequence_id
+        if producer.session.failed:  # an earlier send failed: the client re-sends in order
+            future: Future[Position] = Future()
+            future.set_exception(LedgerError("an earlier send of this producer failed; send again"))
+        else:
+            future = producer.topic.publish(producer.session, producer.name, send.sequence_id, highest, frame.entry)
+        producer.receipts.append((send.sequence_id, highest, future))
+        future.add_done_callback(lambda done: self._on_loop(self._send_done, producer, done))
+
+    def _on_loop(self, callback: Callable[..., None], *args: object) -> None:
+        """Run ``callback(*args)`` on the event loop: now when called there, else scheduled."""
+        if threading.get_ident() == self._loop_thread:
+            callback(*args)
+        else:
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _send_done(self, producer: WireProducer, done: Future[Position]) -> None:
+        """A send ended: a failure refuses the producer session's later sends (Pulsar closes
+        the producer), then receipts go out in order."""
+        if done.exception() is not None:
+            producer.session.failed = True
+        self._drain_receipts(producer)
+
+    def _drain_receipts(self, producer: WireProducer) -> None:
+        """Answer completed sends in send order (a later one waits for an earlier one)."""
+        while producer.receipts and producer.receipts[0][2].done():
+            sequence_id, highest, future = producer.receipts.popleft()
+            error = future.exception()
+            if error is not None:
+                self._send_error(producer.producer_id, sequence_id, "PersistenceError", str(error))
+                continue
+            receipt = pb.CommandSendReceipt(producer_id=producer.producer_id, sequence_id=sequence_id,
+                                            message_id=to_message_id(future.result()), highest_sequence_id=highest)
+            self.write(pb.BaseCommand(type=T.SEND_RECEIPT, send_receipt=receipt))
+
+    def _send_error(self, producer_id: int, sequence_id: int, code: str, message: str) -> None:
+        error = pb.CommandSendError(producer_id=producer_id, sequence_id=sequence_id,
+                                    error=server_error(code), message=message)
+        self.write(pb.BaseCommand(type=T.SEND_ERROR, send_error=error))
+
+    def _close_producer(self, command: pb.BaseCommand, frame: Frame) -> None:
+        producer = self.producers.pop(command.close_producer.producer_id, None)
+        if producer is not None:
+            producer.topic.detach_producer(producer.name, producer)
+        self._success(command.close_producer.request_id)
