@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from compactor.compression import compress
 from compactor.encoder import encode_batch, encode_entry
 from compactor.errors import MalformedEntryError
-from compactor.message import BROKER_ENTRY_MAGIC, iter_messages, parse_entry
+from compactor.message import BROKER_ENTRY_MAGIC, Chunk, iter_messages, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -48,7 +48,6 @@ from ledger.position import Position
 __all__ = [
     "CODECS",
     "KEYS",
-    "ChunkSpec",
     "EntryKind",
     "MessageSpec",
     "StreamEntry",
@@ -79,19 +78,6 @@ Draft = tuple[EntryKind, bytes, Slots, int]
 
 
 @dataclass(frozen=True)
-class ChunkSpec:
-    """Which chunk of which chunked message an entry holds."""
-
-    uuid: str
-    chunk_id: int
-    chunks: int
-
-    @property
-    def is_last(self) -> bool:
-        return self.chunk_id == self.chunks - 1
-
-
-@dataclass(frozen=True)
 class MessageSpec:
     """One application message as the generator wrote it."""
 
@@ -103,7 +89,7 @@ class MessageSpec:
     """Written as ``null_value`` (``send(None)``); the value is then empty."""
     null_key_flag: bool = False
     """Key-less written as ``null_partition_key=True`` rather than with the key absent."""
-    chunk: ChunkSpec | None = None
+    chunk: Chunk | None = None  # which chunk, as compactor.message reads it back
     """The chunk this message is; ``value`` is then its piece of the compressed whole."""
 
     @property
@@ -323,7 +309,7 @@ def chunked_messages(draw: st.DrawFn) -> list[Draft]:
     last = draw(st.sampled_from((chunks, chunks, chunks, chunks - 1)))
     drafts: list[Draft] = []
     for chunk_id in range(min(first, chunks - 1), max(last, first + 1)):
-        spec = MessageSpec(key, pieces[chunk_id], chunk=ChunkSpec(uuid, chunk_id, chunks))
+        spec = MessageSpec(key, pieces[chunk_id], chunk=Chunk(uuid, chunk_id, chunks))
         metadata = _entry_metadata(
             compression=codec, uncompressed_size=len(value), uuid=uuid, chunk_id=chunk_id,
             num_chunks_from_msg=chunks, total_chunk_msg_size=len(whole), **_key_fields(spec),

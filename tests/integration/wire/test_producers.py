@@ -160,10 +160,7 @@ def test_a_failed_append_answers_send_error_and_every_send_is_stored_once_in_ord
         producer = client.create_producer(topic, send_timeout_millis=20_000, batching_enabled=False)
         producer.send(b"m0")
         faulty.fail_on("append", error=LedgerIOError("No space left on device"))
-        for i in range(1, 6):  # pipelined: m2..m5 reach the broker before m1's answer
-            payload = b"m%d" % i
-            producer.send_async(payload, lambda result, message_id, payload=payload: done.update(
-                {payload: (result, str(message_id))}))
+        _send_async(producer, [b"m%d" % i for i in range(1, 6)], done)  # pipelined: m2..m5 go before m1's answer
         _until(lambda: len(done) == 5, "the sends did not all end")
     finally:
         client.close()
@@ -190,10 +187,7 @@ def test_a_full_disk_fails_sends_and_the_topic_recovers_by_itself_once_space_fre
         producer = client.create_producer(topic, send_timeout_millis=0, batching_enabled=False)
         producer.send(b"m0")
         disk.full = True
-        for i in range(1, 6):
-            payload = b"m%d" % i
-            producer.send_async(payload, lambda result, message_id, payload=payload: done.update(
-                {payload: (result, str(message_id))}))
+        _send_async(producer, [b"m%d" % i for i in range(1, 6)], done)
         _until(lambda: disk.refused >= 3, "no write reached the full disk")
         assert done == {}  # nothing is acknowledged while the disk is full
         disk.full = False
@@ -205,6 +199,13 @@ def test_a_full_disk_fails_sends_and_the_topic_recovers_by_itself_once_space_fre
     stored = _read_all(_new_client(broker), topic)
     assert [m.data() for m in stored] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5", b"after"]
     assert {m.data(): str(m.message_id()) for m in stored[1:6]} == {p: i for p, (_, i) in done.items()}
+
+
+def _send_async(producer: Any, payloads: list[bytes], done: dict[bytes, Any]) -> None:
+    """Send each payload without waiting; ``done[payload]`` becomes (result, message id)."""
+    for payload in payloads:
+        producer.send_async(payload, lambda result, message_id, payload=payload: done.update(
+            {payload: (result, str(message_id))}))
 
 
 def _until(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
