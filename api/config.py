@@ -19,6 +19,16 @@ the TOML type of the setting (an integer may stand for a number of seconds).
 
 Authentication and TLS settings (INTERFACES §4) are accepted and checked here, but this
 build serves neither: ``require_supported`` refuses them at start.
+
+Every default is written once. A setting that a lower layer applies through its own
+config (``ManagedLedgerConfig``, ``CompactionConfig``, ``WireLimits``, the ledger store's
+open-file bound and sync policy) takes its default from that layer's definition, never a
+second literal; the layer's config built from default ``Settings`` is then that layer's
+default config (``tests/unit/api/test_config.py`` checks both). The one place that turns
+``Settings`` into a layer's config sits beside the code that builds the layer:
+``api.broker.service.compaction_config`` and ``ledger_config``,
+``api.wire.listener.wire_limits``. Everything above the layers takes a typed ``Settings``
+and reads its fields; nothing reads a setting by name with a fallback.
 """
 
 from __future__ import annotations
@@ -31,7 +41,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from api.wire.limits import WireLimits
+from compactor.engine import EngineName
+from compactor.runner import CompactionConfig
 from ledger.errors import CompactionServiceError
+from ledger.managed_ledger import ManagedLedgerConfig
+from ledger.storage.base import SyncPolicy
+from ledger.storage.file import MAX_OPEN_FILES_DEFAULT
 
 __all__ = [
     "CONFIG_ENV",
@@ -50,7 +66,6 @@ __all__ = [
 ENV_PREFIX = "COMPACTD_"
 CONFIG_ENV = "COMPACTD_CONFIG"  # names the TOML config file when no --config is passed
 PORT_MAX = 65535
-GIB = 1024 * 1024 * 1024
 # Pulsar's token key settings are URLs: a file (``file:///PATH``) or inline (``data:``).
 TOKEN_KEY_PREFIXES = ("file:///", "data:")
 BOOLEAN_WORDS = {
@@ -58,8 +73,12 @@ BOOLEAN_WORDS = {
     "false": False, "0": False, "no": False, "off": False,
 }
 
-CompactionEngine = Literal["auto", "local", "spark"]
-FsyncPolicy = Literal["always", "group", "none"]
+FsyncPolicy = Literal["always", "group", "none"]  # the values of ledger.storage.base.SyncPolicy
+
+# The default configs of the lower layers: the defaults of the settings they apply.
+_LEDGER = ManagedLedgerConfig()
+_COMPACTION = CompactionConfig()
+_WIRE = WireLimits()
 
 
 class ConfigError(CompactionServiceError):
@@ -97,18 +116,18 @@ class Settings:
     compaction_threshold_bytes: int = _setting(
         0, "Broker-wide backlog size that triggers a compaction; 0 turns it off.", minimum=0)
     compaction_phase_one_loop_timeout_seconds: float = _setting(
-        30.0, "Limit on each phase-one read of a compaction run.", above=0)
+        _COMPACTION.phase_one_read_timeout_s, "Limit on each phase-one read of a compaction run.", above=0)
     topic_compaction_retain_null_key: bool = _setting(
-        False, "Keep key-less messages in the compacted view.")
+        _COMPACTION.retain_null_key, "Keep key-less messages in the compacted view.")
     # At least one: with none allowed every trigger would wait forever; the scheduler is
     # turned off with compaction_monitor_interval_seconds instead.
     compaction_max_concurrent_runs: int = _setting(
         2, "Compaction runs at once on this broker.", minimum=1)
-    compaction_engine: CompactionEngine = _setting(  # noqa: RUF009 - a str, immutable
-        "auto", "Engine of phase one: auto, local or spark.")
-    spark_master: str = _setting("local[*]", "Spark master URL of the spark engine.")
+    compaction_engine: EngineName = _setting(  # noqa: RUF009 - a str, immutable
+        _COMPACTION.engine, "Engine of phase one: auto, local or spark.")
+    spark_master: str = _setting(_COMPACTION.spark_master, "Spark master URL of the spark engine.")
     compaction_memory_budget_bytes: int = _setting(
-        1 << 30, "Key-map memory the local engine may use before the auto engine moves phase one "
+        _COMPACTION.memory_budget_bytes, "Key-map memory the local engine may use before the auto engine moves phase one "
         "to Spark (24 bytes a live key).", minimum=1)
     broker_deduplication_enabled: bool = _setting(
         False, "De-duplicate producers' re-sends on every topic (namespace and topic policy "
@@ -117,22 +136,24 @@ class Settings:
         "standalone", "Cluster name: the first part of producer names the broker assigns, and a "
         "metrics label.")
     fsync: FsyncPolicy = _setting(  # noqa: RUF009 - a str, immutable
-        "group", "When an append is durable: always (fsync each), group (group commit), "
+        SyncPolicy.GROUP.value, "When an append is durable: always (fsync each), group (group commit), "
         "none (tests and benchmarks only).")
     managed_ledger_max_entries_per_ledger: int = _setting(
-        50_000, "A topic's ledger rolls over after this many entries.", minimum=1)
+        _LEDGER.max_entries_per_ledger, "A topic's ledger rolls over after this many entries.", minimum=1)
     managed_ledger_max_size_per_ledger_bytes: int = _setting(
-        2 * GIB, "A topic's ledger rolls over after this many bytes.", minimum=1)
+        _LEDGER.max_size_per_ledger_bytes, "A topic's ledger rolls over after this many bytes.", minimum=1)
     # Far under the usual limit of 1,024 descriptors a process, which connections and SQLite share.
     max_open_ledger_files: int = _setting(
-        256, "Ledger files kept open while idle; more are closed (least recently used first) "
+        MAX_OPEN_FILES_DEFAULT, "Ledger files kept open while idle; more are closed (least recently used first) "
         "and reopened on demand.", minimum=1)
     wire_connect_timeout_seconds: float = _setting(
-        10.0, "A Pulsar connection that has not sent CONNECT within this is closed.", above=0)
+        _WIRE.connect_timeout_s, "A Pulsar connection that has not sent CONNECT within this is closed.",
+        above=0)
     wire_frame_timeout_seconds: float = _setting(
-        30.0, "A Pulsar connection whose frame stays incomplete this long is closed.", above=0)
+        _WIRE.frame_timeout_s, "A Pulsar connection whose frame stays incomplete this long is closed.",
+        above=0)
     wire_partial_frames_budget_bytes: int = _setting(
-        128 * 1024 * 1024, "Bytes all Pulsar connections together may hold in incomplete frames; "
+        _WIRE.partial_frames_budget_bytes, "Bytes all Pulsar connections together may hold in incomplete frames; "
         "the connection that would go over is closed.", minimum=1)
     http_max_request_body_bytes: int = _setting(
         1024 * 1024, "Largest admin REST request body; a larger one answers 413 before it is read.",
@@ -249,11 +270,11 @@ def require_supported(settings: Settings) -> None:
         raise ConfigError(
             "authentication (--authentication-enabled) is not supported yet by this compactd; "
             "start it without authentication", key="authentication_enabled", value=True)
-    for key in ("tls_cert_file", "tls_key_file"):
-        if getattr(settings, key) is not None:
+    for key, value in (("tls_cert_file", settings.tls_cert_file), ("tls_key_file", settings.tls_key_file)):
+        if value is not None:
             raise ConfigError(
                 f"TLS ({flag_name(key)}) is not supported yet by this compactd; "
-                "start it without TLS files", key=key, value=getattr(settings, key))
+                "start it without TLS files", key=key, value=value)
 
 
 def _parse_config_file(text: str | None, file_label: str) -> dict[str, Any]:

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["CompactionCollector", "render"]
 
 LABELS = ("cluster", "namespace", "topic")
-CLUSTER = "standalone"
 
 
 def _bucket_name(bound: float) -> str:
@@ -64,7 +63,7 @@ class CompactionCollector(Collector):
             record = topic.compacted.record
             if record.successes + record.failures == 0:
                 continue
-            labels = [str(getattr(self.broker.settings, "cluster_name", CLUSTER)),
+            labels = [self.broker.settings.cluster_name,
                       topic.name.namespace_name, str(topic.name)]
             last = record.last_run
             seconds = last.duration_s if last is not None and last.duration_s > 0 else 0.0

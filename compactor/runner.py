@@ -71,7 +71,8 @@ MEMORY_BUDGET_BYTES_DEFAULT = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class CompactionConfig:
-    """Settings of the compactor (broker.conf names in the comments).
+    """Settings of the compactor (broker.conf names in the comments). These defaults are
+    the broker's: ``api.config.Settings`` takes its compaction defaults from here.
 
     Attributes:
         retain_null_key: keep key-less messages (``topicCompactionRetainNullKey``, false).
@@ -79,7 +80,8 @@ class CompactionConfig:
             (``brokerServiceCompactionPhaseOneLoopTimeInSeconds``, 30).
         read_batch_entries: raw entries per store read.
         engine: which engine runs phase one: ``local``, ``spark`` or ``auto``
-            (``compactor.engine.choose_engine``).
+            (``compactor.engine.choose_engine``; ``auto`` keeps a run local unless its key
+            map would exceed ``memory_budget_bytes`` and PySpark is installed).
         spark_master: the Spark master URL of the ``spark`` engine.
         memory_budget_bytes: the key map ``auto`` allows the local engine.
     """
@@ -87,7 +89,7 @@ class CompactionConfig:
     retain_null_key: bool = False
     phase_one_read_timeout_s: float = 30.0
     read_batch_entries: int = 1000
-    engine: EngineName = "local"
+    engine: EngineName = "auto"
     spark_master: str = "local[*]"
     memory_budget_bytes: int = MEMORY_BUDGET_BYTES_DEFAULT
 

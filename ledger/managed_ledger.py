@@ -51,7 +51,8 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class ManagedLedgerConfig:
-    """Roll-over and retention settings (Pulsar's broker.conf names in the comments).
+    """Roll-over and retention settings (Pulsar's broker.conf names in the comments). These
+    defaults are the broker's: ``api.config.Settings`` takes its ledger defaults from here.
 
     Attributes:
         max_entries_per_ledger: roll over after this many entries

@@ -1,8 +1,12 @@
 """The broker core shared by both doors: the topic registry and compaction runs.
 
 ``BrokerService`` owns every loaded ``Topic`` (created on first use) and the compactor; it
-knows no sockets: the Pulsar listener is the wire package's (``api.wire.listener``, whose
-``PulsarBroker`` is this core served on a port). It runs on one asyncio event loop; the
+knows no sockets: the Pulsar listener, its connections and the limits they share are the
+wire package's (``api.wire.listener``, whose ``PulsarBroker`` is this core served on a
+port), and nothing here imports ``api.wire`` or the HTTP side. It is configured by a typed
+``api.config.Settings``; ``compaction_config`` and ``ledger_config`` turn it into the
+lower layers' configs (shared with ``compactd compact-topic``). It also names producers
+that did not choose a name (``new_producer_name``), which both doors may ask for. It runs on one asyncio event loop; the
 only work it moves off the loop is a compaction run (``compact``), which goes to a worker
 thread, at most ``compaction_max_concurrent_runs`` at a time. Lifecycle: ``start_tasks``
 starts the periodic work (trimming, the compaction scheduler); ``stop`` ends it, waits for
@@ -17,17 +21,17 @@ import functools
 import itertools
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from api.broker.admin import Admin
 from api.broker.errors import TopicNotFoundError
 from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
-from api.wire.limits import PartialFrameBudget, WireLimits
+from api.config import Settings
 from compactor.errors import CompactionInProgressError
 from compactor.record import RunFigures
-from compactor.runner import MEMORY_BUDGET_BYTES_DEFAULT, CompactionConfig, Compactor
+from compactor.runner import CompactionConfig, Compactor
 from compactor.scheduler import (
     CompactionPolicy,
     Plan,
@@ -41,7 +45,7 @@ from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
 
-__all__ = ["TRIM_INTERVAL_S", "BrokerService", "Connection", "compaction_config"]
+__all__ = ["TRIM_INTERVAL_S", "BrokerService", "compaction_config", "ledger_config"]
 
 log = logging.getLogger(__name__)
 
@@ -49,44 +53,39 @@ log = logging.getLogger(__name__)
 TRIM_INTERVAL_S = 120.0
 
 
-def compaction_config(settings: Any) -> CompactionConfig:
+def compaction_config(settings: Settings) -> CompactionConfig:
     """The compactor's settings (broker.conf names in ``CompactionConfig``), shared with
     ``compactd compact-topic`` so that an offline run compacts as the broker would."""
     return CompactionConfig(
-        retain_null_key=bool(getattr(settings, "topic_compaction_retain_null_key", False)),
-        phase_one_read_timeout_s=float(getattr(settings, "compaction_phase_one_loop_timeout_seconds", 30)),
-        engine=getattr(settings, "compaction_engine", "auto"),
-        spark_master=str(getattr(settings, "spark_master", "local[*]")),
-        memory_budget_bytes=int(getattr(settings, "compaction_memory_budget_bytes", MEMORY_BUDGET_BYTES_DEFAULT)),
+        retain_null_key=settings.topic_compaction_retain_null_key,
+        phase_one_read_timeout_s=settings.compaction_phase_one_loop_timeout_seconds,
+        engine=settings.compaction_engine,
+        spark_master=settings.spark_master,
+        memory_budget_bytes=settings.compaction_memory_budget_bytes,
     )
 
 
-class Connection(Protocol):
-    """A client connection as the core holds it (the wire package's ``ServerConnection``)."""
-
-    def close(self) -> None:
-        """Close the connection; its consumers and producers go away with it."""
+def ledger_config(settings: Settings) -> ManagedLedgerConfig:
+    """Every topic's managed-ledger settings (roll-over); retention keeps its defaults."""
+    return ManagedLedgerConfig(
+        max_entries_per_ledger=settings.managed_ledger_max_entries_per_ledger,
+        max_size_per_ledger_bytes=settings.managed_ledger_max_size_per_ledger_bytes,
+    )
 
 
 class BrokerService:
     """One broker over one data dir; see the module docstring."""
 
-    def __init__(self, data_dir: DataDir, settings: Any) -> None:
+    def __init__(self, data_dir: DataDir, settings: Settings) -> None:
         self.data_dir = data_dir
         self.settings = settings
         self.topics: dict[str, Topic] = {}
-        self.connections: set[Connection] = set()  # the wire's connections register here
-        self.wire_limits = WireLimits.from_settings(settings)
-        self.partial_frames = PartialFrameBudget(self.wire_limits.partial_frames_budget_bytes)
         self.compactor = Compactor(compaction_config(settings))
-        self.ledger_config = ManagedLedgerConfig(
-            max_entries_per_ledger=int(getattr(settings, "managed_ledger_max_entries_per_ledger", 50_000)),
-            max_size_per_ledger_bytes=int(getattr(settings, "managed_ledger_max_size_per_ledger_bytes", 2 << 30)),
-        )
-        self._runs = asyncio.Semaphore(max(1, int(getattr(settings, "compaction_max_concurrent_runs", 2))))
+        self.ledger_config = ledger_config(settings)
+        self._runs = asyncio.Semaphore(settings.compaction_max_concurrent_runs)
         # Pulsar's producer names: cluster, a broker instance id that never repeats on this
         # data dir (persisted), and a counter.
-        self._producer_name_prefix = (f"{getattr(settings, 'cluster_name', 'standalone')}-"
+        self._producer_name_prefix = (f"{settings.cluster_name}-"
                                       f"{data_dir.metadata.next_counter('broker_instance_id')}-")
         self._producer_names = itertools.count()
         self._trim_task: asyncio.Task[None] | None = None
@@ -102,7 +101,7 @@ class BrokerService:
         """Start the periodic work on the running loop: trimming and the compaction scheduler."""
         self.loop = asyncio.get_running_loop()
         self._trim_task = asyncio.create_task(self._trim_periodically())
-        interval_s = float(getattr(self.settings, "compaction_monitor_interval_seconds", 60))
+        interval_s = self.settings.compaction_monitor_interval_seconds
         if interval_s > 0:
             self._scheduler_task = asyncio.create_task(self._schedule_periodically(interval_s))
 
@@ -160,7 +159,7 @@ class BrokerService:
             value = metadata.get_policy(scope, "deduplicationEnabled")
             if value is not None:
                 return bool(value)
-        return bool(getattr(self.settings, "broker_deduplication_enabled", False))
+        return self.settings.broker_deduplication_enabled
 
     def refresh_deduplication(self) -> None:
         """Apply a changed ``deduplicationEnabled`` policy to every loaded topic."""
@@ -214,7 +213,7 @@ class BrokerService:
         the planned runs through ``admin`` so their status is recorded."""
         candidates = [(self._scheduler_stats(topic), self._policy(topic)) for topic in self.topics.values()]
         running = sum(1 for topic in self.topics.values() if topic.compacted.running)
-        limit = max(1, int(getattr(self.settings, "compaction_max_concurrent_runs", 2)))
+        limit = self.settings.compaction_max_concurrent_runs
         self.last_plan = plan(candidates, now_ms=now_ms, running_runs=running, max_concurrent_runs=limit)
         for name in self.last_plan.start:
             try:
@@ -255,6 +254,6 @@ class BrokerService:
 
         threshold = effective_threshold(
             metadata.get_policy(scope, "compactionThreshold"), metadata.get_policy(namespace, "compactionThreshold"),
-            int(getattr(self.settings, "compaction_threshold_bytes", 0)),
+            self.settings.compaction_threshold_bytes,
         )
         return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"))

@@ -20,7 +20,8 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   bounded rounds this keeps what a consumer's permits can make the broker hold bounded.
 * Limits (``api.wire.limits``): no CONNECT within the connect timeout, or a frame left
   incomplete past the frame timeout, closes the connection; partial frames count against
-  a broker-wide budget, and the connection that would exceed it is closed.
+  a budget all the listener's ``Connections`` share, and the connection that would exceed
+  it is closed. The connection is in that set from ``connection_made`` to ``connection_lost``.
 * Keep-alive: a PING every ``KEEPALIVE_INTERVAL_S``; a connection silent for two intervals
   is closed. A connection that goes away frees its consumers (their unacknowledged
   entries are redelivered) and producers.
@@ -53,7 +54,7 @@ from api.wire.frames import (
     encode_command,
     encode_payload_command,
 )
-from api.wire.limits import PartialFrameBudget, WireLimits
+from api.wire.limits import Connections, PartialFrameBudget, WireLimits
 from api.wire.producing import ProducerHandlers, WireProducer
 from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
@@ -112,8 +113,10 @@ class WireConsumer(Consumer):
 class ServerConnection(ProducerHandlers, asyncio.Protocol):
     """The protocol object of one TCP connection; its producer side is ``ProducerHandlers``."""
 
-    def __init__(self, broker: BrokerService) -> None:
+    def __init__(self, broker: BrokerService, connections: Connections) -> None:
+        """A connection to ``broker`` (the core), one of the listener's ``connections``."""
         self.broker = broker
+        self.connections = connections
         self.decoder = FrameDecoder(max_frame_bytes=FRAME_BYTES_MAX)
         self.transport: asyncio.Transport | None = None
         self.connected = False
@@ -126,8 +129,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self._last_received = self._loop.time()
         self._activity = asyncio.Event()  # set by any data received or by the connection's end
         self._keepalive: asyncio.TimerHandle | None = None
-        self.limits: WireLimits = broker.wire_limits
-        self._budget: PartialFrameBudget = broker.partial_frames
+        self.limits: WireLimits = connections.limits
+        self._budget: PartialFrameBudget = connections.partial_frames
         self._partial_held = 0  # bytes of an incomplete frame, taken from the budget
         self._partial_since: float | None = None  # when the incomplete frame started
         self._partial_timer: asyncio.TimerHandle | None = None
@@ -151,7 +154,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         host, port = transport.get_extra_info("sockname")[:2]
         self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
-        self.broker.connections.add(self)
+        self.connections.add(self)
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
         self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)
 
@@ -186,7 +189,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._release_partial_frame()
-        self.broker.connections.discard(self)
+        self.connections.discard(self)
         for consumer in list(self.consumers.values()):
             if consumer.topic is not None and consumer.subscription is not None:
                 consumer.topic.remove_consumer(consumer.subscription, consumer)

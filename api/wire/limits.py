@@ -1,7 +1,8 @@
-"""What one broker lets Pulsar connections hold and how long it waits for them.
+"""What the Pulsar connections of one listener share: their limits, the bytes they hold, their set.
 
-* ``WireLimits``: the settings (``api/config.py``) the connections apply, with defaults for
-  a broker built without settings (tests).
+* ``WireLimits``: the limits the connections apply. Its field defaults are the defaults of
+  the ``wire_*`` settings: ``api.config.Settings`` takes them from here, and the listener
+  (``api.wire.listener.wire_limits``) builds a ``WireLimits`` from the settings.
 * ``PartialFrameBudget``: the bytes every connection of one broker holds in frames it has
   started to receive but not completed. One connection holds at most one frame's worth
   (the decoder refuses a length prefix above the frame limit at once); the budget bounds
@@ -9,17 +10,24 @@
   cannot grow the broker without limit. A connection whose next bytes would take the sum
   over the budget is closed (its frame is lost; the client reconnects and resends) and
   its bytes are given back, as they are when any connection closes.
+* ``Connections``: the open connections of one listener with the ``WireLimits`` and the
+  ``PartialFrameBudget`` they share; each ``ServerConnection`` is handed it, adds itself
+  when it is made and leaves when it is lost, and the listener closes them all at stop.
+  The broker core (``api.broker.service``) knows none of this.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "FRAME_TIMEOUT_S",
     "PARTIAL_FRAMES_BUDGET_BYTES",
+    "Connection",
+    "Connections",
     "PartialFrameBudget",
     "WireLimits",
 ]
@@ -42,16 +50,6 @@ class WireLimits:
     frame_timeout_s: float = FRAME_TIMEOUT_S
     partial_frames_budget_bytes: int = PARTIAL_FRAMES_BUDGET_BYTES
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> WireLimits:
-        """The limits of ``settings`` (an ``api.config.Settings``, or None: the defaults)."""
-        return cls(
-            connect_timeout_s=float(getattr(settings, "wire_connect_timeout_seconds", CONNECT_TIMEOUT_S)),
-            frame_timeout_s=float(getattr(settings, "wire_frame_timeout_seconds", FRAME_TIMEOUT_S)),
-            partial_frames_budget_bytes=int(getattr(
-                settings, "wire_partial_frames_budget_bytes", PARTIAL_FRAMES_BUDGET_BYTES)),
-        )
-
 
 class PartialFrameBudget:
     """The partial-frame bytes of every connection of one broker (see the module docstring);
@@ -70,3 +68,39 @@ class PartialFrameBudget:
             return False
         self.used_bytes = used
         return True
+
+
+class Connection(Protocol):
+    """An open connection as ``Connections`` holds it (``api.wire.connection.ServerConnection``)."""
+
+    def close(self) -> None:
+        """Close the connection; its consumers and producers go away with it."""
+
+
+class Connections:
+    """The open connections of one listener and what they share (see the module docstring);
+    used on the broker's event loop only."""
+
+    def __init__(self, limits: WireLimits) -> None:
+        self.limits = limits
+        self.partial_frames = PartialFrameBudget(limits.partial_frames_budget_bytes)
+        self._open: set[Connection] = set()
+
+    def add(self, connection: Connection) -> None:
+        """``connection`` is open (made by the listener)."""
+        self._open.add(connection)
+
+    def discard(self, connection: Connection) -> None:
+        """``connection`` is gone (lost or closed); unknown ones are ignored."""
+        self._open.discard(connection)
+
+    def __iter__(self) -> Iterator[Connection]:
+        return iter(self._open)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def close_all(self) -> None:
+        """Close every open connection (each leaves the set as it is lost)."""
+        for connection in list(self._open):
+            connection.close()

@@ -1,10 +1,14 @@
 """The Pulsar protocol listener: the broker core served on a port.
 
-``PulsarBroker`` is a ``BrokerService`` (the core, which knows no sockets) plus the
-listener: ``start(host, port)`` binds the Pulsar port (``api.listener``'s socket, which
-backs off when descriptors run out), accepts one ``ServerConnection`` per client, and
-starts the core's periodic work; ``stop`` closes the listener and every connection
-(their consumers and producers go away), then stops the core, which seals every topic.
+``PulsarBroker`` is a ``BrokerService`` (the core, a topic registry that knows no sockets)
+plus what the Pulsar port needs, which the wire package owns: the listener and
+``connections`` (``api.wire.limits.Connections``: the open ``ServerConnection``s with the
+``WireLimits`` and the partial-frame budget they share, built here from the ``wire_*``
+settings by ``wire_limits``). ``start(host, port)`` binds the Pulsar port
+(``api.listener``'s socket, which backs off when descriptors run out), accepts one
+``ServerConnection`` per client, and starts the core's periodic work; ``stop`` closes the
+listener and every connection (their consumers and producers go away), then stops the
+core, which seals every topic.
 """
 
 from __future__ import annotations
@@ -12,19 +16,34 @@ from __future__ import annotations
 import asyncio
 
 from api.broker.service import BrokerService
+from api.config import Settings
 from api.listener import listening_socket
 from api.wire.connection import ServerConnection
+from api.wire.limits import Connections, WireLimits
+from ledger.data_dir import DataDir
 
-__all__ = ["PULSAR_LISTEN_BACKLOG", "PulsarBroker"]
+__all__ = ["PULSAR_LISTEN_BACKLOG", "PulsarBroker", "wire_limits"]
 
 # Pending connections the kernel queues on the Pulsar port (asyncio's default).
 PULSAR_LISTEN_BACKLOG = 100
 
 
+def wire_limits(settings: Settings) -> WireLimits:
+    """The limits every Pulsar connection applies, from the ``wire_*`` settings."""
+    return WireLimits(
+        connect_timeout_s=settings.wire_connect_timeout_seconds,
+        frame_timeout_s=settings.wire_frame_timeout_seconds,
+        partial_frames_budget_bytes=settings.wire_partial_frames_budget_bytes,
+    )
+
+
 class PulsarBroker(BrokerService):
     """One broker over one data dir, listening for Pulsar clients; see the module docstring."""
 
-    _server: asyncio.Server | None = None
+    def __init__(self, data_dir: DataDir, settings: Settings) -> None:
+        super().__init__(data_dir, settings)
+        self.connections = Connections(wire_limits(settings))
+        self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Listen for Pulsar clients on ``host:port`` (0: any free port); returns the port."""
@@ -32,7 +51,7 @@ class PulsarBroker(BrokerService):
         sock = listening_socket(host, port, PULSAR_LISTEN_BACKLOG)
         try:
             self._server = await self.loop.create_server(
-                lambda: ServerConnection(self), sock=sock, backlog=PULSAR_LISTEN_BACKLOG)
+                lambda: ServerConnection(self, self.connections), sock=sock, backlog=PULSAR_LISTEN_BACKLOG)
         except BaseException:
             sock.close()
             raise
@@ -45,8 +64,7 @@ class PulsarBroker(BrokerService):
         self.stop_tasks()
         if self._server is not None:
             self._server.close()
-        for connection in list(self.connections):
-            connection.close()
+        self.connections.close_all()
         if self._server is not None:
             await self._server.wait_closed()
         await super().stop()

@@ -20,6 +20,7 @@ import pytest
 
 pulsar = pytest.importorskip("pulsar")
 
+from api.config import Settings
 from api.wire.listener import PulsarBroker
 from compactor.record import RunFigures
 from compactor.runner import collect_orphans
@@ -31,9 +32,9 @@ START_TIMEOUT_S = 30
 class BrokerHarness:
     """A running broker plus helpers; see the module docstring."""
 
-    def __init__(self, data_dir: Path, settings: Any = None) -> None:
+    def __init__(self, data_dir: Path, settings: Settings | None = None) -> None:
         self.path = data_dir
-        self.settings = settings
+        self.settings = settings or Settings()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="broker-loop", daemon=True)
         self._thread.start()

@@ -26,12 +26,12 @@ Tests marked ``xfail(strict=True)`` name a known limitation in their reason.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import subprocess
 import time
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import pulsar
@@ -145,7 +145,7 @@ def values(messages: Sequence[Any]) -> list[str]:
 def retain_null_key(request: pytest.FixtureRequest, broker: Any) -> bool:
     """Restart ``broker`` with ``topicCompactionRetainNullKey`` set as parametrised."""
     broker.stop()
-    broker.settings = SimpleNamespace(topic_compaction_retain_null_key=request.param)
+    broker.settings = dataclasses.replace(broker.settings, topic_compaction_retain_null_key=request.param)
     broker.start()
     return bool(request.param)
 

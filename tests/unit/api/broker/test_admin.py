@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from api.broker.dedup import ProducerSession
 from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
 from api.broker.service import BrokerService
+from api.config import Settings
 from compactor.encoder import encode_entry
 from compactor.errors import CompactionInProgressError
 from compactor.proto import pulsar_api_pb2 as pb
@@ -20,11 +21,10 @@ from ledger import DataDir
 TOPIC = "persistent://public/default/admin"
 
 
-@dataclass(frozen=True)
-class Settings:
-    compaction_monitor_interval_seconds: int = 0
-    compaction_threshold_bytes: int = 0
-    compaction_max_concurrent_runs: int = 1
+def broker_settings(**values: Any) -> Settings:
+    """The broker's settings with the scheduler off and one run at a time, unless ``values`` say."""
+    chosen: dict[str, Any] = {"compaction_monitor_interval_seconds": 0, "compaction_max_concurrent_runs": 1}
+    return Settings(**(chosen | values))
 
 
 def entry(key: str, value: bytes, publish_ms: int = 1) -> bytes:
@@ -37,9 +37,9 @@ def publish(broker: BrokerService, topic: str, *pairs: tuple[str, bytes]) -> Non
         broker.get_topic(topic).ledger.append(entry(key, value)).result(timeout=10)
 
 
-async def _with_broker(path: Path, body, settings: Settings = Settings()) -> None:  # type: ignore[no-untyped-def]
+async def _with_broker(path: Path, body, settings: Settings | None = None) -> None:  # type: ignore[no-untyped-def]
     data_dir = DataDir.open(str(path))
-    broker = BrokerService(data_dir, settings)
+    broker = BrokerService(data_dir, settings or broker_settings())
     broker.loop = asyncio.get_running_loop()
     try:
         await body(broker)
@@ -125,7 +125,7 @@ def test_scheduler_tick_uses_policies_and_the_concurrency_limit(tmp_path: Path) 
             "persistent://public/default/small", "persistent://public/default/mid"}
         await admin.wait_for_runs()
 
-    asyncio.run(_with_broker(tmp_path, body, Settings(compaction_threshold_bytes=0, compaction_max_concurrent_runs=1)))
+    asyncio.run(_with_broker(tmp_path, body, broker_settings(compaction_threshold_bytes=0, compaction_max_concurrent_runs=1)))
 
 
 def test_delete_retention_policy_topic_over_namespace_and_its_runs(tmp_path: Path) -> None:
@@ -170,11 +170,6 @@ def test_a_topic_whose_run_waits_for_a_slot_is_not_deleted(tmp_path: Path) -> No
     asyncio.run(_with_broker(tmp_path, body))
 
 
-@dataclass(frozen=True)
-class DedupSettings(Settings):
-    broker_deduplication_enabled: bool = False
-
-
 @pytest.mark.parametrize(("broker_default", "namespace", "topic", "expected"), [
     (False, None, None, False),
     (True, None, None, True),
@@ -198,7 +193,7 @@ def test_deduplication_is_topic_policy_then_namespace_policy_then_broker_setting
         assert ("pulsar.dedup" in cursors) == expected  # off: no cursor holds data back
         assert loaded.last_sequence_id("p") == -1
 
-    asyncio.run(_with_broker(tmp_path, body, DedupSettings(broker_deduplication_enabled=broker_default)))
+    asyncio.run(_with_broker(tmp_path, body, broker_settings(broker_deduplication_enabled=broker_default)))
 
 
 def test_removing_the_policy_falls_back_and_turning_off_forgets_the_state(tmp_path: Path) -> None:

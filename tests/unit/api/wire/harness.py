@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from api.broker.service import BrokerService
+from api.config import Settings
 from api.wire.connection import ServerConnection
 from api.wire.frames import Frame, FrameDecoder, encode_command, make_command
 from api.wire.listener import PulsarBroker
@@ -73,8 +73,8 @@ class FakeTransport(asyncio.Transport):
 class Wire:
     """One connection to the broker; ``request`` sends a command and returns the answers."""
 
-    def __init__(self, broker: BrokerService, *, connect: bool = True, decode: bool = True) -> None:
-        self.protocol = ServerConnection(broker)
+    def __init__(self, broker: PulsarBroker, *, connect: bool = True, decode: bool = True) -> None:
+        self.protocol = ServerConnection(broker, broker.connections)
         self.transport = FakeTransport(self.protocol, decode=decode)
         self.protocol.connection_made(self.transport)
         if connect:
@@ -106,11 +106,12 @@ class Wire:
 
 
 @contextmanager
-def broker_service(path: Path, settings: Any = None, *, sync: SyncPolicy = SyncPolicy.GROUP) -> Iterator[PulsarBroker]:
+def broker_service(path: Path, settings: Settings | None = None, *,
+                   sync: SyncPolicy = SyncPolicy.GROUP) -> Iterator[PulsarBroker]:
     """A real broker service over a data dir at ``path`` (no listener unless the test
     starts one); call in a loop."""
     data_dir = DataDir.open(str(path), sync=sync)
-    service = PulsarBroker(data_dir, settings)
+    service = PulsarBroker(data_dir, settings or Settings())
     service.loop = asyncio.get_running_loop()
     try:
         yield service

@@ -58,7 +58,7 @@ def test_a_frame_left_incomplete_closes_its_connection_and_a_slow_but_steady_one
         await settle(lambda: stalled.closed, timeout_s=5)
         assert time.monotonic() - started < 2
         assert not steady.closed
-        assert broker.partial_frames.used_bytes == 0
+        assert broker.connections.partial_frames.used_bytes == 0
     _run(tmp_path, body, wire_frame_timeout_seconds=0.3)
 
 
@@ -72,15 +72,15 @@ def test_partial_frames_beyond_the_broker_budget_close_only_the_connection_that_
         chunk = _big_frame_start(2 * budget) + b"\x00" * (budget // 2 - 8)  # half the budget each
         wires[0].feed(chunk)
         wires[1].feed(chunk[:-100])
-        assert broker.partial_frames.used_bytes == budget - 100
+        assert broker.connections.partial_frames.used_bytes == budget - 100
         wires[2].feed(chunk)  # would go over: this one closes
         await settle(lambda: wires[2].transport.lost)
         assert not wires[0].closed and not wires[1].closed
-        assert broker.partial_frames.used_bytes == budget - 100
+        assert broker.connections.partial_frames.used_bytes == budget - 100
         assert wires[2].protocol.decoder.buffered == 0
         wires[0].close()
         await settle(lambda: wires[0].transport.lost)
-        assert broker.partial_frames.used_bytes == budget // 2 - 100  # given back on close
+        assert broker.connections.partial_frames.used_bytes == budget // 2 - 100  # given back on close
         assert wires[0].protocol.decoder.buffered == 0  # and the buffer itself is released
         fresh = Wire(broker)
         assert [f.type for f in fresh.request(make_command(pb.CommandPing()))] == [T.PONG]
