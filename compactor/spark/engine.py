@@ -84,7 +84,9 @@ def split_ranges(ranges: tuple[LedgerRange, ...], entries_max: int = PARTITION_E
 class SparkPhaseOne:
     """A ``compactor.engine.PhaseOneEngine`` on Spark; see the module docstring."""
 
-    def __init__(self, master: str = "local[*]", *, config: dict[str, str] | None = None) -> None:
+    def __init__(self, master: str, *, config: dict[str, str] | None = None) -> None:
+        """An engine on the Spark ``master`` URL (the ``spark_master`` setting, whose default
+        is ``CompactionConfig``'s); ``config``: more Spark settings of the session."""
         self.master = master
         self.config = dict(config or {})
         self._session: Any = None

@@ -1,5 +1,10 @@
 """The packages import downwards only (ledger < cursor < compactor < api) and without cycles.
 
+Inside ``api``, the broker core (``api.broker``: the topic registry, which knows no sockets)
+imports neither of its doors: not the wire package (the Pulsar listener, its connections
+and their limits) nor the HTTP side (``api.http``, ``api.routers``, ``api.server``,
+``api.listener``).
+
 Every import counts: top-level, lazy (inside a function) and under ``TYPE_CHECKING`` alike,
 because each one is a dependency a reader has to follow. The graph is built from the
 source with ``ast``; nothing is imported.
@@ -15,6 +20,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("ledger", "cursor", "compactor", "api")
+BROKER_CORE = "api.broker"
+# What serves the broker core to clients; the core imports none of it.
+DOORS = ("api.wire", "api.http", "api.routers", "api.server", "api.listener")
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -101,12 +109,24 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
     return [f"{a} imports {b}" for a, targets in sorted(graph.items()) for b in sorted(targets) if layer(b) > layer(a)]
 
 
+def door_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a door (``DOORS``) by a module of the broker core."""
+    def within(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+    return [f"{a} imports {b}" for a, targets in sorted(graph.items()) if within(a, BROKER_CORE)
+            for b in sorted(targets) if any(within(b, door) for door in DOORS)]
+
+
 def test_no_module_of_the_four_packages_is_part_of_an_import_cycle() -> None:
     assert cycles(import_graph(ROOT)) == []
 
 
 def test_no_module_imports_a_package_above_its_own() -> None:
     assert upward(import_graph(ROOT)) == []
+
+
+def test_the_broker_core_imports_neither_the_wire_package_nor_the_http_side() -> None:
+    assert door_imports(import_graph(ROOT)) == []
 
 
 @pytest.mark.parametrize(("sources", "expected"), [
@@ -130,3 +150,18 @@ def test_an_import_from_a_lower_layer_upwards_is_reported(tmp_path: Path) -> Non
     (tmp_path / "ledger" / "a.py").write_text("def f():\n    import api.b\n", encoding="utf-8")
     (tmp_path / "api" / "b.py").write_text("", encoding="utf-8")
     assert upward(import_graph(tmp_path)) == ["ledger.a imports api.b"]
+
+
+def test_an_import_of_a_door_by_the_broker_core_is_reported(tmp_path: Path) -> None:
+    sources = {
+        "api/broker/service.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from api.wire.limits import W\n",
+        "api/broker/admin.py": "def f():\n    import api.server\n",
+        "api/broker/topic.py": "from api.config import Settings\n",
+        "api/wire/limits.py": "", "api/server.py": "", "api/config.py": "",
+        "api/wire/listener.py": "from api.broker.service import B\n",
+    }
+    for relative, text in sources.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text, encoding="utf-8")
+    assert door_imports(import_graph(tmp_path)) == [
+        "api.broker.admin imports api.server", "api.broker.service imports api.wire.limits"]
