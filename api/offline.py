@@ -78,11 +78,14 @@ def summary(topic: str, figures: RunFigures) -> dict[str, Any]:
 def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallback | None = None) -> tuple[str, RunFigures]:
     """Run one compaction of ``topic`` in ``settings.data_dir``; (full topic name, figures)."""
     from api.broker.errors import TopicNotFoundError
+    from api.broker.policies import PolicyStore
     from api.broker.service import compaction_config
     from api.broker.topic_name import TopicName
     from compactor.runner import Compactor, collect_orphans
+    from compactor.status import CompactionStatusStore
     from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
     from cursor.cursor import InitialPosition, ManagedCursor
+    from cursor.store import CursorStore
     from ledger.data_dir import DataDir
     from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
     from ledger.storage.base import SyncPolicy
@@ -95,7 +98,8 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
     data_dir = DataDir.open(path, sync=SyncPolicy(settings.fsync), max_open_files=settings.max_open_ledger_files)
     try:
         collect_orphans(data_dir)
-        metadata = data_dir.metadata
+        metadata, cursors = data_dir.metadata, CursorStore(data_dir.database)
+        policies, statuses = PolicyStore(data_dir.database), CompactionStatusStore(data_dir.database)
         if not metadata.topic_exists(full_name):
             raise TopicNotFoundError(f"topic {full_name} not found in data dir {data_dir.path}")
         ledger = ManagedLedger.open(full_name, data_dir.ledgers, metadata, ManagedLedgerConfig(
@@ -103,21 +107,21 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
             max_size_per_ledger_bytes=settings.managed_ledger_max_size_per_ledger_bytes,
         ))
         try:
-            compacted = CompactedTopic.restore(ledger)
-            ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+            compacted = CompactedTopic.restore(ledger, cursors)
+            ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST, store=cursors)
             compactor = Compactor(compaction_config(settings))
-            retention = metadata.get_policy(full_name, DELETE_RETENTION_POLICY)
+            retention = policies.get_policy(full_name, DELETE_RETENTION_POLICY)
             if retention is None:
-                retention = metadata.get_policy(name.namespace_name, DELETE_RETENTION_POLICY)
-            metadata.set_compaction_status(full_name, "RUNNING", "", _now_ms())
+                retention = policies.get_policy(name.namespace_name, DELETE_RETENTION_POLICY)
+            statuses.set_compaction_status(full_name, "RUNNING", "", _now_ms())
             try:
                 figures = compactor.compact(compacted, delete_retention_ms=int(retention or 0), progress=progress)
             except Exception as error:
-                metadata.set_compaction_status(full_name, "ERROR", f"{type(error).__name__}: {error}", _now_ms())
+                statuses.set_compaction_status(full_name, "ERROR", f"{type(error).__name__}: {error}", _now_ms())
                 raise
             finally:
                 compactor.close()
-            metadata.set_compaction_status(full_name, "SUCCESS", "", _now_ms())
+            statuses.set_compaction_status(full_name, "SUCCESS", "", _now_ms())
             ledger.trim()
         finally:
             ledger.close()

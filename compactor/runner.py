@@ -54,6 +54,7 @@ from compactor.record import LATENCY_BUCKETS_MS, RunFigures, latency_bucket
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, encode_compacted_entry
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -134,7 +135,8 @@ class Compactor:
     def _run(self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress) -> RunFigures:
         ledger = topic.ledger
         previous = topic.view  # raises CompactedLedgerMissingError: never publish a partial view
-        cursor = ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        cursor = ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST,
+                                            store=topic.cursors)
         stop = ledger.last_confirmed_position()
         if stop.entry_id < 0 or stop <= cursor.mark_delete_position:
             return RunFigures(duration_s=time.monotonic() - started)
@@ -373,5 +375,5 @@ def _read_previous(previous: CompactedView, first: int, last: int) -> list[Entry
 
 def collect_orphans(data_dir: DataDir) -> list[int]:
     """At start: delete every ledger no topic and no ``__compaction`` cursor references."""
-    live = data_dir.metadata.cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
+    live = CursorStore(data_dir.database).cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
     return data_dir.collect_orphans(also_live=live)

@@ -40,6 +40,7 @@ from compactor.message import is_batch, parse_entry
 from compactor.record import CompactionRecord
 from compactor.view import CompactedView
 from cursor.cursor import ManagedCursor
+from cursor.store import CursorStore
 from ledger.errors import LedgerNotFoundError
 from ledger.managed_ledger import ManagedLedger
 from ledger.position import EARLIEST, Position
@@ -53,20 +54,22 @@ NO_MESSAGE = Position(-1, -1)
 
 
 class CompactedTopic:
-    """Compaction state of one topic (``ledger``); build it with ``restore``."""
+    """Compaction state of one topic (``ledger``, whose durable cursors are in ``cursors``);
+    build it with ``restore``."""
 
-    def __init__(self, ledger: ManagedLedger) -> None:
+    def __init__(self, ledger: ManagedLedger, cursors: CursorStore) -> None:
         self.ledger = ledger
+        self.cursors = cursors
         self.record = CompactionRecord()
         self._view: CompactedView | None = None
         self._missing_ledger_id: int | None = None
         self._run_lock = threading.Lock()
 
     @classmethod
-    def restore(cls, ledger: ManagedLedger) -> CompactedTopic:
+    def restore(cls, ledger: ManagedLedger, cursors: CursorStore) -> CompactedTopic:
         """The topic's view as the ``__compaction`` cursor's persisted state describes it."""
-        topic = cls(ledger)
-        record = ledger.metadata.load_cursor(ledger.name, COMPACTION_SUBSCRIPTION)
+        topic = cls(ledger, cursors)
+        record = cursors.load(ledger.name, COMPACTION_SUBSCRIPTION)
         if record is None or COMPACTED_TOPIC_LEDGER not in record.properties:
             return topic
         ledger_id = record.properties[COMPACTED_TOPIC_LEDGER]
@@ -111,7 +114,7 @@ class CompactedTopic:
         """
         with self._run_lock:
             ledger_id = self._view.ledger_id if self._view is not None else self._missing_ledger_id
-            self.ledger.metadata.delete_cursor(self.name, COMPACTION_SUBSCRIPTION)
+            self.cursors.delete(self.name, COMPACTION_SUBSCRIPTION)
             self._view, self._missing_ledger_id = None, None
             if ledger_id is not None:
                 self.ledger.store.delete(ledger_id)

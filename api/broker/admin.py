@@ -36,6 +36,7 @@ from compactor.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import ManagedCursor
 
 if TYPE_CHECKING:
+    from api.broker.policies import PolicyStore
     from compactor.record import RunFigures
     from ledger.data_dir import DataDir
 
@@ -64,6 +65,7 @@ class AdminBroker(Protocol):
     which holds the ``Admin``: named here so that this module does not import it back)."""
 
     data_dir: DataDir
+    policies: PolicyStore
     topics: dict[str, Topic]
 
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
@@ -168,17 +170,17 @@ class Admin:
 
     def get_policy(self, scope: str, name: str) -> Any:
         assert name in POLICY_NAMES
-        return self.metadata.get_policy(scope, name)
+        return self.broker.policies.get_policy(scope, name)
 
     def set_policy(self, scope: str, name: str, value: Any) -> None:
         assert name in POLICY_NAMES
-        self.metadata.set_policy(scope, name, value)
+        self.broker.policies.set_policy(scope, name, value)
         if name == "deduplicationEnabled":
             self.broker.refresh_deduplication()
 
     def remove_policy(self, scope: str, name: str) -> None:
         assert name in POLICY_NAMES
-        self.metadata.remove_policy(scope, name)
+        self.broker.policies.remove_policy(scope, name)
         if name == "deduplicationEnabled":
             self.broker.refresh_deduplication()
 
@@ -249,7 +251,7 @@ class Admin:
         }
 
     def _subscription_names(self, topic: Topic, *, internal: bool = False) -> list[str]:
-        names = set(self.metadata.list_cursors(str(topic.name)))
+        names = set(topic.cursors.list(str(topic.name)))
         names |= {name for name, s in topic.subscriptions.items() if s.cursor.durable}
         if not internal:
             names.discard(DEDUP_CURSOR)
@@ -258,4 +260,4 @@ class Admin:
     @staticmethod
     def _cursor(topic: Topic, name: str) -> ManagedCursor:
         live = topic.subscriptions.get(name)
-        return live.cursor if live is not None else ManagedCursor.open_durable(topic.ledger, name)
+        return live.cursor if live is not None else ManagedCursor.open_durable(topic.ledger, name, store=topic.cursors)

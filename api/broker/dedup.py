@@ -42,6 +42,7 @@ from compactor.errors import MalformedEntryError
 from compactor.message import chunk_of, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.errors import LedgerError
 from ledger.managed_ledger import Entry, ManagedLedger
 from ledger.position import Position
@@ -113,12 +114,13 @@ def _digest(data: bytes) -> bytes:
 
 
 class Deduplication:
-    """The de-duplication state of one topic; runs on the broker's event loop."""
+    """The de-duplication state of one topic, whose durable cursors are in ``cursors``;
+    runs on the broker's event loop."""
 
-    def __init__(self, ledger: ManagedLedger) -> None:
+    def __init__(self, ledger: ManagedLedger, cursors: CursorStore) -> None:
         self.ledger = ledger
-        existed = ledger.metadata.load_cursor(ledger.name, DEDUP_CURSOR) is not None
-        self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST)
+        existed = cursors.load(ledger.name, DEDUP_CURSOR) is not None
+        self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST, store=cursors)
         self.persisted: dict[str, int] = dict(self.cursor.properties)
         self.pushed: dict[str, int] = dict(self.persisted)
         # a send's digest -> where it is stored / its append in flight

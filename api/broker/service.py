@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from api.broker.admin import Admin
 from api.broker.errors import TopicNotFoundError
+from api.broker.policies import PolicyStore
 from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
@@ -35,8 +36,10 @@ from compactor.scheduler import (
     effective_threshold,
     plan,
 )
+from compactor.status import CompactionStatusStore
 from compactor.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
@@ -74,6 +77,10 @@ class BrokerService:
     def __init__(self, data_dir: DataDir, settings: Any) -> None:
         self.data_dir = data_dir
         self.settings = settings
+        # Each layer's store on the data dir's one database (``ledger.database``).
+        self.cursors = CursorStore(data_dir.database)
+        self.policies = PolicyStore(data_dir.database)
+        self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
         self.connections: set[Connection] = set()  # the wire's connections register here
         self.wire_limits = WireLimits.from_settings(settings)
@@ -148,16 +155,15 @@ class BrokerService:
             raise TopicNotFoundError(f"Topic {key} not found")
         ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config)
         topic = Topic(name, ledger, self.loop or asyncio.get_running_loop(),
-                      deduplication=self.deduplication_enabled(name))
+                      deduplication=self.deduplication_enabled(name), cursors=self.cursors)
         self.topics[key] = topic
         return topic
 
     def deduplication_enabled(self, name: TopicName) -> bool:
         """The topic's ``deduplicationEnabled``: topic policy, else namespace policy, else
         the broker's ``broker_deduplication_enabled``."""
-        metadata = self.data_dir.metadata
         for scope in (str(name), name.namespace_name):
-            value = metadata.get_policy(scope, "deduplicationEnabled")
+            value = self.policies.get_policy(scope, "deduplicationEnabled")
             if value is not None:
                 return bool(value)
         return bool(getattr(self.settings, "broker_deduplication_enabled", False))
@@ -224,7 +230,8 @@ class BrokerService:
         return self.last_plan
 
     def _scheduler_stats(self, topic: Topic) -> TopicCompactionStats:
-        cursor = ManagedCursor.open_durable(topic.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        cursor = ManagedCursor.open_durable(topic.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST,
+                                            store=self.cursors)
         view = topic.compacted.view if topic.compacted.broken is None else None
         compacted_bytes = topic.ledger.store.info(view.ledger_id).size_bytes if view is not None else 0
         oldest = None
@@ -239,15 +246,14 @@ class BrokerService:
 
     def delete_retention_ms(self, topic: Topic) -> int:
         """The topic's ``deleteRetentionMs``: topic policy, else namespace policy, else 0."""
-        metadata = self.data_dir.metadata
         for scope in (str(topic.name), topic.name.namespace_name):
-            value = metadata.get_policy(scope, "deleteRetentionMs")
+            value = self.policies.get_policy(scope, "deleteRetentionMs")
             if value is not None:
                 return int(value)
         return 0
 
     def _policy(self, topic: Topic) -> CompactionPolicy:
-        metadata, scope, namespace = self.data_dir.metadata, str(topic.name), topic.name.namespace_name
+        metadata, scope, namespace = self.policies, str(topic.name), topic.name.namespace_name
 
         def pick(name: str) -> Any:
             value = metadata.get_policy(scope, name)

@@ -28,6 +28,7 @@ from api.broker.errors import NotAllowedError, ProducerBusyError, SubscriptionNo
 from api.broker.topic_name import TopicName
 from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.managed_ledger import ManagedLedger
 from ledger.position import EARLIEST, LATEST, Position
 
@@ -40,15 +41,16 @@ class Topic:
     """One loaded topic; all methods run on the broker's event loop."""
 
     def __init__(self, name: TopicName, ledger: ManagedLedger, loop: asyncio.AbstractEventLoop,
-                 *, deduplication: bool = False) -> None:
+                 *, cursors: CursorStore, deduplication: bool = False) -> None:
         self.name = name
         self.ledger = ledger
-        self.compacted = CompactedTopic.restore(ledger)
+        self.cursors = cursors  # where the topic's durable cursors persist
+        self.compacted = CompactedTopic.restore(ledger, cursors)
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}  # producer name -> its owner (a wire producer)
         self._loop = loop
         self._dispatch_scheduled = False
-        ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST, store=cursors)
         self.dedup: Deduplication | None = None
         self.set_deduplication(deduplication)
         self.closed = False
@@ -78,12 +80,12 @@ class Topic:
         """Turn de-duplication on (state loaded, or started at the end of the log) or off
         (its cursor deleted)."""
         if enabled and self.dedup is None:
-            self.dedup = Deduplication(self.ledger)
+            self.dedup = Deduplication(self.ledger, self.cursors)
         elif not enabled:
             if self.dedup is not None:
                 self.dedup.delete()
-            elif DEDUP_CURSOR in self.ledger.metadata.list_cursors(self.ledger.name):
-                self.ledger.metadata.delete_cursor(self.ledger.name, DEDUP_CURSOR)
+            elif DEDUP_CURSOR in self.cursors.list(self.ledger.name):
+                self.cursors.delete(self.ledger.name, DEDUP_CURSOR)
             self.dedup = None
 
     def last_sequence_id(self, producer_name: str) -> int:
@@ -175,7 +177,7 @@ class Topic:
         start: Position | None, read_compacted: bool,
     ) -> Subscription:
         if durable:
-            cursor = ManagedCursor.open_durable(self.ledger, name, initial_position)
+            cursor = ManagedCursor.open_durable(self.ledger, name, initial_position, store=self.cursors)
             from_earliest = (initial_position is InitialPosition.EARLIEST
                              and cursor.mark_delete_position.entry_id == -1)
         else:
@@ -207,11 +209,11 @@ class Topic:
             self.compacted.drop_view()
             return
         subscription = self.subscriptions.pop(name, None)
-        if subscription is None and name not in self.ledger.metadata.list_cursors(str(self.name)):
+        if subscription is None and name not in self.cursors.list(str(self.name)):
             raise SubscriptionNotFoundError(f"subscription {name} not found")
         for consumer in list(subscription.consumers if subscription else []):
             consumer.disconnect()
-        self.ledger.metadata.delete_cursor(str(self.name), name)
+        self.cursors.delete(str(self.name), name)
 
     def close(self) -> None:
         """Seal the current ledger; the topic takes no more appends."""
