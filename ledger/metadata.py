@@ -156,6 +156,7 @@ class MetadataStore:
             ledger_ids = [r[0] for r in db.execute("SELECT ledger_id FROM ledgers WHERE topic = ?", (topic,))]
             db.execute("DELETE FROM ledgers WHERE topic = ?", (topic,))
             self.database.forget_topic(db, topic)
+            self.checkpoint("ledger.delete_topic.after_forgetting", topic=topic)
             db.execute("DELETE FROM topics WHERE name = ?", (topic,))
             return ledger_ids
 
