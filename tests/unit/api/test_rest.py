@@ -217,7 +217,8 @@ def test_delete_subscription(tmp_path: Path) -> None:
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
         await client.put(TOPIC_URL)
         publish(broker, TOPIC, ("a", b"1"))
-        ManagedCursor.open_durable(broker.get_topic(TOPIC).ledger, "sub", InitialPosition.EARLIEST)
+        ManagedCursor.open_durable(broker.get_topic(TOPIC).ledger, "sub", InitialPosition.EARLIEST,
+                                   store=broker.cursors)
         assert "sub" in (await client.get(TOPIC_URL + "/stats")).json()["subscriptions"]
         assert (await client.delete(TOPIC_URL + "/subscription/sub")).status_code == 204
         assert "sub" not in (await client.get(TOPIC_URL + "/stats")).json()["subscriptions"]

@@ -18,7 +18,7 @@ from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import Compactor
 from compactor.topic import CompactedTopic
-from cursor import ManagedCursor
+from cursor import CursorStore, ManagedCursor
 from ledger import ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.managed_ledger import Entry
 from ledger.position import EARLIEST, Position
@@ -65,7 +65,7 @@ def test_a_chunked_message_straddling_the_stop_marker_reaches_a_reader_whole_and
 ) -> None:
     first, second, third = chunks("k", "p-1", b"big value " * 100, 3)
     old, started = append(ml, message("k", b"old"), first)
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     assert compacted(topic) == [old, started]  # the old value stays k's value; the chunk is pending
     rest = append(ml, second, third)
@@ -83,7 +83,7 @@ def test_a_chunked_message_straddling_the_stop_marker_reaches_a_reader_whole_and
 def test_a_chunked_message_that_never_completes_is_kept_by_every_run(ml: ManagedLedger) -> None:
     first, _ = chunks("k", "p-1", b"big value " * 100, 2)
     started, value = append(ml, first, message("k", b"v1"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     for _ in range(2):
         Compactor().compact(topic)
         assert compacted(topic) == [started, value]

@@ -19,7 +19,7 @@ from compactor.topic import (
     CompactedTopic,
 )
 from compactor.view import CompactedView, decode_compacted_entry, encode_compacted_entry
-from cursor import ManagedCursor
+from cursor import CursorStore, ManagedCursor
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.errors import LedgerNotFoundError
 from ledger.position import EARLIEST, Position
@@ -79,7 +79,7 @@ def test_compacted_entry_round_trip_keeps_id_and_surviving_mask() -> None:
 def test_view_search_reads_and_last_message(ml: ManagedLedger) -> None:
     positions = append(ml, *(message(f"k{i}", b"v%d" % i) for i in range(10)),
                        batch([("k0", b"new0"), ("k1", b""), ("k2", b"new2")]))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     view = topic.view
     assert view is not None and view.horizon == positions[-1]
@@ -97,7 +97,7 @@ def test_view_search_reads_and_last_message(ml: ManagedLedger) -> None:
 
 def test_read_compacted_then_raw_tail_and_first_read_rule(ml: ManagedLedger) -> None:
     append(ml, message("a", b"1"), message("b", b"1"), message("a", b"2"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     tail = append(ml, message("a", b"3"))
     reader = ManagedCursor.open_non_durable(ml, "r", EARLIEST)
@@ -112,7 +112,7 @@ def test_read_compacted_then_raw_tail_and_first_read_rule(ml: ManagedLedger) -> 
 
 def test_read_between_last_survivor_and_horizon_goes_to_the_raw_tail(ml: ManagedLedger) -> None:
     positions = append(ml, message("a", b"1"), message("b", b"1"), message("b", b""))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     tail = append(ml, message("c", b"1"))
     reader = ManagedCursor.open_non_durable(ml, "r", positions[2])  # after the last survivor, at the horizon
@@ -121,7 +121,7 @@ def test_read_between_last_survivor_and_horizon_goes_to_the_raw_tail(ml: Managed
 
 
 def test_last_message_id_rules(ml: ManagedLedger) -> None:
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     assert topic.last_message_id().entry_id == -1  # empty, never compacted
     positions = append(ml, message("a", b"1"), message("a", b""))
     Compactor().compact(topic)
@@ -132,7 +132,7 @@ def test_last_message_id_rules(ml: ManagedLedger) -> None:
 
 
 def test_empty_topic_writes_no_ledger_and_succeeds(ml: ManagedLedger) -> None:
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     figures = Compactor().compact(topic)
     assert figures.ledger_id == -1
     assert topic.view is None
@@ -144,11 +144,11 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
     data_dir = DataDir.open(str(tmp_path))
     ml = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
     append(ml, message("a", b"1"), message("b", b"2"), message("a", b"3"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     assert topic.view is not None
     ledger_id = topic.view.ledger_id
-    record = data_dir.metadata.load_cursor(TOPIC, COMPACTION_SUBSCRIPTION)
+    record = CursorStore(data_dir.database).load(TOPIC, COMPACTION_SUBSCRIPTION)
     assert record is not None and record.properties == {COMPACTED_TOPIC_LEDGER: ledger_id}
     ml.close()
     data_dir.close()
@@ -156,11 +156,11 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
     data_dir = DataDir.open(str(tmp_path))
     assert collect_orphans(data_dir) == []
     ml = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
-    restored = CompactedTopic.restore(ml)
+    restored = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     assert restored.view is not None and restored.view.ledger_id == ledger_id
     assert restored.horizon == record.mark_delete_position
     data_dir.ledgers.delete(ledger_id)  # deleted out of band
-    broken = CompactedTopic.restore(ml)
+    broken = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     reader = ManagedCursor.open_non_durable(ml, "r", EARLIEST)
     with pytest.raises(CompactedLedgerMissingError, match=f"compacted ledger {ledger_id}"):
         broken.read_compacted(reader, 10)
@@ -175,7 +175,7 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
 
 def test_one_run_per_topic_at_a_time(ml: ManagedLedger) -> None:
     append(ml, message("a", b"1"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     with topic.exclusive_run(), pytest.raises(CompactionInProgressError, match="already in progress"):
         Compactor().compact(topic)
     assert not topic.running
@@ -183,7 +183,7 @@ def test_one_run_per_topic_at_a_time(ml: ManagedLedger) -> None:
 
 def test_record_counts_runs(ml: ManagedLedger) -> None:
     append(ml, message("a", b"1"), message("a", b"2"), message("b", b"1"), message(None, b"x"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     figures = Compactor(CompactionConfig(retain_null_key=False)).compact(topic)
     record = topic.record
     assert figures.removed_events == 2 and record.last_removed_events == 2
@@ -204,7 +204,7 @@ def test_record_counts_runs(ml: ManagedLedger) -> None:
 
 def test_compacted_ledger_metadata(ml: ManagedLedger) -> None:
     positions = append(ml, message("a", b"1"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     assert topic.view is not None
     metadata = dict(ml.store.info(topic.view.ledger_id).metadata)
@@ -226,7 +226,7 @@ def test_delete_retention_keeps_a_young_tombstone_until_a_later_run_finds_it_old
     now = [100.0]  # seconds, the runner's clock
     compactor = Compactor(clock=lambda: now[0])
     append(ml, published_at("k", b"v", 90_000), published_at("k", b"", 99_000), published_at("j", b"1", 99_000))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     compactor.compact(topic, delete_retention_ms=5_000)  # cut-off 95 s: the tombstone is young
     kept = list(topic.view.iter_all())  # type: ignore[union-attr]
     assert values(kept) == [("k", b""), ("j", b"1")]
@@ -238,14 +238,14 @@ def test_delete_retention_keeps_a_young_tombstone_until_a_later_run_finds_it_old
 
 def test_delete_retention_zero_drops_tombstones_at_once(ml: ManagedLedger) -> None:
     append(ml, published_at("k", b"v", 1), published_at("k", b"", 2))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor(clock=lambda: 0.0).compact(topic, delete_retention_ms=0)  # even "from the future"
     assert list(topic.view.iter_all()) == []  # type: ignore[union-attr]
 
 
 def test_progress_reports_both_phases_up_to_the_entries_read(ml: ManagedLedger) -> None:
     append(ml, *(message(f"k{i % 3}", b"v") for i in range(7)))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     calls: list[tuple[str, int, int]] = []
     Compactor(CompactionConfig(read_batch_entries=2)).compact(topic, progress=lambda *call: calls.append(call))
     for phase in ("phase-one", "phase-two"):
@@ -261,7 +261,7 @@ def test_progress_reports_both_phases_up_to_the_entries_read(ml: ManagedLedger) 
 
 def test_record_keeps_total_duration_and_append_latency_buckets(ml: ManagedLedger) -> None:
     append(ml, message("a", b"1"), message("b", b"1"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     figures = Compactor().compact(topic)
     assert sum(figures.append_latency_counts) == figures.entries_written == 2
     assert sum(topic.record.append_latency_counts) == 2

@@ -194,7 +194,7 @@ def test_deduplication_is_topic_policy_then_namespace_policy_then_broker_setting
         if topic is not None:
             admin.set_policy(TOPIC, "deduplicationEnabled", topic)
         assert (loaded.dedup is not None) == expected  # applied to the loaded topic at once
-        cursors = broker.data_dir.metadata.list_cursors(TOPIC)
+        cursors = broker.cursors.list(TOPIC)
         assert ("pulsar.dedup" in cursors) == expected  # off: no cursor holds data back
         assert loaded.last_sequence_id("p") == -1
 

@@ -21,6 +21,7 @@ from api.broker.dedup import (
 )
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger
 from ledger.position import Position
 from ledger.storage.record import scan
@@ -45,7 +46,8 @@ class Log:
         self.path = path
         self.data_dir = DataDir.open(str(path))
         self.ledger = ManagedLedger.open(TOPIC, self.data_dir.ledgers, self.data_dir.metadata)
-        self.state = Deduplication(self.ledger)
+        self.cursors = CursorStore(self.data_dir.database)
+        self.state = Deduplication(self.ledger, self.cursors)
 
     def send(self, session: ProducerSession, data: bytes, *, durable: bool = True) -> Future[Position]:
         """One send: a duplicate's answer, or the append (made durable in the state)."""
@@ -84,7 +86,8 @@ class Log:
         self.data_dir.close()
         self.data_dir = DataDir.open(str(self.path))
         self.ledger = ManagedLedger.open(TOPIC, self.data_dir.ledgers, self.data_dir.metadata)
-        self.state = Deduplication(self.ledger)
+        self.cursors = CursorStore(self.data_dir.database)
+        self.state = Deduplication(self.ledger, self.cursors)
 
     def close(self) -> None:
         self.data_dir.close()
@@ -173,7 +176,7 @@ def test_resends_after_a_crash_find_every_durable_entry(log: Log, monkeypatch: p
     positions = [log.send(sessions[name], data).result() for name, data in sends]
     expected = {"a": 5, "b": 9, "c": 9}
     assert log.state.persisted == expected
-    snapshot = log.data_dir.metadata.load_cursor(TOPIC, DEDUP_CURSOR)
+    snapshot = log.cursors.load(TOPIC, DEDUP_CURSOR)
     assert snapshot is not None and bool(snapshot.properties) == (interval < len(sends))
     log.crash_and_reopen()
     assert log.state.persisted == expected
@@ -242,16 +245,16 @@ def test_snapshot_moves_the_cursor_so_it_holds_little_data(log: Log, monkeypatch
     assert log.state.cursor.mark_delete_position == positions[3]
     log.state.snapshot()
     assert log.state.cursor.mark_delete_position == positions[4]
-    assert log.data_dir.metadata.load_cursor(TOPIC, DEDUP_CURSOR).properties == {"p": 4}  # type: ignore[union-attr]
+    assert log.cursors.load(TOPIC, DEDUP_CURSOR).properties == {"p": 4}  # type: ignore[union-attr]
 
 
 def test_enabling_starts_at_the_end_of_the_log_and_disabling_deletes_the_cursor(log: Log) -> None:
     log.state.delete()
     log.ledger.append(entry("p", 3)).result(timeout=10)  # stored while de-duplication was off
-    state = Deduplication(log.ledger)
+    state = Deduplication(log.ledger, log.cursors)
     assert state.persisted == {} and state.cursor.mark_delete_position == log.ledger.last_confirmed_position()
     state.delete()
-    assert DEDUP_CURSOR not in log.data_dir.metadata.list_cursors(TOPIC)
+    assert DEDUP_CURSOR not in log.cursors.list(TOPIC)
 
 
 def test_a_send_is_described_without_its_volatile_fields() -> None:

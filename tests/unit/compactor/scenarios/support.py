@@ -40,6 +40,7 @@ from compactor.runner import CompactionConfig, Compactor
 from compactor.topic import NO_MESSAGE, CompactedTopic
 from compactor.view import decode_compacted_entry
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import EARLIEST, Position
@@ -315,7 +316,7 @@ class Client:
         entry after the mark-delete position, which may be in the compacted view), the
         buffer is cleared."""
         assert self.cursor.durable, "a reader reconnect is not modelled"
-        self.cursor = ManagedCursor.open_durable(self.harness.ml, self.cursor.name)
+        self.cursor = ManagedCursor.open_durable(self.harness.ml, self.cursor.name, store=self.harness.cursors)
         self._attach(self.cursor)
         if self.read_compacted:  # as the broker rewinds a read-compacted subscription (#21187)
             md = self.cursor.mark_delete_position
@@ -341,11 +342,12 @@ class Harness:
     ) -> None:
         self.store = store
         self.metadata = metadata
+        self.cursors = CursorStore(metadata.database)
         self.name = name
         self.ledger_config = ledger_config or ManagedLedgerConfig()
         self.compactor = Compactor(compaction_config)
         self.ml = ManagedLedger.open(name, store, metadata, self.ledger_config)
-        self.topic = CompactedTopic.restore(self.ml)
+        self.topic = CompactedTopic.restore(self.ml, self.cursors)
 
     # producing
 
@@ -384,7 +386,7 @@ class Harness:
         compacted view from the ``__compaction`` cursor, trim consumed ledgers."""
         self.ml.close()
         self.ml = ManagedLedger.open(self.name, self.store, self.metadata, self.ledger_config)
-        self.topic = CompactedTopic.restore(self.ml)
+        self.topic = CompactedTopic.restore(self.ml, self.cursors)
         if trim:
             self.ml.trim()
 
@@ -398,7 +400,7 @@ class Harness:
         receiver_queue: int = 1000,
     ) -> Client:
         """A consumer on durable subscription ``name`` (created at ``initial`` if new)."""
-        cursor = ManagedCursor.open_durable(self.ml, name, initial)
+        cursor = ManagedCursor.open_durable(self.ml, name, initial, store=self.cursors)
         return Client(self, cursor, read_compacted=read_compacted,
                       from_earliest=initial is InitialPosition.EARLIEST, receiver_queue=receiver_queue)
 

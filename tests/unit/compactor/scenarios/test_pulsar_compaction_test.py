@@ -33,6 +33,7 @@ import pytest
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import CompactionConfig
 from cursor.cursor import InitialPosition
+from cursor.store import CursorRecord
 from ledger.managed_ledger import ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import EARLIEST
@@ -597,16 +598,14 @@ def test_testDeleteCompactedLedgerWithSlowAck(make: MakeHarness) -> None:
 
     acked = threading.Event()
     acked_ledger: list[int] = []
-    real_save = h.metadata.save_cursor
 
-    def slow_save(record):  # the ack persists, then returns 500 ms late
-        real_save(record)
+    def slow_save(record: CursorRecord) -> None:  # the ack persists, then returns 500 ms late
         if record.name == "__compaction" and "CompactedTopicLedger" in record.properties:
             acked_ledger.append(record.properties["CompactedTopicLedger"])
             acked.set()
             time.sleep(0.5)
 
-    h.metadata.save_cursor = slow_save  # type: ignore[method-assign]
+    h.metadata.database.fault_points["cursor.save.after"] = slow_save
     with ThreadPoolExecutor(max_workers=1) as pool:
         run = pool.submit(h.compact)
         assert acked.wait(timeout=9)
