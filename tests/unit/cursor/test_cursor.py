@@ -253,3 +253,18 @@ def test_without_compacted_successor_trimmed_positions_are_not_acknowledgeable(
     cursor.delete([live[0]])
     with pytest.raises(CursorError):
         cursor.retreat_into_trimmed(Position(trimmed[0].ledger_id, -1))  # MD left the first ledger's start
+
+
+def test_a_durable_cursor_persists_only_through_the_store_it_is_given(store: LedgerStore, metadata: MetadataStore,
+                                                                     tmp_path: Path) -> None:
+    ml = _ml(store, metadata)
+    positions = _append(ml, 3)
+    elsewhere = CursorStore(MetadataStore(str(tmp_path / "other.db")).database)
+    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST, store=elsewhere)
+    cursor.mark_delete(positions[1], {"k": 7})
+    assert elsewhere.load(TOPIC, "s") is not None
+    assert elsewhere.load(TOPIC, "s").mark_delete_position == positions[1]  # type: ignore[union-attr]
+    assert CursorStore(metadata.database).list(TOPIC) == []  # not through the managed ledger's metadata
+    with pytest.raises(ValueError, match="needs a CursorStore"):
+        ManagedCursor(ml, "t", durable=True, mark_delete_position=positions[0])
+    elsewhere.database.close()

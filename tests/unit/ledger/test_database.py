@@ -134,6 +134,7 @@ def test_a_converted_database_forgets_every_layers_rows_of_a_deleted_topic(tmp_p
     ledger layer still deletes the cursors, policies and status of a topic with it."""
     _single_list_database(tmp_path / "metadata.db", 3)
     metadata = MetadataStore(str(tmp_path / "metadata.db"))
+    assert metadata.held_positions(TOPIC) == [Position(3, 4)]  # the cursor holds data: no trimming past it
     assert metadata.delete_topic(TOPIC) == [3]
     for table, column in (("cursors", "topic"), ("cursor_properties", "topic"), ("policies", "scope"),
                           ("compaction_status", "topic")):
