@@ -253,14 +253,14 @@ class BrokerService:
         return 0
 
     def _policy(self, topic: Topic) -> CompactionPolicy:
-        metadata, scope, namespace = self.policies, str(topic.name), topic.name.namespace_name
+        policies, scope, namespace = self.policies, str(topic.name), topic.name.namespace_name
 
         def pick(name: str) -> Any:
-            value = metadata.get_policy(scope, name)
-            return value if value is not None else metadata.get_policy(namespace, name)
+            value = policies.get_policy(scope, name)
+            return value if value is not None else policies.get_policy(namespace, name)
 
         threshold = effective_threshold(
-            metadata.get_policy(scope, "compactionThreshold"), metadata.get_policy(namespace, "compactionThreshold"),
+            policies.get_policy(scope, "compactionThreshold"), policies.get_policy(namespace, "compactionThreshold"),
             int(getattr(self.settings, "compaction_threshold_bytes", 0)),
         )
         return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"))
