@@ -179,8 +179,8 @@ class CompactedReader:
         if self._first_read:
             self._first_read = False
             if view is not None:
-                self._position, self._index, self._indexed = EARLIEST, 0, view
-                if view.entries:
+                self._position, self._index, self._indexed = EARLIEST, 0, view  # no search needed
+                if view.entries and self.cursor.durable:
                     self._retreat_before(view.position_at(0))
         if view is None or self.read_position > view.horizon:
             self._position = None
