@@ -141,10 +141,12 @@ class CompactedReader:
 
     def seek(self, position: Position) -> None:
         """Reset the subscription so the next read starts at ``position`` (in the view when
-        reading compacted and ``position`` is at or before the horizon)."""
+        reading compacted and ``position`` is at or before the horizon; the whole view when
+        it is the earliest message). A first read from earliest not done yet is dropped: the
+        seek says where to read."""
         self.cursor.reset(position, keep_properties=False)
         self._masks.clear()
-        self._position, self._index = None, None
+        self._position, self._index, self._first_read = None, None, False
         horizon = self.topic.horizon if self._enabled else None
         target = position.entry_position()
         if horizon is not None and target <= horizon:

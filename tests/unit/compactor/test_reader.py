@@ -193,3 +193,13 @@ def test_nothing_moves_a_cursor_to_or_before_its_mark_delete_position(ml: Manage
     cursor.mark_delete(positions[1])
     cursor.seek(positions[0])
     assert cursor.read_position == positions[2]
+
+
+def test_a_seek_before_the_first_read_from_earliest_reads_from_the_sought_entry(ml: ManagedLedger) -> None:
+    positions = append(ml, *(message(f"k{i}", b"v") for i in range(6)))
+    topic = compacted(ml)
+    reader = CompactedReader(topic, ManagedCursor.open_durable(ml, "sub", InitialPosition.EARLIEST),
+                             from_earliest=True)
+    reader.seek(positions[3])  # before any read: the seek, not the first-read rule, says where
+    reader.rewind()
+    assert read_all(reader, 10) == positions[3:]
