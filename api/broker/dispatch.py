@@ -153,7 +153,12 @@ class _Round:
 
 
 class Subscription:
-    """One subscription of a topic: its cursor, its consumers, and dispatch."""
+    """One subscription of a topic: its cursor, its consumers, and dispatch.
+
+    ``first_read_from_earliest``: the subscribing consumer asked for the earliest message;
+    whether its first read takes the whole compacted view is the reader's rule
+    (``CompactedReader.subscribing``). Every read, rewind and seek goes through ``reader``.
+    """
 
     def __init__(
         self, name: str, cursor: ManagedCursor, compacted: CompactedTopic, sub_type: SubType,
