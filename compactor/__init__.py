@@ -2,7 +2,8 @@
 
 Pure core: ``algorithm`` (phase one and two over entries) and ``keymap`` (the bounded key
 map). I/O at the edges: ``runner`` (a run against storage and its publish), ``topic``
-(a topic's compaction state and read-compacted dispatch), ``view`` (the compacted ledger).
+(a topic's compaction state: the published view), ``view`` (the compacted ledger),
+``reader`` (one subscription's read-compacted state over the view and its cursor).
 ``engine`` chooses where phase one runs (local, spark, auto); ``compactor.spark`` holds the
 Spark engine and the ``compactd`` PySpark data source, and is the only place that imports
 PySpark (lazily: nothing here imports it).
@@ -18,14 +19,10 @@ from compactor.errors import (
     UndecodablePayloadError,
 )
 from compactor.keymap import KeyMap, KeyMapLimitError
+from compactor.reader import NO_MESSAGE, CompactedReader
 from compactor.record import CompactionRecord, RunFigures
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import (
-    COMPACTED_TOPIC_LEDGER,
-    COMPACTION_SUBSCRIPTION,
-    NO_MESSAGE,
-    CompactedTopic,
-)
+from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView
 
 __all__ = [
@@ -34,6 +31,7 @@ __all__ = [
     "NO_MESSAGE",
     "CompactedEntry",
     "CompactedLedgerMissingError",
+    "CompactedReader",
     "CompactedTopic",
     "CompactedView",
     "CompactionConfig",

@@ -215,12 +215,9 @@ class ManagedCursor:
         """True when an entry at or after the read position is confirmed."""
         return self.read_position <= self.ledger.last_confirmed_position()
 
-    def seek(self, read_position: Position, *, force: bool = False) -> None:
-        """Move only the read position: never to or before MD unless ``force`` (a
-        read-compacted reader walking the compacted view may be behind MD)."""
-        if force:
-            self.read_position = read_position.entry_position()
-            return
+    def seek(self, read_position: Position) -> None:
+        """Move only the read position, never to or before MD (a read-compacted reader
+        walking the compacted view behind MD keeps its own position there)."""
         floor = self.ledger.next_valid_position(self._mark_delete_position)
         self.read_position = max(read_position.entry_position(), floor)
 

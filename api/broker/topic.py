@@ -164,9 +164,8 @@ class Topic:
         if subscription is None:
             subscription = self._create_subscription(
                 subscription_name, sub_type, durable, initial_position, start, read_compacted)
-        elif durable and initial_position is InitialPosition.EARLIEST and not subscription.sought \
-                and subscription.cursor.mark_delete_position.entry_id == -1:
-            subscription.first_read_from_earliest = True  # #21187: nothing acked in the raw ledgers left
+        elif durable:  # the first-read rule again (#21187: nothing acked in the raw ledgers left)
+            subscription.reader.subscribing(initial_position is InitialPosition.EARLIEST)
         subscription.read_compacted = read_compacted
         subscription.add_consumer(consumer, sub_type)
         self.subscriptions[subscription_name] = subscription
@@ -178,8 +177,7 @@ class Topic:
     ) -> Subscription:
         if durable:
             cursor = ManagedCursor.open_durable(self.ledger, name, initial_position, store=self.cursors)
-            from_earliest = (initial_position is InitialPosition.EARLIEST
-                             and cursor.mark_delete_position.entry_id == -1)
+            from_earliest = initial_position is InitialPosition.EARLIEST
         else:
             start = start if start is not None else (
                 EARLIEST if initial_position is InitialPosition.EARLIEST else LATEST)

@@ -23,7 +23,7 @@ EXPECTED = {
     },
     "compactor": {
         "COMPACTED_TOPIC_LEDGER", "COMPACTION_SUBSCRIPTION", "NO_MESSAGE", "CompactedEntry",
-        "CompactedLedgerMissingError", "CompactedTopic", "CompactedView", "CompactionConfig",
+        "CompactedLedgerMissingError", "CompactedReader", "CompactedTopic", "CompactedView", "CompactionConfig",
         "CompactionInProgressError", "CompactionRecord", "CompactionTimeoutError", "Compactor",
         "CompactorError", "KeyMap", "KeyMapLimitError", "MalformedEntryError", "PhaseOneResult",
         "RunFigures", "UndecodablePayloadError", "collect_orphans", "compact", "phase_one",

@@ -16,6 +16,7 @@ from compactor.chunks import ChunkedMessages
 from compactor.compression import compress
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.reader import CompactedReader
 from compactor.runner import Compactor
 from compactor.topic import CompactedTopic
 from cursor import CursorStore, ManagedCursor
@@ -69,9 +70,9 @@ def test_a_chunked_message_straddling_the_stop_marker_reaches_a_reader_whole_and
     Compactor().compact(topic)
     assert compacted(topic) == [old, started]  # the old value stays k's value; the chunk is pending
     rest = append(ml, second, third)
-    reader = ManagedCursor.open_non_durable(ml, "reader", EARLIEST)
-    got = topic.read_compacted(reader, 10, first_read_from_earliest=True)
-    got += topic.read_compacted(reader, 10)
+    reader = CompactedReader(topic, ManagedCursor.open_non_durable(ml, "reader", EARLIEST), from_earliest=True)
+    got = reader.read(10)
+    got += reader.read(10)
     assert [entry.position for entry in got] == [old, started, *rest]  # view, then raw tail: every chunk
     Compactor().compact(topic)
     assert compacted(topic) == [started, *rest]  # complete and k's latest: kept whole, the old value gone

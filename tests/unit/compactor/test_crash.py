@@ -51,6 +51,7 @@ from compactor.algorithm import CompactedEntry, compact
 from compactor.encoder import encode_batch, encode_entry
 from compactor.errors import CompactionTimeoutError
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.reader import CompactedReader
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor import ManagedCursor
@@ -206,11 +207,10 @@ def _expected(ledger: ManagedLedger, horizon: Position | None) -> list[Compacted
 def _read_compacted(topic: CompactedTopic) -> list[CompactedEntry]:
     """Everything a read-compacted reader starting from the earliest message gets."""
     cursor = ManagedCursor.open_non_durable(topic.ledger, "reader", EARLIEST)
+    reader = CompactedReader(topic, cursor, from_earliest=True)
     seen: list[CompactedEntry] = []
-    for round_number in range(READER_ROUNDS_MAX):
-        batch = topic.read_compacted(
-            cursor, READER_BATCH_ENTRIES, first_read_from_earliest=round_number == 0
-        )
+    for _ in range(READER_ROUNDS_MAX):
+        batch = reader.read(READER_BATCH_ENTRIES)
         if not batch:
             return seen
         seen.extend(batch)

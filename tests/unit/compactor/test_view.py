@@ -11,13 +11,9 @@ from compactor.encoder import encode_batch, encode_entry
 from compactor.errors import CompactedLedgerMissingError, CompactionInProgressError
 from compactor.message import iter_messages, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.reader import NO_MESSAGE, CompactedReader, last_message_id
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import (
-    COMPACTED_TOPIC_LEDGER,
-    COMPACTION_SUBSCRIPTION,
-    NO_MESSAGE,
-    CompactedTopic,
-)
+from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, decode_compacted_entry, encode_compacted_entry
 from cursor import CursorStore, ManagedCursor
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
@@ -92,7 +88,7 @@ def test_view_search_reads_and_last_message(ml: ManagedLedger) -> None:
     assert [e.position for e in view.read_from(positions[4], 3)] == positions[4:7]
     assert view.last_message_id() == positions[-1].with_batch_index(2)
     assert values(view.read_from(positions[-1], 1)) == [("k0", b"new0"), ("k2", b"new2")]
-    assert topic.last_message_id() == positions[-1].with_batch_index(2)
+    assert last_message_id(topic) == positions[-1].with_batch_index(2)
 
 
 def test_read_compacted_then_raw_tail_and_first_read_rule(ml: ManagedLedger) -> None:
@@ -100,14 +96,14 @@ def test_read_compacted_then_raw_tail_and_first_read_rule(ml: ManagedLedger) -> 
     topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     tail = append(ml, message("a", b"3"))
-    reader = ManagedCursor.open_non_durable(ml, "r", EARLIEST)
-    got = topic.read_compacted(reader, 10, first_read_from_earliest=True)
+    reader = CompactedReader(topic, ManagedCursor.open_non_durable(ml, "r", EARLIEST), from_earliest=True)
+    got = reader.read(10)
     assert values(got) == [("b", b"1"), ("a", b"2")]
-    assert [e.position for e in topic.read_compacted(reader, 10)] == tail  # then the raw tail
+    assert [e.position for e in reader.read(10)] == tail  # then the raw tail
     # a durable subscription at earliest whose raw ledgers were trimmed still gets the compacted data
     ml.trim()
-    sub = ManagedCursor.open_non_durable(ml, "late", EARLIEST)
-    assert values(topic.read_compacted(sub, 10, first_read_from_earliest=True)) == [("b", b"1"), ("a", b"2")]
+    sub = CompactedReader(topic, ManagedCursor.open_non_durable(ml, "late", EARLIEST), from_earliest=True)
+    assert values(sub.read(10)) == [("b", b"1"), ("a", b"2")]
 
 
 def test_read_between_last_survivor_and_horizon_goes_to_the_raw_tail(ml: ManagedLedger) -> None:
@@ -115,20 +111,20 @@ def test_read_between_last_survivor_and_horizon_goes_to_the_raw_tail(ml: Managed
     topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     tail = append(ml, message("c", b"1"))
-    reader = ManagedCursor.open_non_durable(ml, "r", positions[2])  # after the last survivor, at the horizon
-    # the view has nothing there: the cursor moves past the horizon and the raw tail is read
-    assert [e.position for e in topic.read_compacted(reader, 10)] == tail
+    reader = CompactedReader(topic, ManagedCursor.open_non_durable(ml, "r", positions[2]))  # after the last
+    # survivor, at the horizon: the view has nothing there, the raw tail past the horizon is read
+    assert [e.position for e in reader.read(10)] == tail
 
 
 def test_last_message_id_rules(ml: ManagedLedger) -> None:
     topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
-    assert topic.last_message_id().entry_id == -1  # empty, never compacted
+    assert last_message_id(topic).entry_id == -1  # empty, never compacted
     positions = append(ml, message("a", b"1"), message("a", b""))
     Compactor().compact(topic)
     assert topic.view is not None and topic.view.entries == 0  # all keys deleted: empty ledger published
-    assert topic.last_message_id() == NO_MESSAGE
+    assert last_message_id(topic) == NO_MESSAGE
     later = append(ml, batch([("b", b"1"), ("c", b"2")]))
-    assert positions and topic.last_message_id() == later[0].with_batch_index(1)  # raw tail past the horizon
+    assert positions and last_message_id(topic) == later[0].with_batch_index(1)  # raw tail past the horizon
 
 
 def test_empty_topic_writes_no_ledger_and_succeeds(ml: ManagedLedger) -> None:
@@ -161,9 +157,9 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
     assert restored.horizon == record.mark_delete_position
     data_dir.ledgers.delete(ledger_id)  # deleted out of band
     broken = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
-    reader = ManagedCursor.open_non_durable(ml, "r", EARLIEST)
+    reader = CompactedReader(broken, ManagedCursor.open_non_durable(ml, "r", EARLIEST))
     with pytest.raises(CompactedLedgerMissingError, match=f"compacted ledger {ledger_id}"):
-        broken.read_compacted(reader, 10)
+        reader.read(10)
     with pytest.raises(CompactedLedgerMissingError):
         Compactor().compact(broken)
     assert len(ManagedCursor.open_non_durable(ml, "raw", EARLIEST).read_entries(10)) == 3  # raw reads work
