@@ -58,7 +58,7 @@ class CompactionCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         topics = list(self.broker.topics.values())
-        yield from self._broker_wide(topics)
+        yield from self._broker_wide()
         families = self._families()
         for topic in topics:
             record = topic.compacted.record
@@ -88,11 +88,11 @@ class CompactionCollector(Collector):
                 families[name].add_metric(labels, float(value))
         yield from families.values()
 
-    def _broker_wide(self, topics: list[Topic]) -> Iterator[GaugeMetricFamily]:
-        queued = self.broker.runs_queued + len(self.broker.last_plan.queued)
+    def _broker_wide(self) -> Iterator[GaugeMetricFamily]:
+        queued = self.broker.runs.queued_count + len(self.broker.last_plan.queued)
         yield GaugeMetricFamily("compactd_compaction_runs_queued",
                                 "Compaction runs waiting for a slot under the concurrency limit.", value=queued)
-        running = sum(1 for topic in topics if topic.compacted.running)
+        running = self.broker.runs.running_count
         yield GaugeMetricFamily("compactd_compaction_runs_running", "Compaction runs in progress.", value=running)
 
     @staticmethod
@@ -118,12 +118,7 @@ class CompactionCollector(Collector):
     @staticmethod
     def _compacted(topic: Topic) -> tuple[int, int]:
         view = topic.compacted.view if topic.compacted.broken is None else None
-        if view is None:
-            return 0, 0
-        try:
-            return view.entries, topic.ledger.store.info(view.ledger_id).size_bytes
-        except Exception:  # noqa: BLE001 - a ledger deleted under the scrape: report it empty
-            return 0, 0
+        return (0, 0) if view is None else (view.entries, view.size)
 
 
 def render(broker: BrokerService) -> tuple[bytes, str]:

@@ -31,9 +31,29 @@ import enum
 from dataclasses import dataclass
 
 __all__ = [
-    "ERROR", "INTERRUPTED", "NOT_RUN", "RUNNING", "SUCCESS",
-    "Action", "Cancel", "Deleted", "Enqueue", "Event", "Failed", "Interrupted", "PersistStatus", "Phase",
-    "Reject", "RejectReason", "Requested", "RunStates", "Started", "StartRun", "Stopped", "Succeeded", "Trim",
+    "ERROR",
+    "INTERRUPTED",
+    "NOT_RUN",
+    "RUNNING",
+    "SUCCESS",
+    "Action",
+    "Cancel",
+    "Deleted",
+    "Enqueue",
+    "Event",
+    "Failed",
+    "Interrupted",
+    "PersistStatus",
+    "Phase",
+    "Reject",
+    "RejectReason",
+    "Requested",
+    "RunStates",
+    "StartRun",
+    "Started",
+    "Stopped",
+    "Succeeded",
+    "Trim",
 ]
 
 NOT_RUN = "NOT_RUN"

@@ -441,13 +441,10 @@ class MetadataStore:
         rows = self._query("SELECT status, last_error FROM compaction_status WHERE topic = ?", (topic,))
         return (rows[0][0], rows[0][1]) if rows else None
 
-    def interrupted_compactions(self, status: str, last_error: str, updated_at_ms: int) -> int:
-        """At start: turn every status left ``RUNNING`` by a stopped broker into ``status``."""
-        with self.transaction() as db:
-            return db.execute(
-                "UPDATE compaction_status SET status = ?, last_error = ?, updated_at_ms = ? "
-                "WHERE status = 'RUNNING'", (status, last_error, updated_at_ms),
-            ).rowcount
+    def topics_with_status(self, status: str) -> list[str]:
+        """Every topic whose recorded compaction status is ``status``, sorted."""
+        rows = self._query("SELECT topic FROM compaction_status WHERE status = ? ORDER BY topic", (status,))
+        return [row[0] for row in rows]
 
 
 def _metadata_error(path: str, error: sqlite3.Error) -> MetadataError:
