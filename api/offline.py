@@ -107,7 +107,7 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
             retention = metadata.get_policy(full_name, DELETE_RETENTION_POLICY)
             if retention is None:
                 retention = metadata.get_policy(name.namespace_name, DELETE_RETENTION_POLICY)
-            job = RunJob(CompactedTopic.restore(ledger), int(retention or 0), progress)
+            job = RunJob(CompactedTopic.restore(ledger, create_cursor=True), int(retention or 0), progress)
             compactor = Compactor(compaction_config(settings))
             try:
                 figures = asyncio.run(CompactionRuns(compactor, metadata, max_concurrent_runs=1).run(job))

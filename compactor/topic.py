@@ -3,8 +3,9 @@
 The only persistent state of compaction is the durable ``__compaction`` cursor: its
 mark-delete position is the **horizon** and its property ``CompactedTopicLedger`` the id
 of the published compacted ledger (Pulsar's constants). ``CompactedTopic`` owns that cursor:
-``restore`` opens it once when a topic loads (creating it at the earliest entry, so that
-nothing is trimmed before a compaction covered it) and rebuilds the view from it; a run
+``restore`` opens it once when a topic loads (the broker has it created at the earliest
+entry, so that nothing is trimmed before a compaction covered it) and rebuilds the view
+from it; a run
 gets it from ``cursor`` and publishes through ``publish``; the scheduler reads its backlog
 from it. No module outside the compactor opens it by name or touches its rows. A property
 pointing at a missing ledger leaves the topic *broken*: compacted reads and new runs raise
@@ -69,8 +70,14 @@ class CompactedTopic:
         self._publish_lock = threading.Lock()
 
     @classmethod
-    def restore(cls, ledger: ManagedLedger) -> CompactedTopic:
-        """Open the ``__compaction`` cursor and the view its persisted state describes."""
+    def restore(cls, ledger: ManagedLedger, *, create_cursor: bool = False) -> CompactedTopic:
+        """Open the ``__compaction`` cursor and the view its persisted state describes.
+
+        Without ``create_cursor`` a topic never compacted gets no cursor until its first run
+        (``cursor``), as Pulsar; with it (the broker), the cursor starts at the earliest entry.
+        """
+        if not create_cursor and COMPACTION_SUBSCRIPTION not in ledger.metadata.list_cursors(ledger.name):
+            return cls(ledger)
         cursor = ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
         topic = cls(ledger, cursor)
         ledger_id = cursor.properties.get(COMPACTED_TOPIC_LEDGER)

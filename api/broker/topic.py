@@ -44,7 +44,7 @@ class Topic:
                  *, deduplication: bool = False) -> None:
         self.name = name
         self.ledger = ledger
-        self.compacted = CompactedTopic.restore(ledger)
+        self.compacted = CompactedTopic.restore(ledger, create_cursor=True)
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}  # producer name -> its owner (a wire producer)
         self._loop = loop
