@@ -7,6 +7,7 @@ with hypothesis.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import pytest
@@ -165,6 +166,6 @@ def test_a_persisted_run_always_ends_before_the_next_starts_and_refusals_change_
                 assert prior is not None and prior.phase is Phase.QUEUED and prior.run_id == action.run_id
     for topic, statuses in persisted.items():
         in_flight = states.get(topic) is not None
-        for first, second in zip(statuses, statuses[1:], strict=False):
+        for first, second in itertools.pairwise(statuses):
             assert not (first == RUNNING and second == RUNNING)  # never two runs at once
         assert in_flight == (bool(statuses) and statuses[-1] == RUNNING)
