@@ -46,7 +46,7 @@ QUEUED: tuple[Event, ...] = (Requested(T, 1, 1),)
 RUNNING_: tuple[Event, ...] = (*QUEUED, Started(T, 1, 2))
 STOPPING_IDLE: tuple[Event, ...] = (Stopped(3),)
 STOPPING_RUNNING: tuple[Event, ...] = (*RUNNING_, Stopped(3))
-IN_PROGRESS = [Reject(T, RejectReason.IN_PROGRESS)]
+IN_PROGRESS: list[Action] = [Reject(T, RejectReason.IN_PROGRESS)]
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ class Fixture:
         self.data_dir.close()
 
 
-def run(path: Path, body: Callable[[Fixture], Awaitable[None]]) -> None:
+def run(path: Path, body: Callable[[Fixture], Coroutine[Any, Any, None]]) -> None:
     fixture = Fixture(path)
     try:
         asyncio.run(body(fixture))

@@ -219,7 +219,7 @@ def test_a_published_view_is_an_immutable_value(ml: ManagedLedger) -> None:
     assert (view.ledger_id, view.entries, view.size) == (figures.ledger_id, 2, figures.bytes_written)
     assert view.horizon == ml.last_confirmed_position()
     with pytest.raises(AttributeError, match="immutable"):
-        view.horizon = Position(0, 0)  # type: ignore[misc]
+        view.horizon = Position(0, 0)
     append(ml, message("c", b"4"))
     Compactor().compact(topic)
     assert topic.view is not view and view.entries == 2  # swapped whole; the old value unchanged
