@@ -18,8 +18,9 @@ have a compaction record (a run since the topic was loaded), labels ``cluster``,
 compactd's own, beyond Pulsar:
 
 * ``compactd_compaction_runs_queued``: runs waiting for a slot under
-  ``compaction_max_concurrent_runs`` (started ones blocked on the limit, plus topics the
-  scheduler found due but deferred); ``compactd_compaction_runs_running``.
+  ``compaction_max_concurrent_runs`` (runs queued in the broker's run executor, plus topics
+  the scheduler found due but deferred); ``compactd_compaction_runs_running`` (runs holding
+  a slot); both read from the executor, ``BrokerService.runs``.
 * per topic, of the last successful run: ``compactd_compaction_phase_one_seconds``,
   ``compactd_compaction_phase_two_seconds`` and ``compactd_compaction_key_map_bytes``
   (phase one's map at its end).
