@@ -51,7 +51,10 @@ class CompactionInProgressError(CompactorError):
 
 
 class CompactionStoppedError(CompactorError):
-    """The broker is stopping: a run of ``topic`` was refused, or dropped from the queue."""
+    """The broker is stopping: a run of ``topic`` was refused, or dropped from the queue
+    (retriable: the REST API answers 503; a restarted broker takes it)."""
+
+    retriable = True
 
     def __init__(self, topic: str) -> None:
         super().__init__(f"{topic}: the broker is stopping; no compaction starts")
