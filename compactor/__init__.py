@@ -1,9 +1,13 @@
 """What the product is for: the message format, two-phase compaction and the compacted view.
 
-Pure core: ``algorithm`` (phase one and two over entries) and ``keymap`` (the bounded key
-map). I/O at the edges: ``runner`` (a run against storage and its publish), ``topic``
-(a topic's compaction state: the published view), ``view`` (the compacted ledger),
-``reader`` (one subscription's read-compacted state over the view and its cursor).
+Pure core: ``algorithm`` (phase one and two over entries), ``keymap`` (the bounded key
+map), ``scheduler`` (when to compact) and ``run_state`` (the run state machine: events in,
+actions out). I/O at the edges: ``runner`` (the inside of one run against storage and its
+publish), ``runs`` (the one executor of runs: slots, queue, tasks, persisted status, shared
+by the REST trigger, the scheduler and ``compact-topic``), ``topic`` (a topic's compaction
+state: its ``__compaction`` cursor and its published view), ``view`` (the compacted ledger,
+one immutable value per publish), ``reader`` (one subscription's read-compacted state over
+the view and its cursor), ``status`` (the persisted status of each topic's last run).
 ``engine`` chooses where phase one runs (local, spark, auto); ``compactor.spark`` holds the
 Spark engine and the ``compactd`` PySpark data source, and is the only place that imports
 PySpark (lazily: nothing here imports it).

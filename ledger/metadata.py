@@ -211,27 +211,3 @@ class MetadataStore:
             value: int = db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()[0]
             return value
 
-    # -- compaction status ------------------------------------------------------------
-
-    def set_compaction_status(self, topic: str, status: str, last_error: str, updated_at_ms: int) -> None:
-        """Record the status of ``topic``'s last or current compaction run."""
-        with self.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO compaction_status (topic, status, last_error, updated_at_ms) "
-                "VALUES (?, ?, ?, ?)",
-                (topic, status, last_error, updated_at_ms),
-            )
-
-    def compaction_status(self, topic: str) -> tuple[str, str] | None:
-        """``(status, last_error)`` of ``topic``'s last run, or None when it never ran."""
-        rows = self._query("SELECT status, last_error FROM compaction_status WHERE topic = ?", (topic,))
-        return (rows[0][0], rows[0][1]) if rows else None
-
-    def interrupted_compactions(self, status: str, last_error: str, updated_at_ms: int) -> int:
-        """At start: turn every status left ``RUNNING`` by a stopped broker into ``status``."""
-        with self.transaction() as db:
-            return db.execute(
-                "UPDATE compaction_status SET status = ?, last_error = ?, updated_at_ms = ? "
-                "WHERE status = 'RUNNING'", (status, last_error, updated_at_ms),
-            ).rowcount
-

@@ -3,17 +3,19 @@
 ``BrokerService`` owns every loaded ``Topic`` (created on first use) and the compactor; it
 knows no sockets: the Pulsar listener is the wire package's (``api.wire.listener``, whose
 ``PulsarBroker`` is this core served on a port). It runs on one asyncio event loop; the
-only work it moves off the loop is a compaction run (``compact``), which goes to a worker
-thread, at most ``compaction_max_concurrent_runs`` at a time. Lifecycle: ``start_tasks``
-starts the periodic work (trimming, the compaction scheduler); ``stop`` ends it, waits for
-the runs in flight, then seals every topic's current ledger, which makes (or fails) every
-pending append before it returns.
+only work it moves off the loop is a compaction run. Runs belong to one executor,
+``runs`` (``compactor.runs.CompactionRuns``: slots — ``compaction_max_concurrent_runs`` —,
+queue, tasks, persisted status), which the REST trigger (``request_compaction``), the
+scheduler (``scheduler_tick``) and ``compact`` (a run awaited) all go through; the core
+only builds each run's ``RunJob`` (the topic and its ``deleteRetentionMs``). Lifecycle:
+``start_tasks`` starts the periodic work (trimming, the compaction scheduler); ``stop``
+ends it, cancels queued runs and waits for the running ones, then seals every topic's
+current ledger, which makes (or fails) every pending append before it returns.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import time
@@ -29,6 +31,7 @@ from api.wire.limits import PartialFrameBudget, WireLimits
 from compactor.errors import CompactionInProgressError
 from compactor.record import RunFigures
 from compactor.runner import MEMORY_BUDGET_BYTES_DEFAULT, CompactionConfig, Compactor
+from compactor.runs import CompactionRuns, RunJob
 from compactor.scheduler import (
     CompactionPolicy,
     Plan,
@@ -37,8 +40,6 @@ from compactor.scheduler import (
     plan,
 )
 from compactor.status import CompactionStatusStore
-from compactor.topic import COMPACTION_SUBSCRIPTION
-from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -90,7 +91,8 @@ class BrokerService:
             max_entries_per_ledger=int(getattr(settings, "managed_ledger_max_entries_per_ledger", 50_000)),
             max_size_per_ledger_bytes=int(getattr(settings, "managed_ledger_max_size_per_ledger_bytes", 2 << 30)),
         )
-        self._runs = asyncio.Semaphore(max(1, int(getattr(settings, "compaction_max_concurrent_runs", 2))))
+        self.runs = CompactionRuns(self.compactor, self.compaction_statuses, max_concurrent_runs=max(
+            1, int(getattr(settings, "compaction_max_concurrent_runs", 2))))
         # Pulsar's producer names: cluster, a broker instance id that never repeats on this
         # data dir (persisted), and a counter.
         self._producer_name_prefix = (f"{getattr(settings, 'cluster_name', 'standalone')}-"
@@ -101,7 +103,6 @@ class BrokerService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.admin = Admin(self)
         self.last_plan = Plan()
-        self.runs_queued = 0  # compact() calls waiting for a free run slot
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -123,7 +124,7 @@ class BrokerService:
         """End the periodic work and the runs in flight; seal every topic (pending appends
         finish). A listener closes its connections before it calls this."""
         self.stop_tasks()
-        await self.admin.wait_for_runs()
+        await self.runs.stop()
         for topic in list(self.topics.values()):
             try:
                 topic.close()
@@ -188,22 +189,18 @@ class BrokerService:
 
     # -- compaction ---------------------------------------------------------------------
 
+    def run_job(self, topic: Topic) -> RunJob:
+        """What a run of ``topic`` needs: its compaction state and ``deleteRetentionMs``."""
+        return RunJob(topic.compacted, self.delete_retention_ms(topic))
+
+    def request_compaction(self, text: str) -> None:
+        """Queue a run of the existing topic ``text``; its outcome lands in the status
+        (``TopicNotFoundError``, ``CompactionInProgressError``)."""
+        self.runs.request(self.run_job(self.get_topic(text, create=False)))
+
     async def compact(self, text: str) -> RunFigures:
-        """Run one compaction of the topic in a worker thread, then trim what it covered."""
-        topic = self.get_topic(text, create=False)
-        retention = self.delete_retention_ms(topic)
-        self.runs_queued += 1
-        try:
-            await self._runs.acquire()
-        finally:
-            self.runs_queued -= 1
-        try:
-            figures = await asyncio.to_thread(
-                functools.partial(self.compactor.compact, topic.compacted, delete_retention_ms=retention))
-        finally:
-            self._runs.release()
-        topic.ledger.trim()
-        return figures
+        """Run one compaction of the topic and wait for it (then it trimmed what it covered)."""
+        return await self.runs.run(self.run_job(self.get_topic(text, create=False)))
 
     # -- the threshold scheduler ----------------------------------------------------------
 
@@ -217,23 +214,22 @@ class BrokerService:
 
     def scheduler_tick(self, now_ms: int) -> Plan:
         """One scheduler decision over the loaded topics (``compactor.scheduler``); starts
-        the planned runs through ``admin`` so their status is recorded."""
+        the planned runs through ``runs``, as the REST trigger does."""
         candidates = [(self._scheduler_stats(topic), self._policy(topic)) for topic in self.topics.values()]
-        running = sum(1 for topic in self.topics.values() if topic.compacted.running)
+        running = self.runs.running_count + self.runs.queued_count
         limit = max(1, int(getattr(self.settings, "compaction_max_concurrent_runs", 2)))
         self.last_plan = plan(candidates, now_ms=now_ms, running_runs=running, max_concurrent_runs=limit)
         for name in self.last_plan.start:
             try:
-                self.admin.trigger_compaction(name)
+                self.request_compaction(name)
             except CompactionInProgressError:
                 continue
         return self.last_plan
 
     def _scheduler_stats(self, topic: Topic) -> TopicCompactionStats:
-        cursor = ManagedCursor.open_durable(topic.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST,
-                                            store=self.cursors)
+        cursor = topic.compacted.cursor
         view = topic.compacted.view if topic.compacted.broken is None else None
-        compacted_bytes = topic.ledger.store.info(view.ledger_id).size_bytes if view is not None else 0
+        compacted_bytes = view.size if view is not None else 0
         oldest = None
         first = topic.ledger.read_entries(topic.ledger.next_valid_position(cursor.mark_delete_position), 1)
         if first:
@@ -241,7 +237,7 @@ class BrokerService:
         return TopicCompactionStats(
             topic=str(topic.name), backlog_bytes=cursor.estimated_backlog_bytes(),
             compacted_bytes=compacted_bytes, oldest_uncompacted_publish_ms=oldest,
-            running=topic.compacted.running,
+            running=self.runs.in_flight(str(topic.name)),
         )
 
     def delete_retention_ms(self, topic: Topic) -> int:

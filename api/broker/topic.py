@@ -11,9 +11,10 @@
 * **Subscribing** creates durable subscriptions (a persisted cursor, ``initial_position``
   used only on creation) or non-durable ones (readers: a cursor in memory, positioned at
   the start message id inclusive — the client filters what it does not want).
-* The ``__compaction`` cursor is created with the topic, at the earliest entry, so that
-  nothing is trimmed before a compaction has covered it (Pulsar only pre-creates it when a
-  compaction threshold is set; compactd always does).
+* The ``__compaction`` cursor is created with the topic (by ``CompactedTopic.restore``,
+  which owns it), at the earliest entry, so that nothing is trimmed before a compaction has
+  covered it (Pulsar only pre-creates it when a compaction threshold is set; compactd
+  always does).
 """
 
 from __future__ import annotations
@@ -45,12 +46,11 @@ class Topic:
         self.name = name
         self.ledger = ledger
         self.cursors = cursors  # where the topic's durable cursors persist
-        self.compacted = CompactedTopic.restore(ledger, cursors)
+        self.compacted = CompactedTopic.restore(ledger, cursors, create_cursor=True)
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}  # producer name -> its owner (a wire producer)
         self._loop = loop
         self._dispatch_scheduled = False
-        ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST, store=cursors)
         self.dedup: Deduplication | None = None
         self.set_deduplication(deduplication)
         self.closed = False

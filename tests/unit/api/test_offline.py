@@ -144,6 +144,28 @@ def test_the_status_is_recorded_for_compaction_status_after_a_restart(tmp_path: 
         data_dir.close()
 
 
+def test_an_offline_run_goes_through_the_run_executor_as_the_broker_s_runs_do(tmp_path: Path) -> None:
+    """The executor's rules hold offline: a RUNNING another topic kept from a broker that
+    stopped mid-run reads ERROR, as it would after ``compactd serve`` restarted."""
+    data = tmp_path / "data"
+    _write_topic(data, TOPIC, MESSAGES)
+    other = "persistent://public/default/killed-mid-run"
+    data_dir = DataDir.open(str(data))
+    try:
+        CompactionStatusStore(data_dir.database).set_compaction_status(other, "RUNNING", "", 1)
+    finally:
+        data_dir.close()
+
+    assert _compact(data, "--topic", TOPIC).exit_code == 0
+
+    data_dir = DataDir.open(str(data))
+    try:
+        assert CompactionStatusStore(data_dir.database).compaction_status(TOPIC) == ("SUCCESS", "")
+        assert CompactionStatusStore(data_dir.database).compaction_status(other) == ("ERROR", "the broker stopped during the run")
+    finally:
+        data_dir.close()
+
+
 def test_the_broker_settings_from_the_environment_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = tmp_path / "data"
     _write_topic(data, TOPIC, MESSAGES)

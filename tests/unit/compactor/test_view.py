@@ -8,7 +8,7 @@ import pytest
 
 from compactor.algorithm import CompactedEntry
 from compactor.encoder import encode_batch, encode_entry
-from compactor.errors import CompactedLedgerMissingError, CompactionInProgressError
+from compactor.errors import CompactedLedgerMissingError, CompactorError
 from compactor.message import iter_messages, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.reader import NO_MESSAGE, CompactedReader, last_message_id
@@ -169,12 +169,56 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
     data_dir.close()
 
 
-def test_one_run_per_topic_at_a_time(ml: ManagedLedger) -> None:
-    append(ml, message("a", b"1"))
+def test_a_run_does_not_publish_over_a_view_another_run_published_meanwhile(ml: ManagedLedger) -> None:
+    """One run per topic is the executor's rule (``compactor.runs``); a direct second run
+    that overlaps still cannot replace the view it did not start from."""
+    append(ml, message("a", b"1"), message("a", b"2"))
     topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
-    with topic.exclusive_run(), pytest.raises(CompactionInProgressError, match="already in progress"):
-        Compactor().compact(topic)
-    assert not topic.running
+    before = ml.store.list()
+    inner: list[int] = []
+
+    def progress(phase: str, _done: int, _total: int) -> None:
+        if phase == "phase-two" and not inner:  # the outer run's ledger exists now
+            inner.append(Compactor().compact(topic).ledger_id)
+
+    with pytest.raises(CompactorError, match="view changed during the run"):
+        Compactor().compact(topic, progress=progress)
+    assert topic.view is not None and topic.view.ledger_id == inner[0]
+    assert ml.store.list() == sorted([*before, inner[0]])  # the outer run deleted its ledger
+    assert topic.cursor.properties == {COMPACTED_TOPIC_LEDGER: inner[0]}
+
+
+def test_a_run_does_not_bring_back_a_subscription_deleted_under_it(ml: ManagedLedger) -> None:
+    append(ml, message("a", b"1"), message("b", b"2"))
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database), create_cursor=True)
+    before = ml.store.list()
+    dropped: list[bool] = []
+
+    def progress(phase: str, _done: int, _total: int) -> None:
+        if phase == "phase-two" and not dropped:
+            dropped.append(True)
+            topic.drop_view()
+
+    with pytest.raises(CompactorError, match="subscription was deleted during the run"):
+        Compactor().compact(topic, progress=progress)
+    assert topic.view is None
+    assert COMPACTION_SUBSCRIPTION not in ml.metadata.list_cursors(TOPIC)
+    assert ml.store.list() == before  # its compacted ledger deleted: nothing left behind
+
+
+def test_a_published_view_is_an_immutable_value(ml: ManagedLedger) -> None:
+    append(ml, message("a", b"1"), message("a", b"2"), message("b", b"3"))
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
+    figures = Compactor().compact(topic)
+    view = topic.view
+    assert view is not None
+    assert (view.ledger_id, view.entries, view.size) == (figures.ledger_id, 2, figures.bytes_written)
+    assert view.horizon == ml.last_confirmed_position()
+    with pytest.raises(AttributeError, match="immutable"):
+        view.horizon = Position(0, 0)
+    append(ml, message("c", b"4"))
+    Compactor().compact(topic)
+    assert topic.view is not view and view.entries == 2  # swapped whole; the old value unchanged
 
 
 def test_record_counts_runs(ml: ManagedLedger) -> None:
