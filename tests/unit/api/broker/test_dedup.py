@@ -120,6 +120,29 @@ def test_a_sequence_id_reused_within_a_session_is_a_new_message_and_is_stored(lo
     assert len(log.stored()) == 6
 
 
+def test_a_resend_stream_holding_a_reused_sequence_id_matches_each_original_once(log: Log) -> None:
+    """Found by the property test below: after a renumbering, two stored messages share a
+    sequence id; when the client re-sends both after the next crash, each is a duplicate."""
+    session = ProducerSession()
+    originals = [log.send(session, entry("p", 0, value)).result() for value in (b"m0", b"m1")]
+    log.crash_and_reopen()
+    again = ProducerSession()
+    assert [log.send(again, entry("p", 0, value)).result() for value in (b"m0", b"m1")] == originals
+    assert len(log.stored()) == 2
+
+
+def test_the_same_message_sent_twice_in_a_session_is_stored_twice_and_each_resend_matches_one(log: Log) -> None:
+    """Identical identity and content twice in one session: the second is a new message
+    (a renumbered one that happens to match); a later re-send stream matches them in order."""
+    session = ProducerSession()
+    first, second = (log.send(session, entry("p", 0, b"same")).result() for _ in range(2))
+    assert first != second and len(log.stored()) == 2
+    again = ProducerSession()
+    assert [log.send(again, entry("p", 0, b"same")).result() for _ in range(2)] == [first, second]
+    assert log.send(again, entry("p", 0, b"same")).result() not in (first, second)  # a third is new
+    assert len(log.stored()) == 3
+
+
 def test_a_resend_whose_content_differs_is_stored(log: Log) -> None:
     log.send(ProducerSession(), entry("p", 0, b"one")).result()
     other = log.send(ProducerSession(), entry("p", 0, b"two")).result()
