@@ -18,8 +18,9 @@ have a compaction record (a run since the topic was loaded), labels ``cluster``,
 compactd's own, beyond Pulsar:
 
 * ``compactd_compaction_runs_queued``: runs waiting for a slot under
-  ``compaction_max_concurrent_runs`` (started ones blocked on the limit, plus topics the
-  scheduler found due but deferred); ``compactd_compaction_runs_running``.
+  ``compaction_max_concurrent_runs`` (runs queued in the broker's run executor, plus topics
+  the scheduler found due but deferred); ``compactd_compaction_runs_running`` (runs holding
+  a slot); both read from the executor, ``BrokerService.runs``.
 * per topic, of the last successful run: ``compactd_compaction_phase_one_seconds``,
   ``compactd_compaction_phase_two_seconds`` and ``compactd_compaction_key_map_bytes``
   (phase one's map at its end).
@@ -57,7 +58,7 @@ class CompactionCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         topics = list(self.broker.topics.values())
-        yield from self._broker_wide(topics)
+        yield from self._broker_wide()
         families = self._families()
         for topic in topics:
             record = topic.compacted.record
@@ -87,11 +88,11 @@ class CompactionCollector(Collector):
                 families[name].add_metric(labels, float(value))
         yield from families.values()
 
-    def _broker_wide(self, topics: list[Topic]) -> Iterator[GaugeMetricFamily]:
-        queued = self.broker.runs_queued + len(self.broker.last_plan.queued)
+    def _broker_wide(self) -> Iterator[GaugeMetricFamily]:
+        queued = self.broker.runs.queued_count + len(self.broker.last_plan.queued)
         yield GaugeMetricFamily("compactd_compaction_runs_queued",
                                 "Compaction runs waiting for a slot under the concurrency limit.", value=queued)
-        running = sum(1 for topic in topics if topic.compacted.running)
+        running = self.broker.runs.running_count
         yield GaugeMetricFamily("compactd_compaction_runs_running", "Compaction runs in progress.", value=running)
 
     @staticmethod
@@ -117,12 +118,7 @@ class CompactionCollector(Collector):
     @staticmethod
     def _compacted(topic: Topic) -> tuple[int, int]:
         view = topic.compacted.view if topic.compacted.broken is None else None
-        if view is None:
-            return 0, 0
-        try:
-            return view.entries, topic.ledger.store.info(view.ledger_id).size_bytes
-        except Exception:  # noqa: BLE001 - a ledger deleted under the scrape: report it empty
-            return 0, 0
+        return (0, 0) if view is None else (view.entries, view.size)
 
 
 def render(broker: BrokerService) -> tuple[bytes, str]:

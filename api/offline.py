@@ -9,13 +9,14 @@ triggered run, in this order:
 3. collect the orphan ledgers a crashed run left behind, as ``compactd serve`` does at start;
 4. refuse a topic the metadata does not know (``TopicNotFoundError``): opening a managed
    ledger would create it;
-5. load the topic: its managed ledger (the broker's ledger settings), the durable
-   ``__compaction`` cursor, ``CompactedTopic.restore``;
-6. record the status RUNNING, run ``Compactor.compact`` once with the broker's settings
-   (retain null key, phase-one read timeout) and the topic's ``deleteRetentionMs`` policy
-   (else its namespace's), then record SUCCESS or ERROR — what ``topics
-   compaction-status`` reads after the broker restarts;
-7. trim the ledgers the run covered, close the topic and the data dir.
+5. load the topic: its managed ledger (the broker's ledger settings) and
+   ``CompactedTopic.restore`` (which opens the durable ``__compaction`` cursor);
+6. run it once through the broker's run executor (``compactor.runs.CompactionRuns``, one
+   slot), with the broker's settings (retain null key, phase-one read timeout) and the
+   topic's ``deleteRetentionMs`` policy (else its namespace's): the executor records
+   RUNNING, then SUCCESS or ERROR — what ``topics compaction-status`` reads after the
+   broker restarts — and trims the ledgers a successful run covered;
+7. close the topic and the data dir.
 
 Settings come from the environment and ``COMPACTD_CONFIG`` as for ``compactd serve``
 (flags > environment > config file > defaults), so an offline run compacts as the broker
@@ -29,9 +30,9 @@ installed (the ``spark`` extra) or Java, the run fails with exit 1 and a message
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
@@ -78,13 +79,16 @@ def summary(topic: str, figures: RunFigures) -> dict[str, Any]:
 def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallback | None = None) -> tuple[str, RunFigures]:
     """Run one compaction of ``topic`` in ``settings.data_dir``; (full topic name, figures)."""
     from api.broker.errors import TopicNotFoundError
-    from api.broker.service import compaction_config
+    from api.broker.policies import PolicyStore
+    from api.broker.service import compaction_config, ledger_config
     from api.broker.topic_name import TopicName
     from compactor.runner import Compactor, collect_orphans
-    from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
-    from cursor.cursor import InitialPosition, ManagedCursor
+    from compactor.runs import CompactionRuns, RunJob
+    from compactor.status import CompactionStatusStore
+    from compactor.topic import CompactedTopic
+    from cursor.store import CursorStore
     from ledger.data_dir import DataDir
-    from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+    from ledger.managed_ledger import ManagedLedger
     from ledger.storage.base import SyncPolicy
 
     name = TopicName.parse(topic)
@@ -95,39 +99,26 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
     data_dir = DataDir.open(path, sync=SyncPolicy(settings.fsync), max_open_files=settings.max_open_ledger_files)
     try:
         collect_orphans(data_dir)
-        metadata = data_dir.metadata
+        metadata, cursors = data_dir.metadata, CursorStore(data_dir.database)
+        policies, statuses = PolicyStore(data_dir.database), CompactionStatusStore(data_dir.database)
         if not metadata.topic_exists(full_name):
             raise TopicNotFoundError(f"topic {full_name} not found in data dir {data_dir.path}")
-        ledger = ManagedLedger.open(full_name, data_dir.ledgers, metadata, ManagedLedgerConfig(
-            max_entries_per_ledger=settings.managed_ledger_max_entries_per_ledger,
-            max_size_per_ledger_bytes=settings.managed_ledger_max_size_per_ledger_bytes,
-        ))
+        ledger = ManagedLedger.open(full_name, data_dir.ledgers, metadata, ledger_config(settings))
         try:
-            compacted = CompactedTopic.restore(ledger)
-            ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
-            compactor = Compactor(compaction_config(settings))
-            retention = metadata.get_policy(full_name, DELETE_RETENTION_POLICY)
+            retention = policies.get_policy(full_name, DELETE_RETENTION_POLICY)
             if retention is None:
-                retention = metadata.get_policy(name.namespace_name, DELETE_RETENTION_POLICY)
-            metadata.set_compaction_status(full_name, "RUNNING", "", _now_ms())
+                retention = policies.get_policy(name.namespace_name, DELETE_RETENTION_POLICY)
+            job = RunJob(CompactedTopic.restore(ledger, cursors, create_cursor=True), int(retention or 0), progress)
+            compactor = Compactor(compaction_config(settings))
             try:
-                figures = compactor.compact(compacted, delete_retention_ms=int(retention or 0), progress=progress)
-            except Exception as error:
-                metadata.set_compaction_status(full_name, "ERROR", f"{type(error).__name__}: {error}", _now_ms())
-                raise
+                figures = asyncio.run(CompactionRuns(compactor, statuses, max_concurrent_runs=1).run(job))
             finally:
                 compactor.close()
-            metadata.set_compaction_status(full_name, "SUCCESS", "", _now_ms())
-            ledger.trim()
         finally:
             ledger.close()
     finally:
         data_dir.close()
     return full_name, figures
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @contextmanager

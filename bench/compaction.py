@@ -54,6 +54,7 @@ from bench._workload import CODECS, Workload
 from compactor.algorithm import phase_one, phase_two
 from compactor.runner import Compactor
 from compactor.topic import CompactedTopic
+from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
@@ -157,7 +158,7 @@ def child_runner(spec: dict[str, Any]) -> dict[str, Any]:
     """One full ``Compactor().compact`` of the topic in ``spec["dir"]``."""
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy(spec["sync"]))
     ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, ManagedLedgerConfig())
-    topic = CompactedTopic.restore(ledger)
+    topic = CompactedTopic.restore(ledger, CursorStore(data_dir.database))
     rss_open = current_rss_bytes()
     started = time.perf_counter()
     figures = Compactor().compact(topic)

@@ -46,6 +46,7 @@ from bench._workload import Workload
 from compactor.engine import LedgerRange, PhaseOneInput
 from compactor.runner import CompactionConfig, Compactor
 from compactor.topic import CompactedTopic
+from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
@@ -83,7 +84,7 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     session_s, jvm_pid = 0.0, 0
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy.NONE)
     ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
-    topic = CompactedTopic.restore(ledger)
+    topic = CompactedTopic.restore(ledger, CursorStore(data_dir.database))
     if engine == "spark":
         from compactor.spark import SparkPhaseOne
 

@@ -1,8 +1,13 @@
 """What the product is for: the message format, two-phase compaction and the compacted view.
 
-Pure core: ``algorithm`` (phase one and two over entries) and ``keymap`` (the bounded key
-map). I/O at the edges: ``runner`` (a run against storage and its publish), ``topic``
-(a topic's compaction state and read-compacted dispatch), ``view`` (the compacted ledger).
+Pure core: ``algorithm`` (phase one and two over entries), ``keymap`` (the bounded key
+map), ``scheduler`` (when to compact) and ``run_state`` (the run state machine: events in,
+actions out). I/O at the edges: ``runner`` (the inside of one run against storage and its
+publish), ``runs`` (the one executor of runs: slots, queue, tasks, persisted status, shared
+by the REST trigger, the scheduler and ``compact-topic``), ``topic`` (a topic's compaction
+state: its ``__compaction`` cursor and its published view), ``view`` (the compacted ledger,
+one immutable value per publish), ``reader`` (one subscription's read-compacted state over
+the view and its cursor), ``status`` (the persisted status of each topic's last run).
 ``engine`` chooses where phase one runs (local, spark, auto); ``compactor.spark`` holds the
 Spark engine and the ``compactd`` PySpark data source, and is the only place that imports
 PySpark (lazily: nothing here imports it).
@@ -18,14 +23,10 @@ from compactor.errors import (
     UndecodablePayloadError,
 )
 from compactor.keymap import KeyMap, KeyMapLimitError
+from compactor.reader import NO_MESSAGE, CompactedReader
 from compactor.record import CompactionRecord, RunFigures
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import (
-    COMPACTED_TOPIC_LEDGER,
-    COMPACTION_SUBSCRIPTION,
-    NO_MESSAGE,
-    CompactedTopic,
-)
+from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "NO_MESSAGE",
     "CompactedEntry",
     "CompactedLedgerMissingError",
+    "CompactedReader",
     "CompactedTopic",
     "CompactedView",
     "CompactionConfig",

@@ -5,6 +5,7 @@
     CompactionServiceError (ledger.errors)   root of every error compactd raises on purpose
     └── CompactorError                       anything the compactor layer refuses or fails at
         ├── CompactionInProgressError        a run was asked for while one runs on the topic
+        ├── CompactionStoppedError           a run was asked for, or was queued, as the broker stops
         ├── CompactedLedgerMissingError      the published compacted ledger is gone
         ├── CompactionTimeoutError           a phase-one read took longer than its limit
         ├── SparkEngineError                 the Spark engine could not run (PySpark or
@@ -28,6 +29,7 @@ from ledger.errors import CompactionServiceError
 __all__ = [
     "CompactedLedgerMissingError",
     "CompactionInProgressError",
+    "CompactionStoppedError",
     "CompactionTimeoutError",
     "CompactorError",
     "MalformedEntryError",
@@ -45,6 +47,17 @@ class CompactionInProgressError(CompactorError):
 
     def __init__(self, topic: str) -> None:
         super().__init__("Compaction already in progress")
+        self.topic = topic
+
+
+class CompactionStoppedError(CompactorError):
+    """The broker is stopping: a run of ``topic`` was refused, or dropped from the queue
+    (retriable: the REST API answers 503; a restarted broker takes it)."""
+
+    retriable = True
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"{topic}: the broker is stopping; no compaction starts")
         self.topic = topic
 
 

@@ -2,8 +2,8 @@
 
 One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction.md`` §1):
 
-1. Open the durable ``__compaction`` cursor (created at the earliest entry on first use).
-   Its mark-delete position is the current horizon.
+1. Take the topic's durable ``__compaction`` cursor (``CompactedTopic.cursor``, opened
+   when the topic was restored). Its mark-delete position is the current horizon.
 2. Stop marker = the topic's last confirmed entry *now*; later appends wait for the next
    run. Nothing after the horizon (an empty topic, or nothing new): no ledger is written
    and the run succeeds with ``ledger_id = -1``.
@@ -17,9 +17,15 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
    original message id and, for batches, the surviving-slot mask. If every key was
    deleted, the new ledger is empty and is published all the same.
-5. Publish: seal the new ledger → **one transaction** persisting the cursor's
-   mark-delete = stop marker with ``CompactedTopicLedger = new id`` → swap the in-memory
-   view → delete the previous compacted ledger.
+5. Publish (``CompactedTopic.publish``): seal the new ledger → **one transaction**
+   persisting the cursor's mark-delete = stop marker with ``CompactedTopicLedger = new id``
+   → swap the in-memory view → delete the previous compacted ledger. A run whose cursor
+   was deleted, or whose previous view was replaced, meanwhile fails here.
+
+``compact`` is the inside of a run, a straight procedure that records its outcome in the
+topic's ``CompactionRecord``. Who may run when (one run per topic, the slots, the queue,
+the persisted status) is ``compactor.runs``'s; calling ``compact`` directly (tests,
+benchmarks) skips it.
 
 Any failure (an ``Exception``) before the transaction deletes the new ledger and leaves the
 previous view serving. A crash (the process dying, ``SimulatedCrash`` in tests) leaves at
@@ -53,7 +59,8 @@ from compactor.errors import CompactionTimeoutError, SparkEngineError
 from compactor.record import LATENCY_BUCKETS_MS, RunFigures, latency_bucket
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, encode_compacted_entry
-from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.cursor import ManagedCursor
+from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -121,22 +128,21 @@ class Compactor:
         as each phase ("phase-one", "phase-two") goes through the input stream: at its
         start, after each read batch, and at its end.
         """
-        with topic.exclusive_run():
-            started = time.monotonic()
-            cutoff = self._now_ms() - delete_retention_ms if delete_retention_ms > 0 else None
-            try:
-                figures = self._run(topic, started, cutoff, progress or _no_progress)
-            except Exception as error:
-                log.warning("compaction of %s failed: %s", topic.name, error)
-                topic.record.failed(error, time.monotonic() - started, self._now_ms())
-                raise
-            topic.record.succeeded(figures, self._now_ms())
-            return figures
+        started = time.monotonic()
+        cutoff = self._now_ms() - delete_retention_ms if delete_retention_ms > 0 else None
+        try:
+            figures = self._run(topic, started, cutoff, progress or _no_progress)
+        except Exception as error:
+            log.warning("compaction of %s failed: %s", topic.name, error)
+            topic.record.failed(error, time.monotonic() - started, self._now_ms())
+            raise
+        topic.record.succeeded(figures, self._now_ms())
+        return figures
 
     def _run(self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress) -> RunFigures:
         ledger = topic.ledger
+        cursor = topic.cursor
         previous = topic.view  # raises CompactedLedgerMissingError: never publish a partial view
-        cursor = ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
         stop = ledger.last_confirmed_position()
         if stop.entry_id < 0 or stop <= cursor.mark_delete_position:
             return RunFigures(duration_s=time.monotonic() - started)
@@ -313,13 +319,10 @@ class Compactor:
     ) -> None:
         store = topic.ledger.store
         try:
-            view = CompactedView(store, ledger_id, stop)
-            properties = {**cursor.properties, COMPACTED_TOPIC_LEDGER: ledger_id}
-            cursor.mark_delete(stop, properties)  # the one transaction that publishes
+            topic.publish(cursor, CompactedView(store, ledger_id, stop), previous)  # the one transaction
         except Exception:
             store.delete(ledger_id)
             raise
-        topic.install(view)
         if previous is not None:
             try:
                 store.delete(previous.ledger_id)
@@ -375,5 +378,5 @@ def _read_previous(previous: CompactedView, first: int, last: int) -> list[Entry
 
 def collect_orphans(data_dir: DataDir) -> list[int]:
     """At start: delete every ledger no topic and no ``__compaction`` cursor references."""
-    live = data_dir.metadata.cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
+    live = CursorStore(data_dir.database).cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
     return data_dir.collect_orphans(also_live=live)

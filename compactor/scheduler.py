@@ -6,8 +6,8 @@ per loaded topic and asks ``plan`` which runs to start. The rules (reference
 
 1. The effective threshold is the topic policy, else the namespace policy, else the broker
    default (``effective_threshold``); 0 or less means "off".
-2. The backlog is Pulsar's estimate: the bytes behind the ``__compaction`` cursor (the
-   caller passes the whole topic's size when there is no durable subscription).
+2. The backlog is Pulsar's estimate: the bytes behind the topic's ``__compaction`` cursor
+   (``CompactedTopic.cursor``, the one the runs move).
 3. A topic is due (``should_compact``) when no run of it is in flight and any trigger fires:
    * the threshold: backlog > threshold;
    * Kafka's ``minCleanableDirtyRatio``: backlog / (backlog + compacted bytes) ≥ the ratio;
@@ -35,7 +35,7 @@ class TopicCompactionStats:
         compacted_bytes: size of the current compacted ledger (Kafka's "clean" bytes).
         oldest_uncompacted_publish_ms: publish time of the first message after the horizon,
             or None when there is none.
-        running: a run of this topic is in flight.
+        running: a run of this topic is queued or running (``CompactionRuns.in_flight``).
     """
 
     topic: str

@@ -13,7 +13,8 @@ This is Pulsar's RawMessage layout; ``ack_set`` is the surviving-slot mask that 
 sends with the message, because the C++ client ignores ``compacted_out`` (bit i set = slot
 i is delivered).
 
-``CompactedView`` answers the questions readers ask of one published compacted ledger:
+``CompactedView`` is one immutable value (ledger id, horizon, entries, size) and answers
+the questions readers ask of one published compacted ledger:
 its ``horizon`` (the last raw position it covers), the ceiling search for the first
 compacted entry at or after a position (batch index ignored, Pulsar's ``findStartPoint``
 with its 100-entry id cache), reading n entries from a position, every entry in order
@@ -83,14 +84,38 @@ def decode_compacted_entry(data: bytes) -> CompactedEntry:
 
 
 class CompactedView:
-    """One published compacted ledger and the horizon it covers."""
+    """One published compacted ledger and the horizon it covers: an immutable value.
+
+    ``ledger_id``, ``horizon``, ``entries`` and ``size`` (bytes) are fixed when the view is
+    built; a run publishes a new view and the topic swaps it in whole
+    (``CompactedTopic.publish``). The only thing that changes inside is the id cache of the
+    start-point search, a memo of what the ledger holds.
+    """
+
+    __slots__ = ("_ids", "entries", "horizon", "ledger_id", "size", "store")
+
+    store: LedgerStore
+    ledger_id: int
+    horizon: Position
+    entries: int
+    size: int
+    _ids: OrderedDict[int, Position]
 
     def __init__(self, store: LedgerStore, ledger_id: int, horizon: Position) -> None:
-        self.store = store
-        self.ledger_id = ledger_id
-        self.horizon = horizon.entry_position()
-        self.entries = store.last_add_confirmed(ledger_id) + 1  # raises if the ledger is gone
-        self._ids: OrderedDict[int, Position] = OrderedDict()
+        """Read the sealed ledger's entry count and size (raises if the ledger is gone)."""
+        entries = store.last_add_confirmed(ledger_id) + 1
+        fields = {"store": store, "ledger_id": ledger_id, "horizon": horizon.entry_position(),
+                  "entries": entries, "size": store.info(ledger_id).size_bytes,
+                  "_ids": OrderedDict[int, Position]()}
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"CompactedView is immutable: cannot set {name}")
+
+    def __repr__(self) -> str:
+        return (f"CompactedView(ledger_id={self.ledger_id}, horizon={self.horizon}, "
+                f"entries={self.entries}, size={self.size})")
 
     def read(self, first_index: int, last_index: int) -> list[CompactedEntry]:
         """Compacted entries ``first_index..last_index`` (inclusive) of the ledger."""

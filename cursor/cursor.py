@@ -16,7 +16,9 @@ Behaviour follows Pulsar's ``ManagedCursorImpl`` (reference ``managed-ledger.md`
   mark-delete without properties keeps the latest ones (never clears them); only
   ``reset`` without ``keep_properties`` clears them.
 * Durable cursors hold data against trimming and survive reopen; non-durable ones (readers)
-  live in memory only.
+  live in memory only. A durable cursor persists through the ``CursorStore`` it is given
+  (``store=``, ``cursor.store``: the cursor layer's tables on the shared database), never
+  through the managed ledger.
 * A read-compacted subscription also reads compacted entries whose raw ledgers were
   trimmed (they keep their original positions). Its ``compacted_successor`` names them:
   they can then be acknowledged like entries, and MD stops at the first unacknowledged one
@@ -32,8 +34,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from cursor.errors import CursorError, InvalidMarkDeletePositionError, MarkDeleteBackwardsError
 from cursor.ranges import AckedRanges
+from cursor.store import CursorRecord, CursorStore
 from ledger.managed_ledger import Entry, ManagedLedger
-from ledger.metadata import CursorRecord
 from ledger.position import EARLIEST, LATEST, Position
 
 __all__ = ["UNACKED_RANGES_PERSIST_MAX", "InitialPosition", "ManagedCursor"]
@@ -53,7 +55,10 @@ class InitialPosition(enum.Enum):
 
 
 class ManagedCursor:
-    """One cursor over ``ledger``; build it with ``open_durable`` or ``open_non_durable``."""
+    """One cursor over ``ledger``; build it with ``open_durable`` or ``open_non_durable``.
+
+    A durable cursor needs ``store``, where it persists; a non-durable one has none.
+    """
 
     def __init__(
         self,
@@ -65,10 +70,14 @@ class ManagedCursor:
         properties: Mapping[str, int] | None = None,
         acked: AckedRanges | None = None,
         clock: Callable[[], float] = time.time,
+        store: CursorStore | None = None,
     ) -> None:
+        if durable and store is None:
+            raise ValueError(f"durable cursor {name} needs a CursorStore")
         self.ledger = ledger
         self.name = name
         self.durable = durable
+        self.store = store
         self._clock = clock
         self._mark_delete_position = mark_delete_position.entry_position()
         self._properties: dict[str, int] = dict(properties or {})
@@ -88,29 +97,31 @@ class ManagedCursor:
         name: str,
         initial_position: InitialPosition = InitialPosition.LATEST,
         *,
+        store: CursorStore,
         clock: Callable[[], float] = time.time,
     ) -> ManagedCursor:
-        """Recover durable cursor ``name``, or create it at ``initial_position``.
+        """Recover durable cursor ``name`` from ``store``, or create it there at
+        ``initial_position``.
 
         ``initial_position`` only matters when the cursor is created. A recovered position
         in a ledger that no longer exists moves to ``(next ledger, -1)`` unless it is before
         every ledger left (trimmed: kept as is); one beyond the last confirmed entry is
         clamped to it.
         """
-        record = ledger.metadata.load_cursor(ledger.name, name)
+        record = store.load(ledger.name, name)
         if record is None:
             if initial_position is InitialPosition.EARLIEST:
                 start = ledger.first_position()
             else:
                 start = ledger.last_confirmed_position()
-            cursor = cls(ledger, name, durable=True, mark_delete_position=start, clock=clock)
+            cursor = cls(ledger, name, durable=True, mark_delete_position=start, clock=clock, store=store)
             cursor._persist(start, cursor._acked, cursor._properties)
             return cursor
         position = _clamp_recovered(ledger, record.mark_delete_position)
         acked = AckedRanges(record.individually_deleted)
         acked.drop_through(position)
         return cls(ledger, name, durable=True, mark_delete_position=position,
-                   properties=record.properties, acked=acked, clock=clock)
+                   properties=record.properties, acked=acked, clock=clock, store=store)
 
     @classmethod
     def open_non_durable(
@@ -204,12 +215,9 @@ class ManagedCursor:
         """True when an entry at or after the read position is confirmed."""
         return self.read_position <= self.ledger.last_confirmed_position()
 
-    def seek(self, read_position: Position, *, force: bool = False) -> None:
-        """Move only the read position: never to or before MD unless ``force`` (a
-        read-compacted reader walking the compacted view may be behind MD)."""
-        if force:
-            self.read_position = read_position.entry_position()
-            return
+    def seek(self, read_position: Position) -> None:
+        """Move only the read position, never to or before MD (a read-compacted reader
+        walking the compacted view behind MD keeps its own position there)."""
         floor = self.ledger.next_valid_position(self._mark_delete_position)
         self.read_position = max(read_position.entry_position(), floor)
 
@@ -317,10 +325,10 @@ class ManagedCursor:
 
     def _persist(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> None:
         """Write ``(MD, ranges, properties)`` in one transaction (durable cursors only)."""
-        if not self.durable:
+        if self.store is None:
             return
         runs = tuple(acked.runs())[:UNACKED_RANGES_PERSIST_MAX]
-        self.ledger.metadata.save_cursor(CursorRecord(
+        self.store.save(CursorRecord(
             topic=self.ledger.name, name=self.name, mark_delete_position=position,
             individually_deleted=runs, properties=dict(properties),
             last_active_ms=int(self._clock() * 1000),
@@ -346,8 +354,8 @@ class ManagedCursor:
 
     def delete_durable(self) -> None:
         """Remove a durable cursor's persisted state (unsubscribe); it stops holding data."""
-        if self.durable:
-            self.ledger.metadata.delete_cursor(self.ledger.name, self.name)
+        if self.store is not None:
+            self.store.delete(self.ledger.name, self.name)
 
 
 def _clamp_recovered(ledger: ManagedLedger, position: Position) -> Position:

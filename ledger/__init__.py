@@ -1,9 +1,11 @@
-"""Ledgers, managed ledgers (a topic's log) and the metadata store.
+"""Ledgers, managed ledgers (a topic's log), the shared metadata database and the ledger
+layer's tables on it.
 
 Nothing in this package knows what a message is: entries are opaque bytes.
 """
 
 from ledger.data_dir import DataDir
+from ledger.database import Database, TopicTable
 from ledger.errors import (
     CompactionServiceError,
     CorruptEntryError,
@@ -20,7 +22,7 @@ from ledger.errors import (
 )
 from ledger.lock import DataDirLock
 from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
-from ledger.metadata import CursorRecord, LedgerRecord, MetadataStore
+from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import EARLIEST, LATEST, MessageId, Position
 from ledger.storage import (
     FaultyLedgerStore,
@@ -39,10 +41,10 @@ __all__ = [
     "CompactionServiceError",
     "CorruptEntryError",
     "CorruptLedgerError",
-    "CursorRecord",
     "DataDir",
     "DataDirLock",
     "DataDirLockedError",
+    "Database",
     "Entry",
     "FaultyLedgerStore",
     "FileLedgerStore",
@@ -66,4 +68,5 @@ __all__ = [
     "SchemaVersionError",
     "SimulatedCrash",
     "SyncPolicy",
+    "TopicTable",
 ]

@@ -3,11 +3,15 @@
 Layout::
 
     DATA_DIR/LOCK           the data-dir lock (``ledger.lock``)
-    DATA_DIR/metadata.db    the SQLite metadata store (WAL; ``-wal``/``-shm`` beside it)
+    DATA_DIR/metadata.db    the shared SQLite metadata database (``ledger.database``; WAL,
+                            ``-wal``/``-shm`` beside it): every layer's tables in one file
     DATA_DIR/ledgers/       one file per ledger (``ledger.storage.file``)
 
 ``DataDir.open`` takes the lock first and touches nothing else when it cannot; ``close``
 makes pending appends durable, closes the database and releases the lock.
+
+``metadata`` is the ledger layer's store; the layers above build theirs on ``database``
+(``CursorStore(data_dir.database)``, ...), so that one transaction can span them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ledger.database import Database
 from ledger.lock import DataDirLock
 from ledger.metadata import MetadataStore
 from ledger.storage.base import LedgerStore, SyncPolicy
@@ -35,6 +40,11 @@ class DataDir:
     lock: DataDirLock
     metadata: MetadataStore
     ledgers: LedgerStore
+
+    @property
+    def database(self) -> Database:
+        """The shared metadata database, on which each layer keeps its own tables."""
+        return self.metadata.database
 
     @classmethod
     def open(

@@ -526,7 +526,8 @@ class ManagedLedger:
         """Delete the consumed prefix of closed ledgers that retention lets go.
 
         Returns the ids deleted. The bound is the slowest *persisted* mark-delete position
-        of the durable cursors, so only durably consumed data is ever deleted.
+        of the durable cursors (the positions the cursor layer holds on the shared database,
+        ``MetadataStore.held_positions``), so only durably consumed data is ever deleted.
         """
         with self._lock:
             bound = self._slowest_reader_ledger_id()
@@ -542,7 +543,7 @@ class ManagedLedger:
 
     def _slowest_reader_ledger_id(self) -> int:
         """Ledgers with a smaller id than this are consumed by every durable cursor."""
-        positions = self.metadata.mark_delete_positions(self.name).values()
+        positions = self.metadata.held_positions(self.name)
         if not positions:
             return self._ledgers[-1].ledger_id + 1
         slowest = min(positions)

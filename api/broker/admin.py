@@ -6,10 +6,11 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
 * Topics: create (``TopicExistsError`` when it exists), delete (its ledgers and its
   compacted ledger; refused while clients are attached, as Pulsar refuses without force),
   list per namespace.
-* Compaction: ``trigger_compaction`` starts a run in the background (``TopicNotFoundError``,
-  ``CompactionInProgressError``); its status — NOT_RUN, RUNNING, SUCCESS, ERROR with
-  ``lastError`` — is persisted, so it survives a restart (a run cut short by a stop reads
-  ERROR afterwards).
+* Compaction: ``trigger_compaction`` queues a run on the broker's run executor
+  (``compactor.runs.CompactionRuns``; ``TopicNotFoundError``, ``CompactionInProgressError``);
+  the executor persists its status — NOT_RUN, RUNNING, SUCCESS, ERROR with ``lastError``
+  — so it survives a restart (a run cut short by a stop reads ERROR afterwards), and is the
+  one answer to "is a run in flight?" that topic and ``__compaction`` deletion ask.
 * Policies per topic and per namespace, by name: ``compactionThreshold`` and
   ``deduplicationEnabled`` (Pulsar's) and, beyond Pulsar, ``minCleanableDirtyRatio``,
   ``maxCompactionLagMs`` and ``deleteRetentionMs`` (Kafka's). The caller validates values;
@@ -22,21 +23,19 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from api.broker.dedup import DEDUP_CURSOR
 from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
-from compactor.errors import CompactionInProgressError
 from compactor.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import ManagedCursor
 
 if TYPE_CHECKING:
-    from compactor.record import RunFigures
+    from api.broker.policies import PolicyStore
+    from compactor.runs import CompactionRuns
     from ledger.data_dir import DataDir
 
 __all__ = ["POLICY_NAMES", "Admin", "AdminBroker"]
@@ -45,7 +44,6 @@ log = logging.getLogger(__name__)
 
 POLICY_NAMES = ("compactionThreshold", "minCleanableDirtyRatio", "maxCompactionLagMs", "deleteRetentionMs",
                 "deduplicationEnabled")
-INTERRUPTED = "the broker stopped during the run"
 
 
 def _shown(name: object) -> str:
@@ -55,16 +53,14 @@ def _shown(name: object) -> str:
     return str(name)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class AdminBroker(Protocol):
     """What admin operations need of the broker core (``api.broker.service.BrokerService``,
     which holds the ``Admin``: named here so that this module does not import it back)."""
 
     data_dir: DataDir
+    policies: PolicyStore
     topics: dict[str, Topic]
+    runs: CompactionRuns
 
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
         """The loaded topic named ``text``, loading or creating it."""
@@ -75,8 +71,8 @@ class AdminBroker(Protocol):
     def refresh_deduplication(self) -> None:
         """Apply a changed ``deduplicationEnabled`` policy to every loaded topic."""
 
-    async def compact(self, text: str) -> RunFigures:
-        """Run one compaction of the topic, then trim what it covered."""
+    def request_compaction(self, text: str) -> None:
+        """Queue a run of the existing topic ``text`` on ``runs``."""
 
 
 class Admin:
@@ -85,8 +81,6 @@ class Admin:
     def __init__(self, broker: AdminBroker) -> None:
         self.broker = broker
         self.metadata = broker.data_dir.metadata
-        self._runs: dict[str, asyncio.Task[None]] = {}
-        self.metadata.interrupted_compactions("ERROR", INTERRUPTED, _now_ms())
 
     # -- topics ---------------------------------------------------------------------
 
@@ -105,9 +99,7 @@ class Admin:
         topic = self.topic(text)
         if any(s.consumers for s in topic.subscriptions.values()) or topic.producers_connected():
             raise PreconditionFailedError(f"Topic {topic.name} has active producers or consumers")
-        queued = self._runs.get(str(topic.name))
-        if topic.compacted.running or (queued is not None and not queued.done()):
-            raise CompactionInProgressError(str(topic.name))  # running, or waiting for a run slot
+        self.broker.runs.check_delete(str(topic.name))  # refused while running or waiting for a slot
         self.broker.topics.pop(str(topic.name), None)
         topic.delete()
 
@@ -118,43 +110,24 @@ class Admin:
         topic = self.topic(text)
         if subscription == DEDUP_CURSOR:
             raise TopicNotFoundError(f"Subscription {subscription} not found")
-        if subscription == COMPACTION_SUBSCRIPTION and topic.compacted.running:
-            # dropping the view waits for the run (a thread); refuse rather than block the loop
-            raise CompactionInProgressError(str(topic.name))
+        if subscription == COMPACTION_SUBSCRIPTION:
+            self.broker.runs.check_delete(str(topic.name), view_only=True)  # refused while running
         topic.delete_subscription(subscription)
 
     # -- compaction -----------------------------------------------------------------
 
     def trigger_compaction(self, text: str) -> None:
-        """Start a run now, in the background; its outcome lands in the status."""
-        topic = self.topic(text)
-        name = str(topic.name)
-        running = self._runs.get(name)
-        if topic.compacted.running or (running is not None and not running.done()):
-            raise CompactionInProgressError(name)
-        self.metadata.set_compaction_status(name, "RUNNING", "", _now_ms())
-        self._runs[name] = asyncio.create_task(self._run(name))
-
-    async def _run(self, name: str) -> None:
-        try:
-            await self.broker.compact(name)
-        except Exception as error:  # noqa: BLE001 - the outcome of a background run is its status
-            log.warning("compaction of %s failed: %s", name, error)
-            self.metadata.set_compaction_status(name, "ERROR", f"{type(error).__name__}: {error}", _now_ms())
-        else:
-            self.metadata.set_compaction_status(name, "SUCCESS", "", _now_ms())
+        """Queue a run now, in the background; its outcome lands in the status."""
+        self.broker.request_compaction(str(self.topic(text).name))
 
     def compaction_status(self, text: str) -> dict[str, str]:
         """``{"status": …, "lastError": …}`` as Pulsar's LongRunningProcessStatus."""
-        name = str(self.topic(text).name)
-        status = self.metadata.compaction_status(name)
-        if status is None:
-            return {"status": "NOT_RUN", "lastError": ""}
-        return {"status": status[0], "lastError": status[1]}
+        status, last_error = self.broker.runs.status(str(self.topic(text).name))
+        return {"status": status, "lastError": last_error}
 
     async def wait_for_runs(self) -> None:
-        """Wait for the background runs in flight (tests, shutdown)."""
-        await asyncio.gather(*self._runs.values(), return_exceptions=True)
+        """Wait until no run is queued or running (tests)."""
+        await self.broker.runs.wait_idle()
 
     # -- policies -------------------------------------------------------------------
 
@@ -168,17 +141,17 @@ class Admin:
 
     def get_policy(self, scope: str, name: str) -> Any:
         assert name in POLICY_NAMES
-        return self.metadata.get_policy(scope, name)
+        return self.broker.policies.get_policy(scope, name)
 
     def set_policy(self, scope: str, name: str, value: Any) -> None:
         assert name in POLICY_NAMES
-        self.metadata.set_policy(scope, name, value)
+        self.broker.policies.set_policy(scope, name, value)
         if name == "deduplicationEnabled":
             self.broker.refresh_deduplication()
 
     def remove_policy(self, scope: str, name: str) -> None:
         assert name in POLICY_NAMES
-        self.metadata.remove_policy(scope, name)
+        self.broker.policies.remove_policy(scope, name)
         if name == "deduplicationEnabled":
             self.broker.refresh_deduplication()
 
@@ -232,8 +205,7 @@ class Admin:
         view = topic.compacted.view
         compacted = {"ledgerId": -1, "entries": -1, "size": -1, "offloaded": False, "underReplicated": False}
         if view is not None:
-            compacted.update(ledgerId=view.ledger_id, entries=view.entries,
-                             size=ledger.store.info(view.ledger_id).size_bytes)
+            compacted.update(ledgerId=view.ledger_id, entries=view.entries, size=view.size)
         return {
             "entriesAddedCounter": ledger.entries_added_counter,
             "numberOfEntries": ledger.number_of_entries,
@@ -249,7 +221,7 @@ class Admin:
         }
 
     def _subscription_names(self, topic: Topic, *, internal: bool = False) -> list[str]:
-        names = set(self.metadata.list_cursors(str(topic.name)))
+        names = set(topic.cursors.list(str(topic.name)))
         names |= {name for name, s in topic.subscriptions.items() if s.cursor.durable}
         if not internal:
             names.discard(DEDUP_CURSOR)
@@ -258,4 +230,4 @@ class Admin:
     @staticmethod
     def _cursor(topic: Topic, name: str) -> ManagedCursor:
         live = topic.subscriptions.get(name)
-        return live.cursor if live is not None else ManagedCursor.open_durable(topic.ledger, name)
+        return live.cursor if live is not None else ManagedCursor.open_durable(topic.ledger, name, store=topic.cursors)

@@ -8,11 +8,12 @@ uuid) plus its payload. Each PRODUCER the broker accepts starts a ``ProducerSess
 * A send whose identity and content match an entry in flight or among the topic's last
   ``WINDOW_ENTRIES`` durable entries (at most ``WINDOW_BYTES`` of them) is a duplicate:
   the answer waits for the in-flight one, or is the stored entry's position.
-* Within one session sequence ids only grow (a client re-sends only after it reconnects,
-  in a new session), so a send whose ``(sequence id, chunk id)`` is not above the highest
-  the session already sent is a new message reusing a sequence id — the client restarts
-  its numbering after a reconnect when it never got a receipt — and is stored even when
-  its content matches.
+* A session may send the same identity and content more than once: the client restarts its
+  numbering after a reconnect when it never got a receipt, so a new message can reuse the
+  sequence id (and content) of one it re-sends in the same session. So the n-th send of a
+  digest within a session matches only the n-th stored or in-flight entry of that digest
+  (in log order): a re-send stream matches each original once, and a send beyond the
+  originals is a new message, stored even when its content matches.
 * Anything else is stored: a duplicate answer is only ever the position of the stored
   original, never Pulsar's ``-1:-1`` for a sequence id merely at or below the highest
   durable one (that answer would lose a message whose append failed while later ones of
@@ -36,12 +37,13 @@ import hashlib
 import logging
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compactor.errors import MalformedEntryError
 from compactor.message import chunk_of, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.errors import LedgerError
 from ledger.managed_ledger import Entry, ManagedLedger
 from ledger.position import Position
@@ -79,12 +81,20 @@ class Send:
 
 @dataclass(slots=True)
 class ProducerSession:
-    """One PRODUCER accepted by the broker: the highest ``(sequence id, chunk id)`` sent,
-    and whether one of its sends failed (its later sends are refused, so that the client
-    re-sends them in order after it reconnects)."""
+    """One PRODUCER accepted by the broker: how many times it sent each digest (the last
+    ``WINDOW_ENTRIES`` digests), and whether one of its sends failed (its later sends are
+    refused, so that the client re-sends them in order after it reconnects)."""
 
-    highest_sent: tuple[int, int] = (-1, -1)
+    sent: OrderedDict[bytes, int] = field(default_factory=OrderedDict)
     failed: bool = False
+
+    def count(self, digest: bytes) -> int:
+        """How many times this session sent ``digest`` before; counts this send."""
+        seen = self.sent.pop(digest, 0)
+        self.sent[digest] = seen + 1
+        if len(self.sent) > WINDOW_ENTRIES:
+            self.sent.popitem(last=False)
+        return seen
 
 
 def describe_send(producer_name: str, sequence_id: int, highest_sequence_id: int, entry: bytes) -> Send:
@@ -113,17 +123,19 @@ def _digest(data: bytes) -> bytes:
 
 
 class Deduplication:
-    """The de-duplication state of one topic; runs on the broker's event loop."""
+    """The de-duplication state of one topic, whose durable cursors are in ``cursors``;
+    runs on the broker's event loop."""
 
-    def __init__(self, ledger: ManagedLedger) -> None:
+    def __init__(self, ledger: ManagedLedger, cursors: CursorStore) -> None:
         self.ledger = ledger
-        existed = ledger.metadata.load_cursor(ledger.name, DEDUP_CURSOR) is not None
-        self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST)
+        existed = cursors.load(ledger.name, DEDUP_CURSOR) is not None
+        self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST, store=cursors)
         self.persisted: dict[str, int] = dict(self.cursor.properties)
         self.pushed: dict[str, int] = dict(self.persisted)
-        # a send's digest -> where it is stored / its append in flight
-        self._window: OrderedDict[bytes, Position] = OrderedDict()
-        self._in_flight: dict[bytes, Future[Position]] = {}
+        # a send's digest -> where its entries are stored / their appends in flight, in log order
+        self._window: OrderedDict[bytes, tuple[Position, ...]] = OrderedDict()
+        self._window_entries = 0
+        self._in_flight: dict[bytes, list[Future[Position]]] = {}
         self._last_durable = self.cursor.mark_delete_position
         self._unsnapshotted = 0
         self._unsnapshotted_bytes = 0
@@ -186,34 +198,32 @@ class Deduplication:
 
     def find_duplicate(self, session: ProducerSession, send: Send) -> Future[Position] | None:
         """A future of where the original is stored when ``send`` re-sends a stored or
-        in-flight message of an earlier session; None when it is to be stored."""
-        key = (send.sequence_id, send.chunk_id)
-        if key <= session.highest_sent:
-            return None  # a sequence id reused within a session: a new message
-        session.highest_sent = key
-        in_flight = self._in_flight.get(send.digest)
-        if in_flight is not None:
-            return in_flight
-        stored = self._window.get(send.digest)
-        return _resolved(stored) if stored is not None else None
+        in-flight message; None when it is to be stored (see the module docstring)."""
+        seen = session.count(send.digest)
+        stored = self._window.get(send.digest, ())
+        if seen < len(stored):
+            return _resolved(stored[seen])
+        in_flight = self._in_flight.get(send.digest, [])
+        if seen - len(stored) < len(in_flight):
+            return in_flight[seen - len(stored)]
+        return None
 
     def pushed_send(self, send: Send, future: Future[Position]) -> None:
         """A send was appended (not yet durable)."""
         if send.last_chunk and send.highest_sequence_id > self.pushed.get(send.producer_name, -1):
             self.pushed[send.producer_name] = send.highest_sequence_id
-        self._in_flight[send.digest] = future
+        self._in_flight.setdefault(send.digest, []).append(future)
 
     def failed(self, send: Send, future: Future[Position]) -> None:
         """The append of a send failed: forget it and roll the producer back to what is
         durable, so that its re-send is stored."""
-        if self._in_flight.get(send.digest) is future:
-            del self._in_flight[send.digest]
+        self._forget_in_flight(send, future)
         self.pushed[send.producer_name] = self.persisted.get(send.producer_name, -1)
 
     def durable(self, send: Send, position: Position, future: Future[Position] | None = None) -> None:
         """The entry of a send is durable at ``position``."""
-        if future is not None and self._in_flight.get(send.digest) is future:
-            del self._in_flight[send.digest]
+        if future is not None:
+            self._forget_in_flight(send, future)
         self._remember(send, position)
         if send.last_chunk and self.pushed.get(send.producer_name, -1) < send.highest_sequence_id:
             self.pushed[send.producer_name] = send.highest_sequence_id
@@ -226,11 +236,23 @@ class Deduplication:
         highest = send.highest_sequence_id
         if send.last_chunk and SEQUENCE_ID_MAX >= highest > self.persisted.get(send.producer_name, -1):
             self.persisted[send.producer_name] = highest
-        self._window[send.digest] = position
-        self._window.move_to_end(send.digest)
-        while len(self._window) > WINDOW_ENTRIES:
-            self._window.popitem(last=False)
+        self._window[send.digest] = self._window.pop(send.digest, ()) + (position,)
+        self._window_entries += 1
+        while self._window_entries > WINDOW_ENTRIES:
+            oldest, positions = next(iter(self._window.items()))
+            if len(positions) > 1:
+                self._window[oldest] = positions[1:]
+            else:
+                del self._window[oldest]
+            self._window_entries -= 1
         self._last_durable = max(self._last_durable, position)
+
+    def _forget_in_flight(self, send: Send, future: Future[Position]) -> None:
+        futures = self._in_flight.get(send.digest, [])
+        if future in futures:
+            futures.remove(future)
+        if not futures:
+            self._in_flight.pop(send.digest, None)
 
     # -- persistence --------------------------------------------------------------------
 

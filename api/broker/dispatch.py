@@ -22,12 +22,16 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
   ``writable`` (its connection's write buffer is over its high-water mark) gets nothing
   until its connection drains and dispatches again, so what waits for a slow consumer is
   bounded by its transport's buffer, not by its permits.
-* **Read-compacted** subscriptions (Exclusive and Failover only) read through the topic's
-  compacted view (``CompactedTopic.read_compacted``), then the raw tail; batches from the
-  compacted ledger carry the surviving-slot mask (``ack_set``). Their acks are kept like
-  any other: compacted entries already acknowledged are skipped, and the cursor counts
-  compacted entries whose raw ledgers were trimmed as entries (``compacted_successor``),
-  so a re-subscribe or a restart delivers exactly what was not acknowledged.
+* **Reading** goes through the subscription's ``compactor.reader.CompactedReader``, which
+  owns where the subscription reads: rewinds, seeks, and for **read-compacted**
+  subscriptions (Exclusive and Failover only) the first-read-from-earliest rule, the
+  sought position, the read position and index in the topic's compacted view (then the raw
+  tail), and the surviving-slot masks (``ack_set``) sent with compacted batches, which
+  decide what a batch-index ack acknowledges (``acknowledge_message_ids``). Their acks are
+  kept like any other: compacted entries already acknowledged are skipped, and the cursor
+  counts compacted entries whose raw ledgers were trimmed as entries, so a re-subscribe or
+  a restart delivers exactly what was not acknowledged. The subscription itself keeps no
+  read state but Shared's pending and replayed positions.
 * **A corrupt entry is never served, never skipped.** A read that fails (a record whose
   CRC32C does not match: ``CorruptEntryError``) stops dispatch of that subscription where
   it is, logged once; its consumers get nothing past it until the subscription is moved
@@ -40,15 +44,14 @@ import abc
 import asyncio
 import enum
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from api.broker.errors import ConsumerBusyError, NotAllowedError
-from compactor.algorithm import CompactedEntry
 from compactor.errors import MalformedEntryError
 from compactor.message import is_batch, parse_entry
+from compactor.reader import CompactedReader
 from compactor.topic import CompactedTopic
-from compactor.view import ack_set_words
 from cursor.cursor import ManagedCursor
 from cursor.errors import CursorError
 from ledger.errors import LedgerError
@@ -131,13 +134,6 @@ def _message_count(data: bytes) -> int:
     return metadata.num_messages_in_batch if is_batch(metadata) else 1
 
 
-def _ack_set_words(entry: CompactedEntry) -> tuple[int, ...]:
-    """The mask to send with a compacted batch; empty when every slot survives."""
-    if not entry.batch_size or len(entry.surviving) == entry.batch_size:
-        return ()
-    return tuple(ack_set_words(entry.surviving, entry.batch_size))
-
-
 class _Round:
     """What one dispatch round may still send."""
 
@@ -157,7 +153,12 @@ class _Round:
 
 
 class Subscription:
-    """One subscription of a topic: its cursor, its consumers, and dispatch."""
+    """One subscription of a topic: its cursor, its consumers, and dispatch.
+
+    ``first_read_from_earliest``: the subscribing consumer asked for the earliest message;
+    whether its first read takes the whole compacted view is the reader's rule
+    (``CompactedReader.subscribing``). Every read, rewind and seek goes through ``reader``.
+    """
 
     def __init__(
         self, name: str, cursor: ManagedCursor, compacted: CompactedTopic, sub_type: SubType,
@@ -169,16 +170,12 @@ class Subscription:
         self.cursor = cursor
         self.compacted = compacted
         self.sub_type = sub_type
-        self._read_compacted = False
-        self.read_compacted = read_compacted
-        self.first_read_from_earliest = first_read_from_earliest
+        self.reader = CompactedReader(compacted, cursor, enabled=read_compacted, from_earliest=first_read_from_earliest)
         self.consumers: list[Consumer] = []
         self._active: Consumer | None = None
         self._pending: dict[Position, Consumer] = {}  # Shared: delivered, not yet acknowledged
         self._replay: set[Position] = set()
         self._redeliveries: dict[Position, int] = {}
-        self._masks: dict[Position, tuple[int, ...]] = {}  # ack_set of compacted batches sent
-        self._sought: Position | None = None  # read position a seek left for the re-subscribe
         self._round_robin = 0
         self._entry_bytes = ENTRY_BYTES_ASSUMED  # largest entry of the last read
         self._next_round: asyncio.Handle | None = None
@@ -187,14 +184,11 @@ class Subscription:
     @property
     def read_compacted(self) -> bool:
         """The consumers read the compacted view (the latest SUBSCRIBE says so)."""
-        return self._read_compacted
+        return self.reader.enabled
 
     @read_compacted.setter
     def read_compacted(self, value: bool) -> None:
-        """Reading compacted, the cursor also counts compacted entries whose raw ledgers
-        were trimmed as entries (its acks of them are kept; MD stops before them)."""
-        self._read_compacted = value
-        self.cursor.compacted_successor = self.compacted.trimmed_successor if value else None
+        self.reader.enabled = value
 
     # -- consumers ----------------------------------------------------------------------
 
@@ -240,19 +234,11 @@ class Subscription:
 
     def rewind(self) -> None:
         """Deliver everything unacknowledged again, from the mark-delete position on."""
-        sought, self._sought = self._sought, None
-        if self.read_compacted and sought is not None:  # the consumers re-subscribe after a seek
-            self.cursor.seek(sought, force=True)
-        elif self.read_compacted:
-            md = self.cursor.mark_delete_position
-            self.cursor.seek(Position(md.ledger_id, md.entry_id + 1), force=True)
-        else:
-            self.cursor.rewind()
+        self.reader.rewind()  # after a seek: from the sought position
 
-    @property
-    def sought(self) -> bool:
-        """A seek positioned the cursor; the consumers' re-subscribe must keep that position."""
-        return self._sought is not None
+    def last_message_id(self) -> Position:
+        """``get_last_message_id`` for this subscription's consumers (compacted or raw)."""
+        return self.reader.last_message_id()
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -350,32 +336,24 @@ class Subscription:
         return out
 
     def _read(self, max_entries: int) -> list[Delivery]:
-        if self.read_compacted:
-            first = self.first_read_from_earliest
-            self.first_read_from_earliest = False
-            entries = self.compacted.read_compacted(self.cursor, max_entries, first_read_from_earliest=first)
-            deliveries = [Delivery(e.position, e.data, e.batch_size or _message_count(e.data), _ack_set_words(e))
-                          for e in entries]
-            for delivery in deliveries:
-                if delivery.ack_set:
-                    self._masks[delivery.position] = delivery.ack_set
-        else:
-            deliveries = [Delivery(e.position, e.data, _message_count(e.data))
-                          for e in self.cursor.read_entries(max_entries)]
+        reader = self.reader
+        deliveries = [Delivery(e.position, e.data, e.batch_size or _message_count(e.data), reader.ack_set(e.position))
+                      for e in reader.read(max_entries)]
         if deliveries:
             self._entry_bytes = max(len(d.data) for d in deliveries)
         return deliveries
 
     # -- acknowledgements and redelivery --------------------------------------------------
 
-    def fully_acknowledged(self, position: Position, unacknowledged: Iterable[int]) -> bool:
-        """A batch-index ack leaving ``unacknowledged`` slot words acknowledges the whole
-        entry when every slot still set was hidden by the ``ack_set`` it was sent with."""
-        mask = self._masks.get(position.entry_position())
-        if mask is None:
-            return False
-        words = list(unacknowledged)
-        return all(word & (mask[i] if i < len(mask) else 0) == 0 for i, word in enumerate(words))
+    def acknowledge_message_ids(self, message_ids: Iterable[tuple[Position, Sequence[int]]], *,
+                                cumulative: bool) -> None:
+        """Apply an ACK of ``(position, ack_set)`` message ids: what each acknowledges is
+        the reader's to say (``CompactedReader.acknowledged_entry``: a batch-index ack
+        still naming slots the consumer was sent is partial)."""
+        positions = [entry for position, ack_set in message_ids
+                     if (entry := self.reader.acknowledged_entry(position, ack_set, cumulative=cumulative)) is not None]
+        if positions:
+            self.acknowledge(positions, cumulative=cumulative)
 
     def acknowledge(self, positions: Iterable[Position], *, cumulative: bool) -> None:
         """Apply an ACK; positions outside what the cursor accepts are ignored (logged)."""
@@ -390,12 +368,10 @@ class Subscription:
         for entry in entries:
             self._pending.pop(entry, None)
             self._redeliveries.pop(entry, None)
-            self._masks.pop(entry, None)
+        self.reader.acknowledged(entries, cumulative=cumulative)
         if cumulative:
             for position in [p for p in self._pending if p <= max(entries)]:
                 del self._pending[position]
-            for position in [p for p in self._masks if p <= max(entries)]:
-                del self._masks[position]
 
     def redeliver(self, consumer: Consumer, positions: Iterable[Position] | None) -> None:
         """REDELIVER_UNACKNOWLEDGED_MESSAGES: the given positions (Shared) or everything
@@ -414,26 +390,10 @@ class Subscription:
     def seek(self, position: Position) -> None:
         """Reset the cursor so the next read starts at ``position``; the broker then drops
         every consumer (they subscribe again)."""
-        self.cursor.reset(position, keep_properties=False)
-        horizon = self.compacted.horizon if self.read_compacted else None
-        if horizon is not None and position.entry_position() <= horizon:
-            if position.ledger_id < 0:  # earliest: the whole compacted view again
-                self.first_read_from_earliest = True
-            else:
-                self.cursor.seek(position.entry_position(), force=True)
-                self._retreat_before(position.entry_position())
-        self._sought = None if self.first_read_from_earliest else self.cursor.read_position
+        self.reader.seek(position)
         self._pending.clear()
         self._replay.clear()
-        self._masks.clear()
         for consumer in list(self.consumers):
             consumer.disconnect()
         self.consumers.clear()
         self._active = None
-
-    def _retreat_before(self, target: Position) -> None:
-        """A seek to a compacted entry whose raw ledger was trimmed: MD (reset to the first
-        ledger's start) moves back to just before it, so acks from there on are kept."""
-        cursor, first = self.cursor, self.cursor.ledger.first_position()
-        if cursor.durable and target.ledger_id < first.ledger_id and cursor.mark_delete_position == first:
-            cursor.retreat_into_trimmed(Position(target.ledger_id, target.entry_id - 1))

@@ -6,18 +6,21 @@ wire package's (``api.wire.listener``, whose ``PulsarBroker`` is this core serve
 port), and nothing here imports ``api.wire`` or the HTTP side. It is configured by a typed
 ``api.config.Settings``; ``compaction_config`` and ``ledger_config`` turn it into the
 lower layers' configs (shared with ``compactd compact-topic``). It also names producers
-that did not choose a name (``new_producer_name``), which both doors may ask for. It runs on one asyncio event loop; the
-only work it moves off the loop is a compaction run (``compact``), which goes to a worker
-thread, at most ``compaction_max_concurrent_runs`` at a time. Lifecycle: ``start_tasks``
-starts the periodic work (trimming, the compaction scheduler); ``stop`` ends it, waits for
-the runs in flight, then seals every topic's current ledger, which makes (or fails) every
-pending append before it returns.
+that did not choose a name (``new_producer_name``), which both doors may ask for. It runs
+on one asyncio event loop; the only work it moves off the loop is a compaction run. Runs
+belong to one executor, ``runs`` (``compactor.runs.CompactionRuns``: slots —
+``compaction_max_concurrent_runs`` —, queue, tasks, persisted status), which the REST
+trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compact`` (a run
+awaited) all go through; the core only builds each run's ``RunJob`` (the topic and its
+``deleteRetentionMs``). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
+compaction scheduler); ``stop`` ends it, cancels queued runs and waits for the running
+ones, then seals every topic's current ledger, which makes (or fails) every pending append
+before it returns.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import time
@@ -25,6 +28,7 @@ from typing import Any
 
 from api.broker.admin import Admin
 from api.broker.errors import TopicNotFoundError
+from api.broker.policies import PolicyStore
 from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
@@ -32,6 +36,7 @@ from api.config import Settings
 from compactor.errors import CompactionInProgressError
 from compactor.record import RunFigures
 from compactor.runner import CompactionConfig, Compactor
+from compactor.runs import CompactionRuns, RunJob
 from compactor.scheduler import (
     CompactionPolicy,
     Plan,
@@ -39,8 +44,8 @@ from compactor.scheduler import (
     effective_threshold,
     plan,
 )
-from compactor.topic import COMPACTION_SUBSCRIPTION
-from cursor.cursor import InitialPosition, ManagedCursor
+from compactor.status import CompactionStatusStore
+from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
@@ -79,10 +84,15 @@ class BrokerService:
     def __init__(self, data_dir: DataDir, settings: Settings) -> None:
         self.data_dir = data_dir
         self.settings = settings
+        # Each layer's store on the data dir's one database (``ledger.database``).
+        self.cursors = CursorStore(data_dir.database)
+        self.policies = PolicyStore(data_dir.database)
+        self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
         self.compactor = Compactor(compaction_config(settings))
         self.ledger_config = ledger_config(settings)
-        self._runs = asyncio.Semaphore(settings.compaction_max_concurrent_runs)
+        self.runs = CompactionRuns(self.compactor, self.compaction_statuses,
+                                   max_concurrent_runs=settings.compaction_max_concurrent_runs)
         # Pulsar's producer names: cluster, a broker instance id that never repeats on this
         # data dir (persisted), and a counter.
         self._producer_name_prefix = (f"{settings.cluster_name}-"
@@ -93,7 +103,6 @@ class BrokerService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.admin = Admin(self)
         self.last_plan = Plan()
-        self.runs_queued = 0  # compact() calls waiting for a free run slot
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -115,7 +124,7 @@ class BrokerService:
         """End the periodic work and the runs in flight; seal every topic (pending appends
         finish). A listener closes its connections before it calls this."""
         self.stop_tasks()
-        await self.admin.wait_for_runs()
+        await self.runs.stop()
         for topic in list(self.topics.values()):
             try:
                 topic.close()
@@ -147,16 +156,15 @@ class BrokerService:
             raise TopicNotFoundError(f"Topic {key} not found")
         ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config)
         topic = Topic(name, ledger, self.loop or asyncio.get_running_loop(),
-                      deduplication=self.deduplication_enabled(name))
+                      deduplication=self.deduplication_enabled(name), cursors=self.cursors)
         self.topics[key] = topic
         return topic
 
     def deduplication_enabled(self, name: TopicName) -> bool:
         """The topic's ``deduplicationEnabled``: topic policy, else namespace policy, else
         the broker's ``broker_deduplication_enabled``."""
-        metadata = self.data_dir.metadata
         for scope in (str(name), name.namespace_name):
-            value = metadata.get_policy(scope, "deduplicationEnabled")
+            value = self.policies.get_policy(scope, "deduplicationEnabled")
             if value is not None:
                 return bool(value)
         return self.settings.broker_deduplication_enabled
@@ -181,22 +189,18 @@ class BrokerService:
 
     # -- compaction ---------------------------------------------------------------------
 
+    def run_job(self, topic: Topic) -> RunJob:
+        """What a run of ``topic`` needs: its compaction state and ``deleteRetentionMs``."""
+        return RunJob(topic.compacted, self.delete_retention_ms(topic))
+
+    def request_compaction(self, text: str) -> None:
+        """Queue a run of the existing topic ``text``; its outcome lands in the status
+        (``TopicNotFoundError``, ``CompactionInProgressError``)."""
+        self.runs.request(self.run_job(self.get_topic(text, create=False)))
+
     async def compact(self, text: str) -> RunFigures:
-        """Run one compaction of the topic in a worker thread, then trim what it covered."""
-        topic = self.get_topic(text, create=False)
-        retention = self.delete_retention_ms(topic)
-        self.runs_queued += 1
-        try:
-            await self._runs.acquire()
-        finally:
-            self.runs_queued -= 1
-        try:
-            figures = await asyncio.to_thread(
-                functools.partial(self.compactor.compact, topic.compacted, delete_retention_ms=retention))
-        finally:
-            self._runs.release()
-        topic.ledger.trim()
-        return figures
+        """Run one compaction of the topic and wait for it (then it trimmed what it covered)."""
+        return await self.runs.run(self.run_job(self.get_topic(text, create=False)))
 
     # -- the threshold scheduler ----------------------------------------------------------
 
@@ -210,22 +214,22 @@ class BrokerService:
 
     def scheduler_tick(self, now_ms: int) -> Plan:
         """One scheduler decision over the loaded topics (``compactor.scheduler``); starts
-        the planned runs through ``admin`` so their status is recorded."""
+        the planned runs through ``runs``, as the REST trigger does."""
         candidates = [(self._scheduler_stats(topic), self._policy(topic)) for topic in self.topics.values()]
-        running = sum(1 for topic in self.topics.values() if topic.compacted.running)
+        running = self.runs.running_count + self.runs.queued_count
         limit = self.settings.compaction_max_concurrent_runs
         self.last_plan = plan(candidates, now_ms=now_ms, running_runs=running, max_concurrent_runs=limit)
         for name in self.last_plan.start:
             try:
-                self.admin.trigger_compaction(name)
+                self.request_compaction(name)
             except CompactionInProgressError:
                 continue
         return self.last_plan
 
     def _scheduler_stats(self, topic: Topic) -> TopicCompactionStats:
-        cursor = ManagedCursor.open_durable(topic.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        cursor = topic.compacted.cursor
         view = topic.compacted.view if topic.compacted.broken is None else None
-        compacted_bytes = topic.ledger.store.info(view.ledger_id).size_bytes if view is not None else 0
+        compacted_bytes = view.size if view is not None else 0
         oldest = None
         first = topic.ledger.read_entries(topic.ledger.next_valid_position(cursor.mark_delete_position), 1)
         if first:
@@ -233,27 +237,26 @@ class BrokerService:
         return TopicCompactionStats(
             topic=str(topic.name), backlog_bytes=cursor.estimated_backlog_bytes(),
             compacted_bytes=compacted_bytes, oldest_uncompacted_publish_ms=oldest,
-            running=topic.compacted.running,
+            running=self.runs.in_flight(str(topic.name)),
         )
 
     def delete_retention_ms(self, topic: Topic) -> int:
         """The topic's ``deleteRetentionMs``: topic policy, else namespace policy, else 0."""
-        metadata = self.data_dir.metadata
         for scope in (str(topic.name), topic.name.namespace_name):
-            value = metadata.get_policy(scope, "deleteRetentionMs")
+            value = self.policies.get_policy(scope, "deleteRetentionMs")
             if value is not None:
                 return int(value)
         return 0
 
     def _policy(self, topic: Topic) -> CompactionPolicy:
-        metadata, scope, namespace = self.data_dir.metadata, str(topic.name), topic.name.namespace_name
+        policies, scope, namespace = self.policies, str(topic.name), topic.name.namespace_name
 
         def pick(name: str) -> Any:
-            value = metadata.get_policy(scope, name)
-            return value if value is not None else metadata.get_policy(namespace, name)
+            value = policies.get_policy(scope, name)
+            return value if value is not None else policies.get_policy(namespace, name)
 
         threshold = effective_threshold(
-            metadata.get_policy(scope, "compactionThreshold"), metadata.get_policy(namespace, "compactionThreshold"),
+            policies.get_policy(scope, "compactionThreshold"), policies.get_policy(namespace, "compactionThreshold"),
             self.settings.compaction_threshold_bytes,
         )
         return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"))

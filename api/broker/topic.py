@@ -11,9 +11,10 @@
 * **Subscribing** creates durable subscriptions (a persisted cursor, ``initial_position``
   used only on creation) or non-durable ones (readers: a cursor in memory, positioned at
   the start message id inclusive — the client filters what it does not want).
-* The ``__compaction`` cursor is created with the topic, at the earliest entry, so that
-  nothing is trimmed before a compaction has covered it (Pulsar only pre-creates it when a
-  compaction threshold is set; compactd always does).
+* The ``__compaction`` cursor is created with the topic (by ``CompactedTopic.restore``,
+  which owns it), at the earliest entry, so that nothing is trimmed before a compaction has
+  covered it (Pulsar only pre-creates it when a compaction threshold is set; compactd
+  always does).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from api.broker.errors import NotAllowedError, ProducerBusyError, SubscriptionNo
 from api.broker.topic_name import TopicName
 from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.managed_ledger import ManagedLedger
 from ledger.position import EARLIEST, LATEST, Position
 
@@ -40,15 +42,15 @@ class Topic:
     """One loaded topic; all methods run on the broker's event loop."""
 
     def __init__(self, name: TopicName, ledger: ManagedLedger, loop: asyncio.AbstractEventLoop,
-                 *, deduplication: bool = False) -> None:
+                 *, cursors: CursorStore, deduplication: bool = False) -> None:
         self.name = name
         self.ledger = ledger
-        self.compacted = CompactedTopic.restore(ledger)
+        self.cursors = cursors  # where the topic's durable cursors persist
+        self.compacted = CompactedTopic.restore(ledger, cursors, create_cursor=True)
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}  # producer name -> its owner (a wire producer)
         self._loop = loop
         self._dispatch_scheduled = False
-        ManagedCursor.open_durable(ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
         self.dedup: Deduplication | None = None
         self.set_deduplication(deduplication)
         self.closed = False
@@ -78,12 +80,12 @@ class Topic:
         """Turn de-duplication on (state loaded, or started at the end of the log) or off
         (its cursor deleted)."""
         if enabled and self.dedup is None:
-            self.dedup = Deduplication(self.ledger)
+            self.dedup = Deduplication(self.ledger, self.cursors)
         elif not enabled:
             if self.dedup is not None:
                 self.dedup.delete()
-            elif DEDUP_CURSOR in self.ledger.metadata.list_cursors(self.ledger.name):
-                self.ledger.metadata.delete_cursor(self.ledger.name, DEDUP_CURSOR)
+            elif DEDUP_CURSOR in self.cursors.list(self.ledger.name):
+                self.cursors.delete(self.ledger.name, DEDUP_CURSOR)
             self.dedup = None
 
     def last_sequence_id(self, producer_name: str) -> int:
@@ -162,9 +164,8 @@ class Topic:
         if subscription is None:
             subscription = self._create_subscription(
                 subscription_name, sub_type, durable, initial_position, start, read_compacted)
-        elif durable and initial_position is InitialPosition.EARLIEST and not subscription.sought \
-                and subscription.cursor.mark_delete_position.entry_id == -1:
-            subscription.first_read_from_earliest = True  # #21187: nothing acked in the raw ledgers left
+        elif durable:  # the first-read rule again (#21187: nothing acked in the raw ledgers left)
+            subscription.reader.subscribing(initial_position is InitialPosition.EARLIEST)
         subscription.read_compacted = read_compacted
         subscription.add_consumer(consumer, sub_type)
         self.subscriptions[subscription_name] = subscription
@@ -175,9 +176,8 @@ class Topic:
         start: Position | None, read_compacted: bool,
     ) -> Subscription:
         if durable:
-            cursor = ManagedCursor.open_durable(self.ledger, name, initial_position)
-            from_earliest = (initial_position is InitialPosition.EARLIEST
-                             and cursor.mark_delete_position.entry_id == -1)
+            cursor = ManagedCursor.open_durable(self.ledger, name, initial_position, store=self.cursors)
+            from_earliest = initial_position is InitialPosition.EARLIEST
         else:
             start = start if start is not None else (
                 EARLIEST if initial_position is InitialPosition.EARLIEST else LATEST)
@@ -207,11 +207,11 @@ class Topic:
             self.compacted.drop_view()
             return
         subscription = self.subscriptions.pop(name, None)
-        if subscription is None and name not in self.ledger.metadata.list_cursors(str(self.name)):
+        if subscription is None and name not in self.cursors.list(str(self.name)):
             raise SubscriptionNotFoundError(f"subscription {name} not found")
         for consumer in list(subscription.consumers if subscription else []):
             consumer.disconnect()
-        self.ledger.metadata.delete_cursor(str(self.name), name)
+        self.cursors.delete(str(self.name), name)
 
     def close(self) -> None:
         """Seal the current ledger; the topic takes no more appends."""

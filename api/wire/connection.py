@@ -444,21 +444,9 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         ack = command.ack
         consumer = self.consumers.get(ack.consumer_id)
         if consumer is not None and consumer.subscription is not None:
-            cumulative = ack.ack_type == pb.CommandAck.Cumulative
-            subscription = consumer.subscription
-            positions = []
-            for message_id in ack.message_id:
-                position = from_message_id(message_id).entry_position()
-                # A batch-index ack still naming slots the consumer was sent is partial.
-                partial = any(message_id.ack_set) and not subscription.fully_acknowledged(
-                    position, message_id.ack_set)
-                if partial and not cumulative:
-                    continue  # Pulsar ignores partial batch acks (batch-index acks off)
-                if partial:  # cumulative inside a batch: everything before the batch
-                    position = subscription.cursor.previous_position(position)
-                positions.append(position)
-            if positions:
-                consumer.subscription.acknowledge(positions, cumulative=cumulative)
+            consumer.subscription.acknowledge_message_ids(
+                [(from_message_id(m), m.ack_set) for m in ack.message_id],
+                cumulative=ack.ack_type == pb.CommandAck.Cumulative)
         if ack.HasField("request_id"):
             response = pb.CommandAckResponse(consumer_id=ack.consumer_id, request_id=ack.request_id)
             self.write(pb.BaseCommand(type=T.ACK_RESPONSE, ackResponse=response))
@@ -485,8 +473,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         request = command.getLastMessageId
         consumer = self._consumer(request.consumer_id)
         assert consumer.topic is not None and consumer.subscription is not None
-        compacted = consumer.topic.compacted
-        last = compacted.last_message_id() if consumer.subscription.read_compacted else compacted.last_raw_message_id()
+        last = consumer.subscription.last_message_id()
         response = pb.CommandGetLastMessageIdResponse(
             request_id=request.request_id, last_message_id=to_message_id(last),
             consumer_mark_delete_position=to_message_id(consumer.subscription.cursor.mark_delete_position),

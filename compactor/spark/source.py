@@ -47,6 +47,7 @@ from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
 from compactor.spark import rows
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
+from cursor.store import CursorStore
 from ledger.errors import LedgerNotFoundError
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
@@ -84,7 +85,7 @@ def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open
         records = metadata.topic_ledgers(topic)
         if not records and not metadata.topic_exists(topic):
             raise CompactorError(f"topic {topic} not found in data dir {data_dir}")
-        cursor = metadata.load_cursor(topic, COMPACTION_SUBSCRIPTION) if read_compacted else None
+        cursor = CursorStore(metadata.database).load(topic, COMPACTION_SUBSCRIPTION) if read_compacted else None
     finally:
         metadata.close()
     store = rows.open_store(rows.ledgers_root_of(data_dir))

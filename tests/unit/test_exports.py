@@ -8,21 +8,22 @@ import pytest
 
 EXPECTED = {
     "ledger": {
-        "EARLIEST", "LATEST", "CompactionServiceError", "CorruptEntryError", "CorruptLedgerError", "CursorRecord",
+        "EARLIEST", "LATEST", "CompactionServiceError", "CorruptEntryError", "CorruptLedgerError", "Database",
         "DataDir", "DataDirLock", "DataDirLockedError", "Entry", "FaultyLedgerStore",
         "FileLedgerStore", "LedgerError", "LedgerFencedError", "LedgerIOError", "LedgerInfo",
         "LedgerNotFoundError", "LedgerRecord", "LedgerSealedError", "LedgerState", "LedgerStore",
         "ManagedLedger", "ManagedLedgerConfig", "MemoryLedgerStore", "MessageId", "MetadataError",
         "MetadataStore", "Position", "PositionOutOfRangeError", "SchemaVersionError",
-        "SimulatedCrash", "SyncPolicy",
+        "SimulatedCrash", "SyncPolicy", "TopicTable",
     },
     "cursor": {
-        "UNACKED_RANGES_PERSIST_MAX", "AckedRanges", "CursorError", "InitialPosition",
+        "UNACKED_RANGES_PERSIST_MAX", "AckedRanges", "CursorError", "CursorRecord", "CursorStore",
+        "InitialPosition",
         "InvalidMarkDeletePositionError", "ManagedCursor", "MarkDeleteBackwardsError",
     },
     "compactor": {
         "COMPACTED_TOPIC_LEDGER", "COMPACTION_SUBSCRIPTION", "NO_MESSAGE", "CompactedEntry",
-        "CompactedLedgerMissingError", "CompactedTopic", "CompactedView", "CompactionConfig",
+        "CompactedLedgerMissingError", "CompactedReader", "CompactedTopic", "CompactedView", "CompactionConfig",
         "CompactionInProgressError", "CompactionRecord", "CompactionTimeoutError", "Compactor",
         "CompactorError", "KeyMap", "KeyMapLimitError", "MalformedEntryError", "PhaseOneResult",
         "RunFigures", "UndecodablePayloadError", "collect_orphans", "compact", "phase_one",

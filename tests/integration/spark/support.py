@@ -21,6 +21,7 @@ from compactor.record import RunFigures
 from compactor.runner import Compactor
 from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
@@ -43,8 +44,9 @@ class TopicDir:
             TOPIC, self.data_dir.ledgers, self.data_dir.metadata,
             ManagedLedgerConfig(max_entries_per_ledger=entries_per_ledger),
         )
-        ManagedCursor.open_durable(self.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
-        self.topic = CompactedTopic.restore(self.ledger)
+        cursors = CursorStore(self.data_dir.database)
+        ManagedCursor.open_durable(self.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST, store=cursors)
+        self.topic = CompactedTopic.restore(self.ledger, cursors)
 
     def append(self, entries: Iterable[bytes]) -> None:
         for data in entries:
@@ -153,7 +155,7 @@ def published_compacted_ledger(path: Path) -> tuple[Position, list[bytes]]:
 
     metadata = MetadataStore(str(path / "metadata.db"), read_only=True)
     try:
-        cursor = metadata.load_cursor(TOPIC, COMPACTION_SUBSCRIPTION)
+        cursor = CursorStore(metadata.database).load(TOPIC, COMPACTION_SUBSCRIPTION)
     finally:
         metadata.close()
     assert cursor is not None and COMPACTED_TOPIC_LEDGER in cursor.properties

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -10,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.broker.service import BrokerService
 from api.metrics import render
 from compactor.record import LATENCY_BUCKETS_MS
-from tests.unit.api.broker.test_admin import _with_broker, publish
+from tests.unit.api.broker.test_admin import _with_broker, hold_the_slot, publish
 
 TOPIC = "persistent://public/default/metrics"
 IDLE = "persistent://public/default/idle"
@@ -56,14 +57,17 @@ def test_metrics_follow_the_records_and_skip_topics_never_compacted(tmp_path: Pa
 def test_runs_waiting_for_the_concurrency_limit_are_counted_as_queued(tmp_path: Path) -> None:
     async def body(broker: BrokerService) -> None:
         publish(broker, TOPIC, ("a", b"1"))
-        await broker._runs.acquire()  # the only slot (limit 1) is taken
+        release = threading.Event()
+        holder = hold_the_slot(broker, release)  # the only slot (limit 1) is taken
         waiting = asyncio.create_task(broker.compact(TOPIC))
-        for _ in range(100):
-            if broker.runs_queued:
-                break
-            await asyncio.sleep(0.01)
-        assert scrape(broker)[("compactd_compaction_runs_queued", "")] == 1
-        broker._runs.release()
+        async with asyncio.timeout(30):
+            while not broker.runs.in_flight(TOPIC):
+                await asyncio.sleep(0.01)
+        samples = scrape(broker)
+        assert samples[("compactd_compaction_runs_queued", "")] == 1
+        assert samples[("compactd_compaction_runs_running", "")] == 1
+        release.set()
         await asyncio.wait_for(waiting, 30)
+        assert holder.done()
         assert scrape(broker)[("compactd_compaction_runs_queued", "")] == 0
     asyncio.run(_with_broker(tmp_path, body))

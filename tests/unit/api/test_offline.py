@@ -18,13 +18,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
+from api.broker.policies import PolicyStore
 from api.cli import app
 from api.offline import summary
 from compactor.encoder import encode_entry
 from compactor.message import iter_messages, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.record import RunFigures
+from compactor.status import CompactionStatusStore
 from compactor.topic import CompactedTopic
+from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger
 from tests.serve_process import ServeProcess
@@ -75,7 +78,7 @@ def _compacted_view(path: Path, topic: str) -> list[tuple[str | None, bytes, boo
     try:
         ledger = ManagedLedger.open(topic, data_dir.ledgers, data_dir.metadata)
         try:
-            view = CompactedTopic.restore(ledger).view
+            view = CompactedTopic.restore(ledger, CursorStore(data_dir.database)).view
             assert view is not None, "no compacted view was published"
             return [(message.key, message.payload, message.null_value)
                     for entry in view.iter_all() for message in iter_messages(parse_entry(entry.data))]
@@ -136,7 +139,29 @@ def test_the_status_is_recorded_for_compaction_status_after_a_restart(tmp_path: 
 
     data_dir = DataDir.open(str(data))
     try:
-        assert data_dir.metadata.compaction_status(TOPIC) == ("SUCCESS", "")
+        assert CompactionStatusStore(data_dir.database).compaction_status(TOPIC) == ("SUCCESS", "")
+    finally:
+        data_dir.close()
+
+
+def test_an_offline_run_goes_through_the_run_executor_as_the_broker_s_runs_do(tmp_path: Path) -> None:
+    """The executor's rules hold offline: a RUNNING another topic kept from a broker that
+    stopped mid-run reads ERROR, as it would after ``compactd serve`` restarted."""
+    data = tmp_path / "data"
+    _write_topic(data, TOPIC, MESSAGES)
+    other = "persistent://public/default/killed-mid-run"
+    data_dir = DataDir.open(str(data))
+    try:
+        CompactionStatusStore(data_dir.database).set_compaction_status(other, "RUNNING", "", 1)
+    finally:
+        data_dir.close()
+
+    assert _compact(data, "--topic", TOPIC).exit_code == 0
+
+    data_dir = DataDir.open(str(data))
+    try:
+        assert CompactionStatusStore(data_dir.database).compaction_status(TOPIC) == ("SUCCESS", "")
+        assert CompactionStatusStore(data_dir.database).compaction_status(other) == ("ERROR", "the broker stopped during the run")
     finally:
         data_dir.close()
 
@@ -157,7 +182,7 @@ def test_the_namespace_delete_retention_policy_keeps_recent_tombstones(tmp_path:
     _write_topic(data, TOPIC, MESSAGES, publish_time_ms=int(time.time() * 1000))
     data_dir = DataDir.open(str(data))
     try:
-        data_dir.metadata.set_policy("public/default", "deleteRetentionMs", 3_600_000)
+        PolicyStore(data_dir.database).set_policy("public/default", "deleteRetentionMs", 3_600_000)
     finally:
         data_dir.close()
 
@@ -172,8 +197,8 @@ def test_the_topic_policy_wins_over_the_namespace_policy(tmp_path: Path) -> None
     _write_topic(data, TOPIC, MESSAGES, publish_time_ms=int(time.time() * 1000) - 60_000)
     data_dir = DataDir.open(str(data))
     try:
-        data_dir.metadata.set_policy("public/default", "deleteRetentionMs", 3_600_000)
-        data_dir.metadata.set_policy(TOPIC, "deleteRetentionMs", 1_000)  # the tombstone is older
+        PolicyStore(data_dir.database).set_policy("public/default", "deleteRetentionMs", 3_600_000)
+        PolicyStore(data_dir.database).set_policy(TOPIC, "deleteRetentionMs", 1_000)  # the tombstone is older
     finally:
         data_dir.close()
 

@@ -24,6 +24,7 @@ from api.http import HEALTH_PATH, create_app
 from api.schemas import POLICIES
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.record import RunFigures
 from cursor.cursor import InitialPosition, ManagedCursor
 from ledger import DataDir
 
@@ -217,7 +218,8 @@ def test_delete_subscription(tmp_path: Path) -> None:
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
         await client.put(TOPIC_URL)
         publish(broker, TOPIC, ("a", b"1"))
-        ManagedCursor.open_durable(broker.get_topic(TOPIC).ledger, "sub", InitialPosition.EARLIEST)
+        ManagedCursor.open_durable(broker.get_topic(TOPIC).ledger, "sub", InitialPosition.EARLIEST,
+                                   store=broker.cursors)
         assert "sub" in (await client.get(TOPIC_URL + "/stats")).json()["subscriptions"]
         assert (await client.delete(TOPIC_URL + "/subscription/sub")).status_code == 204
         assert "sub" not in (await client.get(TOPIC_URL + "/stats")).json()["subscriptions"]
@@ -255,13 +257,21 @@ def test_compaction_trigger_status_and_compacted_view_deletion(tmp_path: Path) -
     run(tmp_path, body)
 
 
+def _held_runs(broker: BrokerService, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make every run (in its worker thread) wait for the returned event, at most HOLD_S
+    (bounded: a blocked loop would otherwise never set it), then succeed."""
+    release = threading.Event()
+
+    def held(*_args: Any, **_kwargs: Any) -> RunFigures:
+        release.wait(HOLD_S)
+        return RunFigures()
+    monkeypatch.setattr(broker.compactor, "compact", held)
+    return release
+
+
 def test_compaction_in_progress_answers_409(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
-        release = asyncio.Event()
-
-        async def held(_text: str) -> None:
-            await release.wait()
-        monkeypatch.setattr(broker, "compact", held)
+        release = _held_runs(broker, monkeypatch)
         await client.put(TOPIC_URL)
         assert (await client.put(TOPIC_URL + "/compaction")).status_code == 204
         assert (await client.get(TOPIC_URL + "/compaction")).json()["status"] == "RUNNING"
@@ -273,29 +283,23 @@ def test_compaction_in_progress_answers_409(tmp_path: Path, monkeypatch: pytest.
     run(tmp_path, body)
 
 
-def test_deleting_compaction_subscription_or_topic_while_a_run_holds_it_answers_409(tmp_path: Path) -> None:
+def test_deleting_compaction_subscription_or_topic_while_a_run_holds_it_answers_409(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
+        release = _held_runs(broker, monkeypatch)
         await client.put(TOPIC_URL)
-        compacted = broker.get_topic(TOPIC).compacted
-        release = threading.Event()
-
-        def run() -> None:  # holds the topic as a run in its worker thread does
-            with compacted.exclusive_run():
-                release.wait(HOLD_S)  # bounded: a blocked loop would otherwise never set it
-        holder = threading.Thread(target=run)
-        holder.start()
+        assert (await client.put(TOPIC_URL + "/compaction")).status_code == 204
         try:
             async with asyncio.timeout(WAIT_S):
-                while not compacted.running:
+                while not broker.runs.running(TOPIC):
                     await asyncio.sleep(0.001)
-            # dropping the view waits for the run: answered at once instead of blocking the loop
             assert_reason(await client.delete(TOPIC_URL + "/subscription/__compaction"), 409, "in progress")
             assert_reason(await client.delete(TOPIC_URL), 409, "in progress")
             assert_reason(await client.put(TOPIC_URL + "/compaction"), 409, "in progress")
-            assert holder.is_alive()
+            assert broker.runs.running(TOPIC)
         finally:
             release.set()
-            holder.join(WAIT_S)
+        await wait_for_status(client, TOPIC_URL + "/compaction", "SUCCESS")
         assert (await client.delete(TOPIC_URL + "/subscription/__compaction")).status_code == 204
 
     run(tmp_path, body)
@@ -303,9 +307,9 @@ def test_deleting_compaction_subscription_or_topic_while_a_run_holds_it_answers_
 
 def test_a_failed_run_reads_error_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
-        async def failing(_text: str) -> None:
+        def failing(*_args: Any, **_kwargs: Any) -> RunFigures:
             raise OSError("disk full")
-        monkeypatch.setattr(broker, "compact", failing)
+        monkeypatch.setattr(broker.compactor, "compact", failing)
         await client.put(TOPIC_URL)
         await client.put(TOPIC_URL + "/compaction")
         status = await wait_for_status(client, TOPIC_URL + "/compaction", "ERROR")

@@ -23,7 +23,8 @@ def test_stats_of_a_topic_with_a_cursor_row_that_is_not_text_answer_200(tmp_path
         publish(broker, TOPIC, ("k", b"v"))
         ledger = broker.get_topic(TOPIC).ledger
         bad_name = b"sub-\xff\xfe"
-        cursor = ManagedCursor.open_durable(ledger, bad_name, InitialPosition.EARLIEST)  # type: ignore[arg-type]
+        cursor = ManagedCursor.open_durable(ledger, bad_name, InitialPosition.EARLIEST,  # type: ignore[arg-type]
+                                            store=broker.cursors)
         cursor.mark_delete(cursor.mark_delete_position, {b"producer-\xff": 3})  # type: ignore[dict-item]
         stats = await client.get(TOPIC_URL + "/stats")
         assert stats.status_code == 200, stats.text
@@ -62,7 +63,7 @@ def test_a_body_declared_over_the_limit_answers_413_before_it_is_read(tmp_path: 
         response = await client.post(POLICY_URL, content=chunks(), headers=headers)
         assert_reason(response, 413, "100000", "4096")
         assert read <= 1  # httpx may have started the body; the app never asked for it
-        assert broker.data_dir.metadata.get_policy(TOPIC, "compactionThreshold") is None
+        assert broker.policies.get_policy(TOPIC, "compactionThreshold") is None
     run(tmp_path, body, http_max_request_body_bytes=4096)
 
 

@@ -16,9 +16,10 @@ from compactor.chunks import ChunkedMessages
 from compactor.compression import compress
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.reader import CompactedReader
 from compactor.runner import Compactor
 from compactor.topic import CompactedTopic
-from cursor import ManagedCursor
+from cursor import CursorStore, ManagedCursor
 from ledger import ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.managed_ledger import Entry
 from ledger.position import EARLIEST, Position
@@ -65,13 +66,13 @@ def test_a_chunked_message_straddling_the_stop_marker_reaches_a_reader_whole_and
 ) -> None:
     first, second, third = chunks("k", "p-1", b"big value " * 100, 3)
     old, started = append(ml, message("k", b"old"), first)
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     assert compacted(topic) == [old, started]  # the old value stays k's value; the chunk is pending
     rest = append(ml, second, third)
-    reader = ManagedCursor.open_non_durable(ml, "reader", EARLIEST)
-    got = topic.read_compacted(reader, 10, first_read_from_earliest=True)
-    got += topic.read_compacted(reader, 10)
+    reader = CompactedReader(topic, ManagedCursor.open_non_durable(ml, "reader", EARLIEST), from_earliest=True)
+    got = reader.read(10)
+    got += reader.read(10)
     assert [entry.position for entry in got] == [old, started, *rest]  # view, then raw tail: every chunk
     Compactor().compact(topic)
     assert compacted(topic) == [started, *rest]  # complete and k's latest: kept whole, the old value gone
@@ -83,7 +84,7 @@ def test_a_chunked_message_straddling_the_stop_marker_reaches_a_reader_whole_and
 def test_a_chunked_message_that_never_completes_is_kept_by_every_run(ml: ManagedLedger) -> None:
     first, _ = chunks("k", "p-1", b"big value " * 100, 2)
     started, value = append(ml, first, message("k", b"v1"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     for _ in range(2):
         Compactor().compact(topic)
         assert compacted(topic) == [started, value]

@@ -51,9 +51,11 @@ from compactor.algorithm import CompactedEntry, compact
 from compactor.encoder import encode_batch, encode_entry
 from compactor.errors import CompactionTimeoutError
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.reader import CompactedReader
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor import ManagedCursor
+from cursor.store import CursorRecord, CursorStore
 from ledger import (
     EARLIEST,
     DataDir,
@@ -66,7 +68,6 @@ from ledger import (
     Position,
     SimulatedCrash,
 )
-from ledger.metadata import CursorRecord
 
 TOPIC = "persistent://public/default/crash"
 KEYS = tuple(f"key-{index}" for index in range(12))  # few keys: they collide often
@@ -77,7 +78,8 @@ CONFIG = CompactionConfig(read_batch_entries=4)
 READER_BATCH_ENTRIES = 7
 READER_ROUNDS_MAX = 1_000  # a reader that has not reached the end by then loops
 OLD_ENTRIES, NEW_ENTRIES, TAIL_ENTRIES = 32, 24, 10
-TRANSACTION_FAULT_POINT = "save_cursor.between_position_and_properties"
+TRANSACTION_FAULT_POINT = "cursor.save.between_position_and_properties"
+BEFORE_TRANSACTION_FAULT_POINT = "cursor.save.before"
 
 
 # -- the workload --------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def _start(path: Path, wrap: Callable[[LedgerStore], LedgerStore] | None = None)
     outer: LedgerStore = store if wrap is None else wrap(store)
     config = ManagedLedgerConfig(max_entries_per_ledger=ENTRIES_PER_LEDGER)
     ledger = ManagedLedger.open(TOPIC, outer, data_dir.metadata, config)
-    return Broker(data_dir, store, ledger, CompactedTopic.restore(ledger), orphans)
+    return Broker(data_dir, store, ledger, CompactedTopic.restore(ledger, CursorStore(data_dir.database)), orphans)
 
 
 def _kill(broker: Broker) -> None:
@@ -176,14 +178,14 @@ def _kill(broker: Broker) -> None:
 
 
 def _compaction_cursor(data_dir: DataDir) -> CursorRecord:
-    record = data_dir.metadata.load_cursor(TOPIC, COMPACTION_SUBSCRIPTION)
+    record = CursorStore(data_dir.database).load(TOPIC, COMPACTION_SUBSCRIPTION)
     assert record is not None
     return record
 
 
 def _assert_published_ledger_is_sealed(data_dir: DataDir) -> None:
     """The persisted ``CompactedTopicLedger``, if any, names a sealed ledger that exists."""
-    record = data_dir.metadata.load_cursor(TOPIC, COMPACTION_SUBSCRIPTION)
+    record = CursorStore(data_dir.database).load(TOPIC, COMPACTION_SUBSCRIPTION)
     if record is None or COMPACTED_TOPIC_LEDGER not in record.properties:
         return
     ledger_id = record.properties[COMPACTED_TOPIC_LEDGER]
@@ -205,11 +207,10 @@ def _expected(ledger: ManagedLedger, horizon: Position | None) -> list[Compacted
 def _read_compacted(topic: CompactedTopic) -> list[CompactedEntry]:
     """Everything a read-compacted reader starting from the earliest message gets."""
     cursor = ManagedCursor.open_non_durable(topic.ledger, "reader", EARLIEST)
+    reader = CompactedReader(topic, cursor, from_earliest=True)
     seen: list[CompactedEntry] = []
-    for round_number in range(READER_ROUNDS_MAX):
-        batch = topic.read_compacted(
-            cursor, READER_BATCH_ENTRIES, first_read_from_earliest=round_number == 0
-        )
+    for _ in range(READER_ROUNDS_MAX):
+        batch = reader.read(READER_BATCH_ENTRIES)
         if not batch:
             return seen
         seen.extend(batch)
@@ -320,25 +321,24 @@ def _new_ledger(scenario: Scenario, ledgers_before: set[int]) -> int:
 
 def _crash_after_seal(scenario: Scenario) -> None:
     """Crash as the run asks the metadata store to publish, before the transaction begins."""
-    metadata = scenario.broker.data_dir.metadata
     ledgers_before = set(scenario.broker.data_dir.ledgers.list())
 
-    def save_cursor(record: CursorRecord) -> None:
+    def crash(**_: object) -> None:
         assert scenario.broker.data_dir.ledgers.info(_new_ledger(scenario, ledgers_before)).sealed
         raise SimulatedCrash("crash after the seal, before the transaction")
 
-    metadata.save_cursor = save_cursor  # type: ignore[method-assign]  # this process dies
+    scenario.broker.data_dir.database.fault_points[BEFORE_TRANSACTION_FAULT_POINT] = crash  # this process dies
 
 
 def _crash_in_transaction(scenario: Scenario) -> None:
     """Crash inside the publishing transaction, before it commits (it rolls back)."""
     ledgers_before = set(scenario.broker.data_dir.ledgers.list())
 
-    def crash() -> None:
+    def crash(**_: object) -> None:
         assert scenario.broker.data_dir.ledgers.info(_new_ledger(scenario, ledgers_before)).sealed
         raise SimulatedCrash("crash inside the transaction")
 
-    scenario.broker.data_dir.metadata.fault_points[TRANSACTION_FAULT_POINT] = crash
+    scenario.broker.data_dir.database.fault_points[TRANSACTION_FAULT_POINT] = crash
 
 
 @dataclass(frozen=True)
@@ -469,10 +469,10 @@ def _fail_on(operation: str, after: Callable[[Scenario], int]) -> Callable[[Scen
 
 
 def _fail_in_transaction(scenario: Scenario) -> None:
-    def fail() -> None:
+    def fail(**_: object) -> None:
         raise MetadataError("injected failure inside the transaction")
 
-    scenario.broker.data_dir.metadata.fault_points[TRANSACTION_FAULT_POINT] = fail
+    scenario.broker.data_dir.database.fault_points[TRANSACTION_FAULT_POINT] = fail
 
 
 FAILURES: list[tuple[str, Callable[[Scenario], None], type[Exception]]] = [
@@ -506,7 +506,7 @@ def test_a_failure_before_the_transaction_deletes_the_new_ledger_and_keeps_the_o
     _assert_serves(broker.topic, scenario.stop_old)
 
     broker.store.disarm()
-    broker.data_dir.metadata.fault_points.clear()
+    broker.data_dir.database.fault_points.clear()
     Compactor(CONFIG).compact(broker.topic)  # the retry, without a restart
     _assert_serves(broker.topic, scenario.stop_new)
     _assert_no_stray_ledgers(broker)
@@ -614,4 +614,3 @@ def test_the_read_timeout_bounds_the_run_when_a_read_is_stuck(tmp_path: Path) ->
     finally:
         slow.release.set()
     assert elapsed_s < STUCK_READ_S / 2
-    assert not broker.topic.running

@@ -8,18 +8,14 @@ import pytest
 
 from compactor.algorithm import CompactedEntry
 from compactor.encoder import encode_batch, encode_entry
-from compactor.errors import CompactedLedgerMissingError, CompactionInProgressError
+from compactor.errors import CompactedLedgerMissingError, CompactorError
 from compactor.message import iter_messages, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.reader import NO_MESSAGE, CompactedReader, last_message_id
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import (
-    COMPACTED_TOPIC_LEDGER,
-    COMPACTION_SUBSCRIPTION,
-    NO_MESSAGE,
-    CompactedTopic,
-)
+from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, decode_compacted_entry, encode_compacted_entry
-from cursor import ManagedCursor
+from cursor import CursorStore, ManagedCursor
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.errors import LedgerNotFoundError
 from ledger.position import EARLIEST, Position
@@ -79,7 +75,7 @@ def test_compacted_entry_round_trip_keeps_id_and_surviving_mask() -> None:
 def test_view_search_reads_and_last_message(ml: ManagedLedger) -> None:
     positions = append(ml, *(message(f"k{i}", b"v%d" % i) for i in range(10)),
                        batch([("k0", b"new0"), ("k1", b""), ("k2", b"new2")]))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     view = topic.view
     assert view is not None and view.horizon == positions[-1]
@@ -92,47 +88,47 @@ def test_view_search_reads_and_last_message(ml: ManagedLedger) -> None:
     assert [e.position for e in view.read_from(positions[4], 3)] == positions[4:7]
     assert view.last_message_id() == positions[-1].with_batch_index(2)
     assert values(view.read_from(positions[-1], 1)) == [("k0", b"new0"), ("k2", b"new2")]
-    assert topic.last_message_id() == positions[-1].with_batch_index(2)
+    assert last_message_id(topic) == positions[-1].with_batch_index(2)
 
 
 def test_read_compacted_then_raw_tail_and_first_read_rule(ml: ManagedLedger) -> None:
     append(ml, message("a", b"1"), message("b", b"1"), message("a", b"2"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     tail = append(ml, message("a", b"3"))
-    reader = ManagedCursor.open_non_durable(ml, "r", EARLIEST)
-    got = topic.read_compacted(reader, 10, first_read_from_earliest=True)
+    reader = CompactedReader(topic, ManagedCursor.open_non_durable(ml, "r", EARLIEST), from_earliest=True)
+    got = reader.read(10)
     assert values(got) == [("b", b"1"), ("a", b"2")]
-    assert [e.position for e in topic.read_compacted(reader, 10)] == tail  # then the raw tail
+    assert [e.position for e in reader.read(10)] == tail  # then the raw tail
     # a durable subscription at earliest whose raw ledgers were trimmed still gets the compacted data
     ml.trim()
-    sub = ManagedCursor.open_non_durable(ml, "late", EARLIEST)
-    assert values(topic.read_compacted(sub, 10, first_read_from_earliest=True)) == [("b", b"1"), ("a", b"2")]
+    sub = CompactedReader(topic, ManagedCursor.open_non_durable(ml, "late", EARLIEST), from_earliest=True)
+    assert values(sub.read(10)) == [("b", b"1"), ("a", b"2")]
 
 
 def test_read_between_last_survivor_and_horizon_goes_to_the_raw_tail(ml: ManagedLedger) -> None:
     positions = append(ml, message("a", b"1"), message("b", b"1"), message("b", b""))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     tail = append(ml, message("c", b"1"))
-    reader = ManagedCursor.open_non_durable(ml, "r", positions[2])  # after the last survivor, at the horizon
-    # the view has nothing there: the cursor moves past the horizon and the raw tail is read
-    assert [e.position for e in topic.read_compacted(reader, 10)] == tail
+    reader = CompactedReader(topic, ManagedCursor.open_non_durable(ml, "r", positions[2]))  # after the last
+    # survivor, at the horizon: the view has nothing there, the raw tail past the horizon is read
+    assert [e.position for e in reader.read(10)] == tail
 
 
 def test_last_message_id_rules(ml: ManagedLedger) -> None:
-    topic = CompactedTopic.restore(ml)
-    assert topic.last_message_id().entry_id == -1  # empty, never compacted
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
+    assert last_message_id(topic).entry_id == -1  # empty, never compacted
     positions = append(ml, message("a", b"1"), message("a", b""))
     Compactor().compact(topic)
     assert topic.view is not None and topic.view.entries == 0  # all keys deleted: empty ledger published
-    assert topic.last_message_id() == NO_MESSAGE
+    assert last_message_id(topic) == NO_MESSAGE
     later = append(ml, batch([("b", b"1"), ("c", b"2")]))
-    assert positions and topic.last_message_id() == later[0].with_batch_index(1)  # raw tail past the horizon
+    assert positions and last_message_id(topic) == later[0].with_batch_index(1)  # raw tail past the horizon
 
 
 def test_empty_topic_writes_no_ledger_and_succeeds(ml: ManagedLedger) -> None:
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     figures = Compactor().compact(topic)
     assert figures.ledger_id == -1
     assert topic.view is None
@@ -144,11 +140,11 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
     data_dir = DataDir.open(str(tmp_path))
     ml = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
     append(ml, message("a", b"1"), message("b", b"2"), message("a", b"3"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     assert topic.view is not None
     ledger_id = topic.view.ledger_id
-    record = data_dir.metadata.load_cursor(TOPIC, COMPACTION_SUBSCRIPTION)
+    record = CursorStore(data_dir.database).load(TOPIC, COMPACTION_SUBSCRIPTION)
     assert record is not None and record.properties == {COMPACTED_TOPIC_LEDGER: ledger_id}
     ml.close()
     data_dir.close()
@@ -156,14 +152,14 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
     data_dir = DataDir.open(str(tmp_path))
     assert collect_orphans(data_dir) == []
     ml = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
-    restored = CompactedTopic.restore(ml)
+    restored = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     assert restored.view is not None and restored.view.ledger_id == ledger_id
     assert restored.horizon == record.mark_delete_position
     data_dir.ledgers.delete(ledger_id)  # deleted out of band
-    broken = CompactedTopic.restore(ml)
-    reader = ManagedCursor.open_non_durable(ml, "r", EARLIEST)
+    broken = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
+    reader = CompactedReader(broken, ManagedCursor.open_non_durable(ml, "r", EARLIEST))
     with pytest.raises(CompactedLedgerMissingError, match=f"compacted ledger {ledger_id}"):
-        broken.read_compacted(reader, 10)
+        reader.read(10)
     with pytest.raises(CompactedLedgerMissingError):
         Compactor().compact(broken)
     assert len(ManagedCursor.open_non_durable(ml, "raw", EARLIEST).read_entries(10)) == 3  # raw reads work
@@ -173,17 +169,61 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
     data_dir.close()
 
 
-def test_one_run_per_topic_at_a_time(ml: ManagedLedger) -> None:
-    append(ml, message("a", b"1"))
-    topic = CompactedTopic.restore(ml)
-    with topic.exclusive_run(), pytest.raises(CompactionInProgressError, match="already in progress"):
-        Compactor().compact(topic)
-    assert not topic.running
+def test_a_run_does_not_publish_over_a_view_another_run_published_meanwhile(ml: ManagedLedger) -> None:
+    """One run per topic is the executor's rule (``compactor.runs``); a direct second run
+    that overlaps still cannot replace the view it did not start from."""
+    append(ml, message("a", b"1"), message("a", b"2"))
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
+    before = ml.store.list()
+    inner: list[int] = []
+
+    def progress(phase: str, _done: int, _total: int) -> None:
+        if phase == "phase-two" and not inner:  # the outer run's ledger exists now
+            inner.append(Compactor().compact(topic).ledger_id)
+
+    with pytest.raises(CompactorError, match="view changed during the run"):
+        Compactor().compact(topic, progress=progress)
+    assert topic.view is not None and topic.view.ledger_id == inner[0]
+    assert ml.store.list() == sorted([*before, inner[0]])  # the outer run deleted its ledger
+    assert topic.cursor.properties == {COMPACTED_TOPIC_LEDGER: inner[0]}
+
+
+def test_a_run_does_not_bring_back_a_subscription_deleted_under_it(ml: ManagedLedger) -> None:
+    append(ml, message("a", b"1"), message("b", b"2"))
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database), create_cursor=True)
+    before = ml.store.list()
+    dropped: list[bool] = []
+
+    def progress(phase: str, _done: int, _total: int) -> None:
+        if phase == "phase-two" and not dropped:
+            dropped.append(True)
+            topic.drop_view()
+
+    with pytest.raises(CompactorError, match="subscription was deleted during the run"):
+        Compactor().compact(topic, progress=progress)
+    assert topic.view is None
+    assert COMPACTION_SUBSCRIPTION not in ml.metadata.list_cursors(TOPIC)
+    assert ml.store.list() == before  # its compacted ledger deleted: nothing left behind
+
+
+def test_a_published_view_is_an_immutable_value(ml: ManagedLedger) -> None:
+    append(ml, message("a", b"1"), message("a", b"2"), message("b", b"3"))
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
+    figures = Compactor().compact(topic)
+    view = topic.view
+    assert view is not None
+    assert (view.ledger_id, view.entries, view.size) == (figures.ledger_id, 2, figures.bytes_written)
+    assert view.horizon == ml.last_confirmed_position()
+    with pytest.raises(AttributeError, match="immutable"):
+        view.horizon = Position(0, 0)
+    append(ml, message("c", b"4"))
+    Compactor().compact(topic)
+    assert topic.view is not view and view.entries == 2  # swapped whole; the old value unchanged
 
 
 def test_record_counts_runs(ml: ManagedLedger) -> None:
     append(ml, message("a", b"1"), message("a", b"2"), message("b", b"1"), message(None, b"x"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     figures = Compactor(CompactionConfig(retain_null_key=False)).compact(topic)
     record = topic.record
     assert figures.removed_events == 2 and record.last_removed_events == 2
@@ -204,7 +244,7 @@ def test_record_counts_runs(ml: ManagedLedger) -> None:
 
 def test_compacted_ledger_metadata(ml: ManagedLedger) -> None:
     positions = append(ml, message("a", b"1"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor().compact(topic)
     assert topic.view is not None
     metadata = dict(ml.store.info(topic.view.ledger_id).metadata)
@@ -226,7 +266,7 @@ def test_delete_retention_keeps_a_young_tombstone_until_a_later_run_finds_it_old
     now = [100.0]  # seconds, the runner's clock
     compactor = Compactor(clock=lambda: now[0])
     append(ml, published_at("k", b"v", 90_000), published_at("k", b"", 99_000), published_at("j", b"1", 99_000))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     compactor.compact(topic, delete_retention_ms=5_000)  # cut-off 95 s: the tombstone is young
     kept = list(topic.view.iter_all())  # type: ignore[union-attr]
     assert values(kept) == [("k", b""), ("j", b"1")]
@@ -238,14 +278,14 @@ def test_delete_retention_keeps_a_young_tombstone_until_a_later_run_finds_it_old
 
 def test_delete_retention_zero_drops_tombstones_at_once(ml: ManagedLedger) -> None:
     append(ml, published_at("k", b"v", 1), published_at("k", b"", 2))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     Compactor(clock=lambda: 0.0).compact(topic, delete_retention_ms=0)  # even "from the future"
     assert list(topic.view.iter_all()) == []  # type: ignore[union-attr]
 
 
 def test_progress_reports_both_phases_up_to_the_entries_read(ml: ManagedLedger) -> None:
     append(ml, *(message(f"k{i % 3}", b"v") for i in range(7)))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     calls: list[tuple[str, int, int]] = []
     Compactor(CompactionConfig(read_batch_entries=2)).compact(topic, progress=lambda *call: calls.append(call))
     for phase in ("phase-one", "phase-two"):
@@ -261,7 +301,7 @@ def test_progress_reports_both_phases_up_to_the_entries_read(ml: ManagedLedger) 
 
 def test_record_keeps_total_duration_and_append_latency_buckets(ml: ManagedLedger) -> None:
     append(ml, message("a", b"1"), message("b", b"1"))
-    topic = CompactedTopic.restore(ml)
+    topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))
     figures = Compactor().compact(topic)
     assert sum(figures.append_latency_counts) == figures.entries_written == 2
     assert sum(topic.record.append_latency_counts) == 2

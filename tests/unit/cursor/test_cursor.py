@@ -13,6 +13,7 @@ from cursor import (
     ManagedCursor,
     MarkDeleteBackwardsError,
 )
+from cursor.store import CursorStore
 from ledger.errors import MetadataError
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
@@ -33,20 +34,20 @@ def _append(ml: ManagedLedger, count: int) -> list[Position]:
 def test_initial_positions(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _ml(store, metadata)
     positions = _append(ml, 4)
-    latest = ManagedCursor.open_durable(ml, "latest")
-    earliest = ManagedCursor.open_durable(ml, "earliest", InitialPosition.EARLIEST)
+    latest = ManagedCursor.open_durable(ml, "latest", store=CursorStore(metadata.database))
+    earliest = ManagedCursor.open_durable(ml, "earliest", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     assert latest.mark_delete_position == positions[-1]
     assert latest.backlog_entries() == 0
     assert earliest.backlog_entries() == 4
     assert [e.position for e in earliest.read_entries(10)] == positions
     # initial position is ignored once the subscription exists
-    again = ManagedCursor.open_durable(ml, "latest", InitialPosition.EARLIEST)
+    again = ManagedCursor.open_durable(ml, "latest", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     assert again.mark_delete_position == positions[-1]
 
 
 def test_individual_acks_fill_gaps_and_move_md_across_ledgers(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _ml(store, metadata)
-    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 8)
     cursor.delete([positions[1], positions[2], positions[3], positions[5]])
     assert cursor.mark_delete_position == ml.first_position()
@@ -62,7 +63,7 @@ def test_individual_acks_fill_gaps_and_move_md_across_ledgers(store: LedgerStore
 
 def test_cumulative_ack_rules(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _ml(store, metadata)
-    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 5)
     cursor.delete([positions[3]])
     cursor.mark_delete(positions[2])
@@ -78,21 +79,21 @@ def test_cumulative_ack_rules(store: LedgerStore, metadata: MetadataStore) -> No
 
 def test_properties_are_kept_by_acks_without_properties(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _ml(store, metadata)
-    cursor = ManagedCursor.open_durable(ml, "__compaction", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "__compaction", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 6)
     cursor.mark_delete(positions[1], {"CompactedTopicLedger": 42})
     cursor.mark_delete(positions[2])
     cursor.delete([positions[3]])
     assert cursor.properties == {"CompactedTopicLedger": 42}
     ml.trim()
-    recovered = ManagedCursor.open_durable(_ml(store, metadata), "__compaction")
+    recovered = ManagedCursor.open_durable(_ml(store, metadata), "__compaction", store=CursorStore(metadata.database))
     assert recovered.properties == {"CompactedTopicLedger": 42}
     assert recovered.mark_delete_position == positions[3]
 
 
 def test_reset_moves_md_back_and_clears_properties_unless_kept(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _ml(store, metadata)
-    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 6)
     cursor.mark_delete(positions[4], {"k": 1})
     cursor.reset(positions[2], keep_properties=True)
@@ -109,7 +110,7 @@ def test_reset_moves_md_back_and_clears_properties_unless_kept(store: LedgerStor
 
 def test_read_skips_individually_acked_entries(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _ml(store, metadata)
-    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 6)
     cursor.delete([positions[1], positions[4]])
     assert [e.position for e in cursor.read_entries(10)] == [positions[i] for i in (0, 2, 3, 5)]
@@ -126,14 +127,14 @@ def test_non_durable_reader_inclusive_and_exclusive(store: LedgerStore, metadata
     assert [e.position for e in inclusive.read_entries(10)] == positions[3:]
     assert [e.position for e in exclusive.read_entries(10)] == positions[4:]
     assert ManagedCursor.open_non_durable(ml, "r3", LATEST).read_entries(10) == []
-    assert metadata.list_cursors(TOPIC) == []
+    assert CursorStore(metadata.database).list(TOPIC) == []
 
 
 def test_reopen_redelivers_everything_after_md(tmp_path: Path) -> None:
     store = FileLedgerStore(str(tmp_path / "l"), sync=SyncPolicy.GROUP)
     metadata = MetadataStore(str(tmp_path / "m.db"))
     ml = _ml(store, metadata)
-    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 7)
     cursor.read_entries(7)
     cursor.mark_delete(positions[1], {"p": 7})
@@ -142,7 +143,7 @@ def test_reopen_redelivers_everything_after_md(tmp_path: Path) -> None:
     metadata.close()
     store = FileLedgerStore(str(tmp_path / "l"), sync=SyncPolicy.GROUP)
     metadata = MetadataStore(str(tmp_path / "m.db"))
-    cursor = ManagedCursor.open_durable(_ml(store, metadata), "s")
+    cursor = ManagedCursor.open_durable(_ml(store, metadata), "s", store=CursorStore(metadata.database))
     assert cursor.mark_delete_position == positions[1]
     assert cursor.properties == {"p": 7}
     assert [e.position for e in cursor.read_entries(10)] == [positions[i] for i in (2, 3, 5, 6)]
@@ -157,14 +158,14 @@ def test_fault_between_mark_delete_and_properties_changes_neither(
     store = FileLedgerStore(str(tmp_path / "l"), sync=SyncPolicy.GROUP)
     metadata = MetadataStore(str(tmp_path / "m.db"))
     ml = _ml(store, metadata)
-    cursor = ManagedCursor.open_durable(ml, "__compaction", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "__compaction", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 6)
     cursor.mark_delete(positions[2], {"CompactedTopicLedger": 5})
 
-    def crash() -> None:
+    def crash(**_: object) -> None:
         raise MetadataError("injected fault between position and properties")
 
-    metadata.fault_points["save_cursor.between_position_and_properties"] = crash
+    metadata.database.fault_points["cursor.save.between_position_and_properties"] = crash
     with pytest.raises(MetadataError):
         if operation == "mark_delete":
             cursor.mark_delete(positions[4], {"CompactedTopicLedger": 9})
@@ -175,12 +176,12 @@ def test_fault_between_mark_delete_and_properties_changes_neither(
     assert cursor.mark_delete_position == positions[2]
     assert cursor.properties == {"CompactedTopicLedger": 5}
     assert len(cursor.acked_ranges) == 0
-    del metadata.fault_points["save_cursor.between_position_and_properties"]
+    del metadata.database.fault_points["cursor.save.between_position_and_properties"]
     store.shutdown()
     metadata.close()
     metadata = MetadataStore(str(tmp_path / "m.db"))
     store = FileLedgerStore(str(tmp_path / "l"), sync=SyncPolicy.GROUP)
-    recovered = ManagedCursor.open_durable(_ml(store, metadata), "__compaction")
+    recovered = ManagedCursor.open_durable(_ml(store, metadata), "__compaction", store=CursorStore(metadata.database))
     assert recovered.mark_delete_position == positions[2]
     assert recovered.properties == {"CompactedTopicLedger": 5}
     store.shutdown()
@@ -191,12 +192,12 @@ def test_recovered_md_in_a_trimmed_ledger_stays_where_it_was(store: LedgerStore,
     """Not ``(next ledger, -1)``: that reads as "nothing acknowledged yet", which makes a
     read-compacted subscription read the compacted view from the earliest again."""
     ml = _ml(store, metadata, per_ledger=2)
-    slow = ManagedCursor.open_durable(ml, "slow", InitialPosition.EARLIEST)
+    slow = ManagedCursor.open_durable(ml, "slow", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 6)
     slow.mark_delete(positions[1])  # last entry of the first ledger
     ml.trim()
     assert positions[0].ledger_id not in [r.ledger_id for r in ml.ledger_list()]
-    recovered = ManagedCursor.open_durable(_ml(store, metadata, per_ledger=2), "slow")
+    recovered = ManagedCursor.open_durable(_ml(store, metadata, per_ledger=2), "slow", store=CursorStore(metadata.database))
     assert recovered.mark_delete_position == positions[1]
     assert [e.position for e in recovered.read_entries(10)] == positions[2:]
     assert recovered.backlog_entries() == 4
@@ -206,7 +207,7 @@ def _trimmed_prefix(store: LedgerStore, metadata: MetadataStore) -> tuple[Manage
     """Six entries in two ledgers of three, the first trimmed; returns the ledger, the
     trimmed positions and the live ones."""
     ml = _ml(store, metadata)
-    holder = ManagedCursor.open_durable(ml, "holder", InitialPosition.EARLIEST)
+    holder = ManagedCursor.open_durable(ml, "holder", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 6)
     holder.mark_delete(positions[2])
     assert ml.trim() == [positions[0].ledger_id]
@@ -225,14 +226,14 @@ def test_a_read_compacted_cursor_keeps_acks_of_trimmed_compacted_entries(
     def successor(position: Position) -> Position | None:
         return next((p for p in compacted if p > position), None)
 
-    cursor = ManagedCursor.open_durable(ml, "rc", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "rc", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     cursor.compacted_successor = successor
     cursor.retreat_into_trimmed(Position(trimmed[0].ledger_id, -1))
     cursor.delete([trimmed[2], live[0]])
     assert cursor.mark_delete_position == Position(trimmed[0].ledger_id, -1)  # trimmed[0] is not acked
     assert cursor.backlog_entries() == 2
 
-    recovered = ManagedCursor.open_durable(_ml(store, metadata), "rc")
+    recovered = ManagedCursor.open_durable(_ml(store, metadata), "rc", store=CursorStore(metadata.database))
     recovered.compacted_successor = successor
     assert recovered.mark_delete_position == Position(trimmed[0].ledger_id, -1)
     assert recovered.is_individually_acknowledged(trimmed[2]) and recovered.is_acknowledged(live[0])
@@ -244,7 +245,7 @@ def test_without_compacted_successor_trimmed_positions_are_not_acknowledgeable(
     store: LedgerStore, metadata: MetadataStore,
 ) -> None:
     ml, trimmed, live = _trimmed_prefix(store, metadata)
-    cursor = ManagedCursor.open_durable(ml, "plain", InitialPosition.EARLIEST)
+    cursor = ManagedCursor.open_durable(ml, "plain", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     cursor.delete([trimmed[1]])
     assert len(cursor.acked_ranges) == 0
     with pytest.raises(CursorError):
@@ -252,3 +253,18 @@ def test_without_compacted_successor_trimmed_positions_are_not_acknowledgeable(
     cursor.delete([live[0]])
     with pytest.raises(CursorError):
         cursor.retreat_into_trimmed(Position(trimmed[0].ledger_id, -1))  # MD left the first ledger's start
+
+
+def test_a_durable_cursor_persists_only_through_the_store_it_is_given(store: LedgerStore, metadata: MetadataStore,
+                                                                     tmp_path: Path) -> None:
+    ml = _ml(store, metadata)
+    positions = _append(ml, 3)
+    elsewhere = CursorStore(MetadataStore(str(tmp_path / "other.db")).database)
+    cursor = ManagedCursor.open_durable(ml, "s", InitialPosition.EARLIEST, store=elsewhere)
+    cursor.mark_delete(positions[1], {"k": 7})
+    assert elsewhere.load(TOPIC, "s") is not None
+    assert elsewhere.load(TOPIC, "s").mark_delete_position == positions[1]  # type: ignore[union-attr]
+    assert CursorStore(metadata.database).list(TOPIC) == []  # not through the managed ledger's metadata
+    with pytest.raises(ValueError, match="needs a CursorStore"):
+        ManagedCursor(ml, "t", durable=True, mark_delete_position=positions[0])
+    elsewhere.database.close()

@@ -54,6 +54,7 @@ from cursor import (
     ManagedCursor,
     MarkDeleteBackwardsError,
 )
+from cursor.store import CursorStore
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import EARLIEST, LATEST, Position
@@ -254,7 +255,7 @@ class CursorMachine(RuleBasedStateMachine):
         self.model.new_current(self.ledger.current_ledger_id)
         for _ in range(entries):
             self.append_one()
-        self.cursor = ManagedCursor.open_durable(self.ledger, CURSOR, initial_position, clock=clock)
+        self.cursor = ManagedCursor.open_durable(self.ledger, CURSOR, initial_position, clock=clock, store=CursorStore(self.metadata.database))
         if initial_position is InitialPosition.EARLIEST:
             self.model.mark_delete_position = Position(min(self.model.ledgers), -1)
         else:
@@ -388,7 +389,7 @@ class CursorMachine(RuleBasedStateMachine):
         event("reopen moved MD" if before != self.model.mark_delete_position else "reopen kept MD")
         # the initial position only matters when the cursor is created
         self.cursor = ManagedCursor.open_durable(self.ledger, CURSOR, InitialPosition.EARLIEST,
-                                                 clock=clock)
+                                                 clock=clock, store=CursorStore(self.metadata.database))
 
     # -- invariants ---------------------------------------------------------------------
 
@@ -410,7 +411,7 @@ class CursorMachine(RuleBasedStateMachine):
     @invariant()
     def properties_agree_in_memory_and_persisted(self) -> None:
         assert self.cursor.properties == self.model.properties
-        record = self.metadata.load_cursor(TOPIC, CURSOR)
+        record = CursorStore(self.metadata.database).load(TOPIC, CURSOR)
         assert record is not None
         assert dict(record.properties) == self.model.properties
 
@@ -457,7 +458,7 @@ def _topic_with_two_ledgers() -> tuple[ManagedLedger, ManagedCursor]:
     for index in range(MAX_ENTRIES_PER_LEDGER + 1):
         ledger.append(b"entry-%d" % index).result(timeout=FUTURE_TIMEOUT_S)
     assert [(r.ledger_id, r.entries) for r in ledger.ledger_list()] == [(1, 3), (2, 1)]
-    cursor = ManagedCursor.open_durable(ledger, CURSOR, InitialPosition.EARLIEST, clock=clock)
+    cursor = ManagedCursor.open_durable(ledger, CURSOR, InitialPosition.EARLIEST, clock=clock, store=CursorStore(ledger.metadata.database))
     return ledger, cursor
 
 

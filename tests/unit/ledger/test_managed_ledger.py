@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import Position
@@ -149,7 +150,7 @@ def test_trim_without_durable_cursors_deletes_every_closed_ledger(store: LedgerS
 
 def test_durable_compaction_cursor_holds_data_like_any_durable_cursor(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _open(store, metadata, max_entries_per_ledger=2)
-    compaction = ManagedCursor.open_durable(ml, "__compaction", InitialPosition.EARLIEST)
+    compaction = ManagedCursor.open_durable(ml, "__compaction", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 7)  # ledgers [2, 2, 2, 1(current)]
     assert ml.trim() == []
     compaction.mark_delete(positions[2])  # inside the second ledger
@@ -163,8 +164,8 @@ def test_durable_compaction_cursor_holds_data_like_any_durable_cursor(store: Led
 
 def test_slowest_durable_cursor_bounds_trimming(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _open(store, metadata, max_entries_per_ledger=2)
-    fast = ManagedCursor.open_durable(ml, "fast", InitialPosition.EARLIEST)
-    slow = ManagedCursor.open_durable(ml, "slow", InitialPosition.EARLIEST)
+    fast = ManagedCursor.open_durable(ml, "fast", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
+    slow = ManagedCursor.open_durable(ml, "slow", InitialPosition.EARLIEST, store=CursorStore(metadata.database))
     positions = _append(ml, 6)
     fast.mark_delete(positions[5])
     slow.mark_delete(positions[1])
@@ -196,12 +197,12 @@ def test_retention_keeps_consumed_ledgers(
 
 def test_delete_removes_references_then_data(store: LedgerStore, metadata: MetadataStore) -> None:
     ml = _open(store, metadata, max_entries_per_ledger=2)
-    ManagedCursor.open_durable(ml, "sub")
+    ManagedCursor.open_durable(ml, "sub", store=CursorStore(metadata.database))
     _append(ml, 5)
     ml.delete()
     assert store.list() == []
     assert metadata.list_topics() == []
-    assert metadata.list_cursors(TOPIC) == []
+    assert CursorStore(metadata.database).list(TOPIC) == []
 
 
 def test_listeners_hear_each_durable_entry(store: LedgerStore, metadata: MetadataStore) -> None:

@@ -9,15 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from api.broker.policies import PolicyStore
+from cursor.store import CursorRecord, CursorStore
 from ledger.data_dir import DataDir
+from ledger.database import LAYOUT
 from ledger.errors import DataDirLockedError, MetadataError, SchemaVersionError
-from ledger.metadata import MIGRATIONS, CursorRecord, MetadataStore
+from ledger.metadata import MIGRATIONS, MetadataStore
 from ledger.position import Position
 
 
 def test_new_database_is_wal_and_at_latest_schema(tmp_path: Path) -> None:
     store = MetadataStore(str(tmp_path / "m.db"))
     assert store.schema_version == len(MIGRATIONS)
+    assert store.database.layout == LAYOUT
     store.close()
     db = sqlite3.connect(tmp_path / "m.db")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -25,7 +29,7 @@ def test_new_database_is_wal_and_at_latest_schema(tmp_path: Path) -> None:
 
 def test_database_from_a_newer_compactd_is_refused(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "m.db")
-    db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    db.execute(f"PRAGMA user_version = {LAYOUT + 1}")
     db.close()
     with pytest.raises(SchemaVersionError, match="upgrade compactd"):
         MetadataStore(str(tmp_path / "m.db"))
@@ -43,34 +47,37 @@ def test_migrations_apply_in_order_from_an_older_version(tmp_path: Path, monkeyp
 
 
 def test_cursor_round_trip_with_properties(metadata: MetadataStore) -> None:
+    cursors = CursorStore(metadata.database)
     record = CursorRecord("t", "__compaction", Position(3, 9), ((4, 2, 5),), {"CompactedTopicLedger": 17}, 5)
-    metadata.save_cursor(record)
-    assert metadata.load_cursor("t", "__compaction") == record
-    assert metadata.mark_delete_positions("t") == {"__compaction": Position(3, 9)}
-    assert metadata.delete_cursor("t", "__compaction")
-    assert metadata.load_cursor("t", "__compaction") is None
+    cursors.save(record)
+    assert cursors.load("t", "__compaction") == record
+    assert cursors.mark_delete_positions("t") == {"__compaction": Position(3, 9)}
+    assert cursors.delete("t", "__compaction")
+    assert cursors.load("t", "__compaction") is None
 
 
 def test_fault_between_position_and_properties_changes_neither(metadata: MetadataStore) -> None:
+    cursors = CursorStore(metadata.database)
     before = CursorRecord("t", "s", Position(1, 1), (), {"a": 1}, 1)
-    metadata.save_cursor(before)
+    cursors.save(before)
 
-    def fault() -> None:
+    def fault(**_: object) -> None:
         raise MetadataError("injected")
 
-    metadata.fault_points["save_cursor.between_position_and_properties"] = fault
+    metadata.database.fault_points["cursor.save.between_position_and_properties"] = fault
     with pytest.raises(MetadataError):
-        metadata.save_cursor(CursorRecord("t", "s", Position(2, 5), (), {"a": 2}, 2))
-    assert metadata.load_cursor("t", "s") == before
+        cursors.save(CursorRecord("t", "s", Position(2, 5), (), {"a": 2}, 2))
+    assert cursors.load("t", "s") == before
 
 
 def test_policies_and_topics(metadata: MetadataStore) -> None:
+    policies = PolicyStore(metadata.database)
     assert metadata.create_topic("persistent://public/default/a", 1)
     assert not metadata.create_topic("persistent://public/default/a", 2)
-    metadata.set_policy("public/default", "compactionThreshold", 100)
-    assert metadata.get_policy("public/default", "compactionThreshold") == 100
-    assert metadata.remove_policy("public/default", "compactionThreshold")
-    assert metadata.get_policy("public/default", "compactionThreshold") is None
+    policies.set_policy("public/default", "compactionThreshold", 100)
+    assert policies.get_policy("public/default", "compactionThreshold") == 100
+    assert policies.remove_policy("public/default", "compactionThreshold")
+    assert policies.get_policy("public/default", "compactionThreshold") is None
     metadata.add_ledger("persistent://public/default/a", 5, role="data", created_at_ms=1)
     assert metadata.delete_topic("persistent://public/default/a") == [5]
     assert metadata.list_topics() == []

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from cursor.store import CursorRecord, CursorStore
 from ledger.errors import MetadataError
-from ledger.metadata import CursorRecord, MetadataStore
+from ledger.metadata import MetadataStore
 from ledger.position import Position
 
 TOPIC = "persistent://public/default/full"
@@ -34,28 +35,29 @@ def test_a_full_database_fails_the_write_cleanly_and_recovers_when_room_frees(tm
     metadata = MetadataStore(str(tmp_path / "metadata.db"))
     metadata.create_topic(TOPIC, 1)
     metadata.add_ledger(TOPIC, 7, role="data", created_at_ms=1)
+    cursors = CursorStore(metadata.database)
     before = _cursor(0, 2)
-    metadata.save_cursor(before)
+    cursors.save(before)
     _cap_at_current_size(metadata)
 
     with pytest.raises(MetadataError, match="full") as raised:
-        metadata.save_cursor(_cursor(5, 400))  # needs new pages: SQLITE_FULL mid-transaction
+        cursors.save(_cursor(5, 400))  # needs new pages: SQLITE_FULL mid-transaction
     assert raised.value.retriable
     # all or nothing, and the connection is not left inside a dead transaction
-    assert metadata.load_cursor(TOPIC, "sub") == before
+    assert cursors.load(TOPIC, "sub") == before
     assert metadata._query("PRAGMA integrity_check") == [("ok",)]
     with pytest.raises(MetadataError, match="full"):  # the next write fails the same clean way
-        metadata.save_cursor(_cursor(6, 400))
+        cursors.save(_cursor(6, 400))
     metadata.close_ledger(7, entries=3, size_bytes=30, closed_at_ms=2)  # fits in existing pages
 
     metadata._query("PRAGMA max_page_count = 1000000")  # room again
     after = _cursor(9, 400)
-    metadata.save_cursor(after)
-    assert metadata.load_cursor(TOPIC, "sub") == after
+    cursors.save(after)
+    assert cursors.load(TOPIC, "sub") == after
     assert metadata.topic_ledgers(TOPIC)[0].entries == 3
     metadata.close()
     reopened = MetadataStore(str(tmp_path / "metadata.db"))  # and the file is sound on disk
-    assert reopened.load_cursor(TOPIC, "sub") == after
+    assert CursorStore(reopened.database).load(TOPIC, "sub") == after
     assert reopened._query("PRAGMA integrity_check") == [("ok",)]
     reopened.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from api.config import Settings
 from compactor.encoder import encode_entry
 from compactor.errors import CompactionInProgressError
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.record import RunFigures
+from compactor.runs import RunJob
 from ledger import DataDir
 
 TOPIC = "persistent://public/default/admin"
@@ -94,7 +97,7 @@ def test_compaction_status_is_persisted_across_restarts(tmp_path: Path) -> None:
         await admin.wait_for_runs()
         assert admin.compaction_status(TOPIC)["status"] == "ERROR"
         assert "LedgerNotFoundError" in admin.compaction_status(TOPIC)["lastError"]
-        broker.data_dir.metadata.set_compaction_status(TOPIC, "RUNNING", "", 1)  # as if killed mid-run
+        broker.compaction_statuses.set_compaction_status(TOPIC, "RUNNING", "", 1)  # as if killed mid-run
 
     async def second(broker: BrokerService) -> None:
         status = broker.admin.compaction_status(TOPIC)
@@ -153,20 +156,36 @@ def test_delete_retention_policy_topic_over_namespace_and_its_runs(tmp_path: Pat
     asyncio.run(_with_broker(tmp_path, body))
 
 
+OTHER = "persistent://public/default/other"
+HOLD_S = 10.0  # the most a held run waits for its release
+
+
+def hold_the_slot(broker: BrokerService, release: threading.Event) -> asyncio.Future[RunFigures]:
+    """Start a real run of OTHER that waits in its worker thread until ``release`` (bounded)."""
+    def progress(_phase: str, _done: int, _total: int) -> None:
+        release.wait(HOLD_S)
+    publish(broker, OTHER, ("a", b"1"))
+    return broker.runs.request(RunJob(broker.get_topic(OTHER).compacted, progress=progress))
+
+
 def test_a_topic_whose_run_waits_for_a_slot_is_not_deleted(tmp_path: Path) -> None:
     """A triggered run queued behind the concurrency limit counts as in progress."""
     async def body(broker: BrokerService) -> None:
         admin = broker.admin
         publish(broker, TOPIC, ("a", b"1"))
-        await broker._runs.acquire()  # the only slot (limit 1) is taken
+        release = threading.Event()
+        holder = hold_the_slot(broker, release)  # the only slot (limit 1) is taken
         admin.trigger_compaction(TOPIC)
+        assert broker.runs.in_flight(TOPIC) and not broker.runs.running(TOPIC)  # queued
+        with pytest.raises(CompactionInProgressError):
+            admin.trigger_compaction(TOPIC)
         with pytest.raises(CompactionInProgressError):
             admin.delete_topic(TOPIC)
-        broker._runs.release()
+        release.set()
         await admin.wait_for_runs()
-        assert admin.compaction_status(TOPIC)["status"] == "SUCCESS"
+        assert holder.done() and admin.compaction_status(TOPIC)["status"] == "SUCCESS"
         admin.delete_topic(TOPIC)
-        assert admin.list_topics("public/default") == []
+        assert admin.list_topics("public/default") == [OTHER]
     asyncio.run(_with_broker(tmp_path, body))
 
 
@@ -189,7 +208,7 @@ def test_deduplication_is_topic_policy_then_namespace_policy_then_broker_setting
         if topic is not None:
             admin.set_policy(TOPIC, "deduplicationEnabled", topic)
         assert (loaded.dedup is not None) == expected  # applied to the loaded topic at once
-        cursors = broker.data_dir.metadata.list_cursors(TOPIC)
+        cursors = broker.cursors.list(TOPIC)
         assert ("pulsar.dedup" in cursors) == expected  # off: no cursor holds data back
         assert loaded.last_sequence_id("p") == -1
 

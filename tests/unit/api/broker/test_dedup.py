@@ -21,6 +21,7 @@ from api.broker.dedup import (
 )
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger
 from ledger.position import Position
 from ledger.storage.record import scan
@@ -45,7 +46,8 @@ class Log:
         self.path = path
         self.data_dir = DataDir.open(str(path))
         self.ledger = ManagedLedger.open(TOPIC, self.data_dir.ledgers, self.data_dir.metadata)
-        self.state = Deduplication(self.ledger)
+        self.cursors = CursorStore(self.data_dir.database)
+        self.state = Deduplication(self.ledger, self.cursors)
 
     def send(self, session: ProducerSession, data: bytes, *, durable: bool = True) -> Future[Position]:
         """One send: a duplicate's answer, or the append (made durable in the state)."""
@@ -84,7 +86,8 @@ class Log:
         self.data_dir.close()
         self.data_dir = DataDir.open(str(self.path))
         self.ledger = ManagedLedger.open(TOPIC, self.data_dir.ledgers, self.data_dir.metadata)
-        self.state = Deduplication(self.ledger)
+        self.cursors = CursorStore(self.data_dir.database)
+        self.state = Deduplication(self.ledger, self.cursors)
 
     def close(self) -> None:
         self.data_dir.close()
@@ -115,6 +118,29 @@ def test_a_sequence_id_reused_within_a_session_is_a_new_message_and_is_stored(lo
     renumbered = [log.send(session, entry("fresh", i, b"new%d" % i)).result() for i in range(3)]
     assert len(set(resent + renumbered)) == 6
     assert len(log.stored()) == 6
+
+
+def test_a_resend_stream_holding_a_reused_sequence_id_matches_each_original_once(log: Log) -> None:
+    """Found by the property test below: after a renumbering, two stored messages share a
+    sequence id; when the client re-sends both after the next crash, each is a duplicate."""
+    session = ProducerSession()
+    originals = [log.send(session, entry("p", 0, value)).result() for value in (b"m0", b"m1")]
+    log.crash_and_reopen()
+    again = ProducerSession()
+    assert [log.send(again, entry("p", 0, value)).result() for value in (b"m0", b"m1")] == originals
+    assert len(log.stored()) == 2
+
+
+def test_the_same_message_sent_twice_in_a_session_is_stored_twice_and_each_resend_matches_one(log: Log) -> None:
+    """Identical identity and content twice in one session: the second is a new message
+    (a renumbered one that happens to match); a later re-send stream matches them in order."""
+    session = ProducerSession()
+    first, second = (log.send(session, entry("p", 0, b"same")).result() for _ in range(2))
+    assert first != second and len(log.stored()) == 2
+    again = ProducerSession()
+    assert [log.send(again, entry("p", 0, b"same")).result() for _ in range(2)] == [first, second]
+    assert log.send(again, entry("p", 0, b"same")).result() not in (first, second)  # a third is new
+    assert len(log.stored()) == 3
 
 
 def test_a_resend_whose_content_differs_is_stored(log: Log) -> None:
@@ -173,7 +199,7 @@ def test_resends_after_a_crash_find_every_durable_entry(log: Log, monkeypatch: p
     positions = [log.send(sessions[name], data).result() for name, data in sends]
     expected = {"a": 5, "b": 9, "c": 9}
     assert log.state.persisted == expected
-    snapshot = log.data_dir.metadata.load_cursor(TOPIC, DEDUP_CURSOR)
+    snapshot = log.cursors.load(TOPIC, DEDUP_CURSOR)
     assert snapshot is not None and bool(snapshot.properties) == (interval < len(sends))
     log.crash_and_reopen()
     assert log.state.persisted == expected
@@ -242,16 +268,16 @@ def test_snapshot_moves_the_cursor_so_it_holds_little_data(log: Log, monkeypatch
     assert log.state.cursor.mark_delete_position == positions[3]
     log.state.snapshot()
     assert log.state.cursor.mark_delete_position == positions[4]
-    assert log.data_dir.metadata.load_cursor(TOPIC, DEDUP_CURSOR).properties == {"p": 4}  # type: ignore[union-attr]
+    assert log.cursors.load(TOPIC, DEDUP_CURSOR).properties == {"p": 4}  # type: ignore[union-attr]
 
 
 def test_enabling_starts_at_the_end_of_the_log_and_disabling_deletes_the_cursor(log: Log) -> None:
     log.state.delete()
     log.ledger.append(entry("p", 3)).result(timeout=10)  # stored while de-duplication was off
-    state = Deduplication(log.ledger)
+    state = Deduplication(log.ledger, log.cursors)
     assert state.persisted == {} and state.cursor.mark_delete_position == log.ledger.last_confirmed_position()
     state.delete()
-    assert DEDUP_CURSOR not in log.data_dir.metadata.list_cursors(TOPIC)
+    assert DEDUP_CURSOR not in log.cursors.list(TOPIC)
 
 
 def test_a_send_is_described_without_its_volatile_fields() -> None:

@@ -18,6 +18,7 @@ from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.topic import CompactedTopic
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger
 from ledger.storage.base import SyncPolicy
 
@@ -45,8 +46,9 @@ def _subscription(tmp_path: Path, entries: int, value_bytes: int, sub_type: SubT
     futures = [ledger.append(encode_entry(metadata, b"v" * value_bytes, with_checksum=False)) for _ in range(entries)]
     for future in futures:
         future.result(timeout=30)
-    cursor = ManagedCursor.open_durable(ledger, "sub", InitialPosition.EARLIEST)
-    return data_dir, Subscription("sub", cursor, CompactedTopic.restore(ledger), sub_type)
+    cursors = CursorStore(data_dir.database)
+    cursor = ManagedCursor.open_durable(ledger, "sub", InitialPosition.EARLIEST, store=cursors)
+    return data_dir, Subscription("sub", cursor, CompactedTopic.restore(ledger, cursors), sub_type)
 
 
 @pytest.mark.parametrize("sub_type", [SubType.EXCLUSIVE, SubType.SHARED])

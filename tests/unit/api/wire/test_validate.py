@@ -74,7 +74,7 @@ def test_a_subscription_name_that_is_not_utf8_is_refused_and_creates_no_cursor(t
         assert [frame.type for frame in answer] == [T.ERROR]
         assert answer[0].command.error.request_id == 42
         assert "UTF-8" in answer[0].command.error.message
-        assert broker.data_dir.metadata.list_cursors(TOPIC) == []  # not even the topic was made
+        assert broker.cursors.list(TOPIC) == []  # not even the topic was made
         assert not wire.protocol.consumers
         assert not wire.closed
         assert [f.type for f in wire.request(make_command(pb.CommandPing()))] == [T.PONG]
@@ -221,5 +221,5 @@ def test_names_with_control_characters_are_refused_and_create_nothing(tmp_path: 
         assert answer[0].command.error.request_id == 9
         assert answer[0].command.error.error == pb.NotAllowedError
         assert not wire.protocol.producers and not wire.protocol.consumers
-        assert broker.data_dir.metadata.list_cursors(TOPIC) == []
+        assert broker.cursors.list(TOPIC) == []
     _run(tmp_path, body)

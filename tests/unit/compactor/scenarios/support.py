@@ -10,11 +10,13 @@ Nothing here is faked beyond what a test must play itself:
   ``ManagedLedger``, ``CompactedTopic.restore`` and ``Compactor().compact``. ``unload`` is
   what a topic unload does to storage: close the managed ledger (sealing its ledger), reopen
   it (a fresh ledger), restore the compacted view from the ``__compaction`` cursor, trim.
-* **Client**: ``Client`` is a consumer or reader. With ``read_compacted`` it is driven
-  through ``CompactedTopic.read_compacted`` (first read from earliest when it started at
-  the earliest message and, for a durable subscription, Pulsar's #21187 rule holds: its
-  mark-delete position is still a ledger start); otherwise through ``cursor.read_entries``.
-  Messages are decoded with ``parse_entry``/``iter_messages``; for a batch only the slots a
+* **Client**: ``Client`` is a consumer or reader. It reads through the broker's own
+  ``compactor.reader.CompactedReader`` (what ``api.broker.dispatch.Subscription`` reads
+  through): the first-read-from-earliest rule, the read position in the compacted view,
+  the raw tail, rewinds and seeks are production code; the client plays only what a
+  consumer and the broker's subscribe do around it (a reconnect builds a new reader over
+  the topic as loaded then and rewinds it, as a re-created subscription's first consumer
+  does). Messages are decoded with ``parse_entry``/``iter_messages``; for a batch only the slots a
   client honouring ``ack_set`` gets (``CompactedEntry.surviving``) count.
 * **Encryption**: the broker never decrypts. An "encrypted" entry here is one whose metadata
   carries ``encryption_keys`` and whose payload is sealed with a toy reversible cipher; the
@@ -35,11 +37,13 @@ from compactor.compression import compress
 from compactor.encoder import encode_batch, encode_entry
 from compactor.message import is_batch, is_encrypted, is_marker, iter_messages, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.reader import NO_MESSAGE, CompactedReader, last_message_id
 from compactor.record import RunFigures
 from compactor.runner import CompactionConfig, Compactor
-from compactor.topic import NO_MESSAGE, CompactedTopic
+from compactor.topic import CompactedTopic
 from compactor.view import decode_compacted_entry
 from cursor.cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import EARLIEST, Position
@@ -211,39 +215,26 @@ class Client:
         receiver_queue: int = 1000,
     ) -> None:
         self.harness = harness
-        self.cursor = cursor
         self.read_compacted = read_compacted
-        self._attach(cursor)
         self.from_earliest = from_earliest
         self.receiver_queue = receiver_queue
-        self._first_read = True
+        self._connect(cursor)
         self._buffer: deque[Received] = deque()
         self.last_received: Position | None = None
         self.dispatches: list[list[CompactedEntry]] = []
 
-    def _attach(self, cursor: ManagedCursor) -> None:
-        """Read compacted, the cursor counts compacted entries of trimmed ledgers as entries
-        (as the broker's ``Subscription`` sets it up), on the topic as currently loaded."""
-        if self.read_compacted:
-            cursor.compacted_successor = lambda position: self.harness.topic.trimmed_successor(position)
+    def _connect(self, cursor: ManagedCursor) -> None:
+        """Subscribe with ``cursor``: the broker's reader over the topic as loaded now (the
+        first-read rule applies to a client that asked for the earliest message)."""
+        self.cursor = cursor
+        self.reader = CompactedReader(self.harness.topic, cursor, enabled=self.read_compacted,
+                                      from_earliest=self.from_earliest)
 
     # -- dispatch ------------------------------------------------------------------------
 
-    def _read_from_earliest(self) -> bool:
-        """Pulsar's first-read rule (#11287), narrowed by #21187 for durable subscriptions."""
-        if not (self._first_read and self.from_earliest and self.read_compacted):
-            return False
-        return not self.cursor.durable or self.cursor.mark_delete_position.entry_id == -1
-
     def dispatch(self) -> list[CompactedEntry]:
         """One dispatcher read of up to ``receiver_queue`` entries; buffers what it delivers."""
-        if self.read_compacted:
-            entries = self.harness.topic.read_compacted(
-                self.cursor, self.receiver_queue, first_read_from_earliest=self._read_from_earliest()
-            )
-        else:
-            entries = [CompactedEntry(e.position, e.data) for e in self.cursor.read_entries(self.receiver_queue)]
-        self._first_read = False
+        entries = self.reader.read(self.receiver_queue)
         self.dispatches.append(entries)
         self._buffer.extend(deliver(entries))
         return entries
@@ -276,7 +267,7 @@ class Client:
     def last_message_id(self) -> Position:
         """``getLastMessageId`` as the broker answers this client.
 
-        ``CompactedTopic.last_message_id`` is the answer for read-compacted clients, and for
+        ``compactor.reader.last_message_id`` is the answer for read-compacted clients, and for
         every client of a topic never compacted (the rules coincide there). A plain client of
         a compacted topic gets the raw topic's answer (Pulsar's ``readCompacted=false``
         branch of ``ServerCnx.getLargestBatchIndexWhenPossible``), which compactd has no
@@ -284,7 +275,7 @@ class Client:
         """
         topic = self.harness.topic
         if self.read_compacted or topic.view is None:
-            return topic.last_message_id()
+            return last_message_id(topic)
         last = self.harness.ml.last_confirmed_position()
         if last.entry_id < 0:
             return NO_MESSAGE
@@ -302,10 +293,11 @@ class Client:
         return self.last_received is None or last > self.last_received
 
     def seek(self, position: Position) -> None:
-        """``consumer.seek``: reset the subscription, then reconnect from ``position``."""
-        self.cursor.reset(position)
+        """``consumer.seek``: reset the subscription, then reconnect from ``position`` (the
+        broker drops the consumer; its re-subscribe rewinds to where the seek left it)."""
+        self.reader.seek(position)
+        self.reader.rewind()
         self._buffer.clear()
-        self._first_read = True
         self.from_earliest = position == EARLIEST
         self.last_received = None
 
@@ -315,13 +307,9 @@ class Client:
         entry after the mark-delete position, which may be in the compacted view), the
         buffer is cleared."""
         assert self.cursor.durable, "a reader reconnect is not modelled"
-        self.cursor = ManagedCursor.open_durable(self.harness.ml, self.cursor.name)
-        self._attach(self.cursor)
-        if self.read_compacted:  # as the broker rewinds a read-compacted subscription (#21187)
-            md = self.cursor.mark_delete_position
-            self.cursor.seek(Position(md.ledger_id, md.entry_id + 1), force=True)
+        self._connect(ManagedCursor.open_durable(self.harness.ml, self.cursor.name, store=self.harness.cursors))
+        self.reader.rewind()  # as the broker rewinds for a subscription's new active consumer
         self._buffer.clear()
-        self._first_read = True
 
 
 # -- broker side -----------------------------------------------------------------------
@@ -341,11 +329,12 @@ class Harness:
     ) -> None:
         self.store = store
         self.metadata = metadata
+        self.cursors = CursorStore(metadata.database)
         self.name = name
         self.ledger_config = ledger_config or ManagedLedgerConfig()
         self.compactor = Compactor(compaction_config)
         self.ml = ManagedLedger.open(name, store, metadata, self.ledger_config)
-        self.topic = CompactedTopic.restore(self.ml)
+        self.topic = CompactedTopic.restore(self.ml, self.cursors)
 
     # producing
 
@@ -384,7 +373,7 @@ class Harness:
         compacted view from the ``__compaction`` cursor, trim consumed ledgers."""
         self.ml.close()
         self.ml = ManagedLedger.open(self.name, self.store, self.metadata, self.ledger_config)
-        self.topic = CompactedTopic.restore(self.ml)
+        self.topic = CompactedTopic.restore(self.ml, self.cursors)
         if trim:
             self.ml.trim()
 
@@ -398,7 +387,7 @@ class Harness:
         receiver_queue: int = 1000,
     ) -> Client:
         """A consumer on durable subscription ``name`` (created at ``initial`` if new)."""
-        cursor = ManagedCursor.open_durable(self.ml, name, initial)
+        cursor = ManagedCursor.open_durable(self.ml, name, initial, store=self.cursors)
         return Client(self, cursor, read_compacted=read_compacted,
                       from_earliest=initial is InitialPosition.EARLIEST, receiver_queue=receiver_queue)
 

@@ -32,7 +32,9 @@ import pytest
 
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import CompactionConfig
+from compactor.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import InitialPosition
+from cursor.store import CursorRecord
 from ledger.managed_ledger import ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import EARLIEST
@@ -597,16 +599,14 @@ def test_testDeleteCompactedLedgerWithSlowAck(make: MakeHarness) -> None:
 
     acked = threading.Event()
     acked_ledger: list[int] = []
-    real_save = h.metadata.save_cursor
 
-    def slow_save(record):  # the ack persists, then returns 500 ms late
-        real_save(record)
+    def slow_save(record: CursorRecord) -> None:  # the ack persists, then returns 500 ms late
         if record.name == "__compaction" and "CompactedTopicLedger" in record.properties:
             acked_ledger.append(record.properties["CompactedTopicLedger"])
             acked.set()
             time.sleep(0.5)
 
-    h.metadata.save_cursor = slow_save  # type: ignore[method-assign]
+    h.metadata.database.fault_points["cursor.save.after"] = slow_save
     with ThreadPoolExecutor(max_workers=1) as pool:
         run = pool.submit(h.compact)
         assert acked.wait(timeout=9)
@@ -680,17 +680,22 @@ def test_testConcurrentCompactionAndTopicDelete(make: MakeHarness) -> None:
     h.publish(*(message(str(i), str(i).encode()) for i in range(2000)))
     h.subscribe("s1", initial=EARLIEST_SUB)
     release = store.hold_reads()
+    in_flight = threading.Event()
+
+    def progress(_phase: str, _done: int, _total: int) -> None:
+        in_flight.set()  # called as phase one starts reading, and only then
     with ThreadPoolExecutor(max_workers=2) as pool:
-        run = pool.submit(h.compact)
-        time.sleep(0.1)  # the run is in flight, its reads held
+        run = pool.submit(h.compactor.compact, h.topic, progress=progress)
+        assert in_flight.wait(15)  # the run is in flight: it holds its cursor, its reads are held
         deletion = pool.submit(delete_topic, h)
-        time.sleep(0.3)
+        assert deletion.result(timeout=15) is None  # the deletion does not wait for the run
         assert not run.done()  # still held at a read while the topic is deleted
         release.set()
-        assert deletion.result(timeout=15) is None
-        wait([run], timeout=15)  # the run may fail: the topic is deleted under it
-        assert run.done()
+        wait([run], timeout=15)  # the run fails: the topic is deleted under it
+        assert run.done() and run.exception() is not None
     assert h.store.list() == []  # nothing of the topic left behind
+    assert h.topic.view is None
+    assert COMPACTION_SUBSCRIPTION not in h.ml.metadata.list_cursors(h.ml.name)  # not brought back
 
 
 def test_testEarliestSubsAfterRollover(make: MakeHarness) -> None:

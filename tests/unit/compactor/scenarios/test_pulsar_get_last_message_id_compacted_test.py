@@ -102,13 +102,13 @@ def test_testReadMsgsAfterDisableCompaction(make: MakeHarness, inject_cursor_del
     s1.cursor.delete_durable()  # admin deleteSubscription(topic, "s1")
 
     if inject_cursor_delete_error:  # the first deletion of the __compaction cursor fails
-        real_delete = h.metadata.delete_cursor
+        faults = h.metadata.database.fault_points
 
-        def failing_once(topic: str, name: str) -> bool:
-            h.metadata.delete_cursor = real_delete  # type: ignore[method-assign]
+        def failing_once(**_: object) -> None:
+            del faults["cursor.delete.before"]
             raise MetadataError("injected: session expired")
 
-        h.metadata.delete_cursor = failing_once  # type: ignore[method-assign]
+        faults["cursor.delete.before"] = failing_once
         with pytest.raises(MetadataError):
             h.topic.drop_view()
         assert h.topic.view is not None  # a failed deletion changes nothing

@@ -1,0 +1,184 @@
+"""The run executor (``compactor.runs.CompactionRuns``) over real ledgers and SQLite status.
+
+Runs are held in their worker thread by a progress callback that waits for an event
+(bounded), so that what the executor does while a run is in flight can be observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compactor.encoder import encode_entry
+from compactor.errors import CompactionInProgressError, CompactionStoppedError
+from compactor.proto import pulsar_api_pb2 as pb
+from compactor.run_state import INTERRUPTED
+from compactor.runner import Compactor, Progress
+from compactor.runs import CompactionRuns, RunJob
+from compactor.status import CompactionStatusStore
+from compactor.topic import CompactedTopic
+from cursor.store import CursorStore
+from ledger import DataDir, ManagedLedger, ManagedLedgerConfig
+from ledger.errors import LedgerNotFoundError
+
+T, U = "persistent://public/default/t", "persistent://public/default/u"
+HOLD_S = 10.0  # the most a held run waits for its release
+WAIT_S = 10.0
+
+
+def message(key: str, value: bytes) -> bytes:
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, partition_key=key)
+    return encode_entry(metadata, value, with_checksum=False)
+
+
+def held(release: threading.Event, started: threading.Event | None = None) -> Progress:
+    def progress(_phase: str, _done: int, _total: int) -> None:
+        if started is not None:
+            started.set()
+        release.wait(HOLD_S)
+    return progress
+
+
+class Fixture:
+    def __init__(self, path: Path) -> None:
+        self.data_dir = DataDir.open(str(path))
+        self.cursors = CursorStore(self.data_dir.database)
+        self.statuses = CompactionStatusStore(self.data_dir.database)
+        self.topics: dict[str, CompactedTopic] = {}
+
+    def topic(self, name: str) -> CompactedTopic:
+        if name not in self.topics:
+            ledger = ManagedLedger.open(name, self.data_dir.ledgers, self.data_dir.metadata,
+                                        ManagedLedgerConfig(max_entries_per_ledger=2))
+            for value in (b"1", b"2", b"3"):
+                ledger.append(message("k", value)).result(timeout=10)
+            self.topics[name] = CompactedTopic.restore(ledger, self.cursors, create_cursor=True)
+        return self.topics[name]
+
+    def runs(self, max_concurrent_runs: int = 1) -> CompactionRuns:
+        return CompactionRuns(Compactor(), self.statuses, max_concurrent_runs=max_concurrent_runs)
+
+    def close(self) -> None:
+        for topic in self.topics.values():
+            topic.ledger.close()
+        self.data_dir.close()
+
+
+def run(path: Path, body: Callable[[Fixture], Coroutine[Any, Any, None]]) -> None:
+    fixture = Fixture(path)
+    try:
+        asyncio.run(body(fixture))
+    finally:
+        fixture.close()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+def test_a_run_persists_running_then_success_and_trims_what_it_covered(tmp_path: Path) -> None:
+    async def body(f: Fixture) -> None:
+        runs, topic = f.runs(), f.topic(T)
+        ledgers_before = len(topic.ledger.ledger_list())
+        outcome = runs.request(RunJob(topic))
+        assert runs.status(T) == ("RUNNING", "") and runs.in_flight(T)
+        figures = await outcome
+        assert runs.status(T) == ("SUCCESS", "") and not runs.in_flight(T)
+        assert topic.view is not None and figures.ledger_id == topic.view.ledger_id
+        assert len(topic.ledger.ledger_list()) < ledgers_before  # only __compaction held them
+        assert runs.status(U) == ("NOT_RUN", "")
+    run(tmp_path, body)
+
+
+def test_runs_beyond_the_slots_wait_in_the_queue_and_count_as_in_flight(tmp_path: Path) -> None:
+    async def body(f: Fixture) -> None:
+        runs, release, started = f.runs(max_concurrent_runs=1), threading.Event(), threading.Event()
+        first = runs.request(RunJob(f.topic(T), progress=held(release, started)))
+        second = runs.request(RunJob(f.topic(U)))
+        assert (runs.running(T), runs.running(U), runs.in_flight(U)) == (True, False, True)
+        assert (runs.running_count, runs.queued_count) == (1, 1)
+        for name in (T, U):
+            with pytest.raises(CompactionInProgressError):
+                runs.request(RunJob(f.topic(name)))
+            with pytest.raises(CompactionInProgressError):
+                runs.check_delete(name)
+        runs.check_delete(U, view_only=True)  # a queued run does not hold the subscription
+        with pytest.raises(CompactionInProgressError):
+            runs.check_delete(T, view_only=True)
+        await until(started.is_set)
+        assert not second.done()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, second), WAIT_S)
+        assert runs.status(T)[0] == runs.status(U)[0] == "SUCCESS"
+        runs.check_delete(T)  # idle: allowed
+    run(tmp_path, body)
+
+
+def test_a_failed_run_reads_error_and_frees_its_slot(tmp_path: Path) -> None:
+    async def body(f: Fixture) -> None:
+        runs, topic = f.runs(), f.topic(T)
+        await runs.run(RunJob(topic))
+        assert topic.view is not None
+        f.data_dir.ledgers.delete(topic.view.ledger_id)  # out of band: the next run cannot read it
+        f.topic(T).ledger.append(message("j", b"1")).result(timeout=10)
+        failing = runs.request(RunJob(topic))
+        queued = runs.request(RunJob(f.topic(U)))
+        with pytest.raises(LedgerNotFoundError):
+            await failing
+        status, error = runs.status(T)
+        assert status == "ERROR" and error.startswith("LedgerNotFoundError: ")
+        await asyncio.wait_for(queued, WAIT_S)
+        assert runs.status(U)[0] == "SUCCESS"
+    run(tmp_path, body)
+
+
+def test_a_stop_mid_run_waits_for_it_and_cancels_the_queued_ones(tmp_path: Path) -> None:
+    async def body(f: Fixture) -> None:
+        runs, release, started = f.runs(max_concurrent_runs=1), threading.Event(), threading.Event()
+        running = runs.request(RunJob(f.topic(T), progress=held(release, started)))
+        queued = runs.request(RunJob(f.topic(U)))
+        await until(started.is_set)
+        stopping = asyncio.create_task(runs.stop())
+        await until(queued.done)
+        with pytest.raises(CompactionStoppedError):
+            queued.result()
+        assert runs.status(U) == ("ERROR", INTERRUPTED)
+        with pytest.raises(CompactionStoppedError):
+            runs.request(RunJob(f.topic(U)))
+        assert not stopping.done() and runs.running(T)  # the stop waits for the run
+        release.set()
+        await asyncio.wait_for(stopping, WAIT_S)
+        assert running.done() and runs.status(T) == ("SUCCESS", "")
+    run(tmp_path, body)
+
+
+def test_a_restart_finding_running_persisted_reads_error(tmp_path: Path) -> None:
+    async def body(f: Fixture) -> None:
+        f.statuses.set_compaction_status(T, "RUNNING", "", 1)  # as if killed mid-run
+        f.statuses.set_compaction_status(U, "SUCCESS", "", 1)
+        runs = f.runs()
+        assert runs.status(T) == ("ERROR", INTERRUPTED)
+        assert runs.status(U) == ("SUCCESS", "")
+        assert f.statuses.topics_with_status("RUNNING") == []
+    run(tmp_path, body)
+
+
+def test_the_run_gets_the_topics_one_compaction_cursor(tmp_path: Path) -> None:
+    """The ``__compaction`` cursor is opened once, with the topic, and a run moves that
+    object: no second copy is rebuilt from SQLite."""
+    async def body(f: Fixture) -> None:
+        runs, topic = f.runs(), f.topic(T)
+        cursor = topic.cursor
+        await runs.run(RunJob(topic))
+        assert topic.cursor is cursor
+        assert topic.view is not None and cursor.mark_delete_position == topic.view.horizon
+        assert cursor.properties == {"CompactedTopicLedger": topic.view.ledger_id}
+        assert cursor.estimated_backlog_bytes() == 0
+    run(tmp_path, body)
