@@ -695,7 +695,7 @@ def test_testConcurrentCompactionAndTopicDelete(make: MakeHarness) -> None:
         assert run.done() and run.exception() is not None
     assert h.store.list() == []  # nothing of the topic left behind
     assert h.topic.view is None
-    assert COMPACTION_SUBSCRIPTION not in h.ml.metadata.list_cursors(h.ml.name)  # not brought back
+    assert h.cursors.load(h.ml.name, COMPACTION_SUBSCRIPTION) is None  # not brought back
 
 
 def test_testEarliestSubsAfterRollover(make: MakeHarness) -> None:
