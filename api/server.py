@@ -29,6 +29,7 @@ import contextlib
 import logging
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
@@ -61,6 +62,13 @@ HTTP_START_POLL_S = 0.01
 # and closes managed ledgers; one that takes this long is stuck, and the process ends
 # with exit code 1 after closing the data dir anyway.
 BROKER_STOP_TIMEOUT_S = 60.0
+# The GIL switch interval while serving. A compaction run computes on a worker thread and
+# never blocks, so each time the event loop (or the ledger flusher) wants the GIL it waits
+# until the run is forced to drop it: CPython's default 5 ms, several times per send.
+# 0.2 ms keeps those waits short (``python -m bench.wire --during-compaction
+# --compaction-messages 1000000`` on 2 cores: send p99 during the run 54 ms -> 16 ms,
+# p50 4.7 ms -> 0.9 ms, the run's own time unchanged within noise).
+GIL_SWITCH_INTERVAL_S = 0.0002
 
 
 class ListenError(CompactionServiceError):
@@ -88,8 +96,11 @@ def run(settings: Settings, *, broker_factory: BrokerFactory | None = None,
         ready: Callable[[str], None] | None = None) -> int:
     """Serve until SIGTERM or SIGINT; the process's exit code (0 after a clean stop).
 
-    Raises ``CompactionServiceError`` subclasses for expected start failures.
+    Raises ``CompactionServiceError`` subclasses for expected start failures. While it
+    serves, the GIL switch interval is ``GIL_SWITCH_INTERVAL_S`` (restored on return).
     """
+    switch_interval_s = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         factory = broker_factory or _default_broker_factory()
         return asyncio.run(serve(settings, broker_factory=factory, ready=ready or print_ready))
@@ -100,6 +111,8 @@ def run(settings: Settings, *, broker_factory: BrokerFactory | None = None,
     except Exception:
         log.exception("compactd stopped on an unexpected error")
         return 1
+    finally:
+        sys.setswitchinterval(switch_interval_s)
 
 
 def _default_broker_factory() -> BrokerFactory:

@@ -15,6 +15,9 @@ machine's cores) and measures, with pulsar-client 3.13.0:
 * **send latency**: ``--latency-messages`` synchronous ``producer.send`` calls of 100 B,
   non-batched and batched with a 1 ms batching delay; p50 and p99 after a warm-up.
 
+``--during-compaction`` measures send latency idle and while a large compaction of another
+topic runs in the same broker (``bench/_during.py``, its own options and ``--json``).
+
 ``--deduplication on`` runs the broker with de-duplication on; ``--deduplication both``
 measures the produce figures with it off (the baseline) and on, in the same run, and
 prints their ratio (the cost of identifying and fingerprinting each send).
@@ -73,6 +76,7 @@ class Server:
             self.process.kill()
             raise SystemExit(f"compactd serve failed to start: {line!r}")
         self.url = line.split()[2].removeprefix("broker=")
+        self.http_url = line.split()[3].removeprefix("http=")
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -231,7 +235,15 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where the data dirs go (default: a temp dir)")
     parser.add_argument("--deduplication", default="off", choices=("off", "on", "both"),
                         help="the broker's de-duplication; both: produce figures off and on, and their ratio")
+    parser.add_argument("--during-compaction", action="store_true",
+                        help="send latency idle and while another topic is compacted (bench/_during.py)")
+    from bench import _during
+
+    _during.add_arguments(parser)
     args = parser.parse_args()
+    if args.during_compaction:
+        _during.main(args)
+        return
     if args.deduplication == "both":
         print(f"load average before: {_load()}", flush=True)
         compare_deduplication(args)

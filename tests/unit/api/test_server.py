@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 
 from api.config import ConfigError, Settings, load_settings
 from api.http import HEALTH_PATH, create_app
-from api.server import ListenError, ready_line, run, serve
+from api.server import GIL_SWITCH_INTERVAL_S, ListenError, ready_line, run, serve
 from ledger.data_dir import DataDir
 from ledger.errors import DataDirLockedError
 from ledger.lock import DataDirLock
@@ -203,6 +204,22 @@ def test_run_raises_expected_start_errors_for_the_caller(tmp_path: Path) -> None
     settings = _settings(tmp_path, tls_cert_file="/c.pem", tls_key_file="/k.pem")
     with pytest.raises(ConfigError, match=r"TLS \(--tls-cert-file\) is not supported yet"):
         run(settings, broker_factory=FakeBroker, ready=print)
+
+
+def test_run_serves_with_a_short_gil_switch_interval_and_restores_the_callers(tmp_path: Path) -> None:
+    """A compaction run's thread must not keep the event loop off the GIL for CPython's
+    default 5 ms at each hand-over (``bench.wire --during-compaction``)."""
+    seen: list[float] = []
+
+    def recording_factory(data_dir: DataDir, settings: Settings) -> FakeBroker:
+        seen.append(sys.getswitchinterval())
+        raise ZeroDivisionError("stop here")
+
+    before = sys.getswitchinterval()
+    assert before != GIL_SWITCH_INTERVAL_S
+    assert run(_settings(tmp_path), broker_factory=recording_factory, ready=print) == 1
+    assert seen == [pytest.approx(GIL_SWITCH_INTERVAL_S)]
+    assert sys.getswitchinterval() == before
 
 
 def test_the_ready_line() -> None:
