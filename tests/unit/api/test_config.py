@@ -28,7 +28,7 @@ INTERFACES = ROOT.parent / "shared" / "design" / "INTERFACES.md"
 NOT_YET_IN_INTERFACES = {
     "fsync", "managed_ledger_max_entries_per_ledger", "managed_ledger_max_size_per_ledger_bytes",
     "compaction_memory_budget_bytes", "broker_deduplication_enabled", "cluster_name",
-    "max_open_ledger_files",
+    "max_open_ledger_files", "managed_ledger_mark_delete_rate_limit",
     "wire_connect_timeout_seconds", "wire_frame_timeout_seconds",
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
 }

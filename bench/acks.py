@@ -1,0 +1,184 @@
+"""Individual acknowledgements per second, with the real pulsar-client against ``compactd serve``.
+
+Run: ``.venv/bin/python -m bench.acks [--runs 3] [--messages 20000] [--subscriptions 4] [--json]``
+
+Each run starts, for each mode, a fresh ``compactd serve`` **subprocess** on a fresh data
+dir, publishes ``--messages`` non-batched messages of 100 B to one topic that already has
+``--subscriptions`` durable Shared subscriptions, then consumes every subscription at once
+(one consumer each, on its own client and thread), acknowledging every message
+individually. Timed from the first receive until the broker reports (REST stats, polled
+every 50 ms) a backlog of 0 on every subscription: the acks the broker applied per second.
+The client groups individual acks for 100 ms (up to 1,000 per ACK command) before it
+sends them, as pulsar-client 3.13 always does.
+
+Modes, measured in the same run:
+
+* ``every-ack`` (the baseline, the old behaviour): ``--managed-ledger-mark-delete-rate-limit 0``,
+  every ACK command is an SQLite commit (``synchronous=FULL``) on the event loop before
+  the next command is read;
+* ``scheduled`` (the default, 1.0): acks change the cursor in memory and a background
+  thread persists each cursor at most once a second.
+
+Prints, per mode, the median over ``--runs`` runs of the acks/s the broker applied and of
+the consumers' own receive+ack rate, and the ratio scheduled ÷ every-ack; ``--json``
+prints one JSON object instead. A benchmark, not a test: it asserts nothing beyond every
+message arriving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import httpx
+import pulsar
+
+READY_TIMEOUT_S = 60.0
+RECEIVE_TIMEOUT_MS = 30_000
+DRAIN_TIMEOUT_S = 120.0
+POLL_S = 0.05
+PAYLOAD = b"x" * 100
+MODES = {"every-ack": "0", "scheduled": None}  # the rate-limit flag of each mode (None: the default)
+TOPIC = "persistent://public/default/bench-acks"
+
+
+class Server:
+    """``compactd serve`` as a subprocess on its own data dir."""
+
+    def __init__(self, data_dir: str, flags: list[str]) -> None:
+        executable = os.path.join(os.path.dirname(sys.executable), "compactd")
+        self.process = subprocess.Popen(
+            [executable, "serve", "--broker-port", "0", "--http-port", "0", "--data-dir", data_dir,
+             "--compaction-monitor-interval-seconds", "0", *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        lines: queue.Queue[str] = queue.Queue()
+        stdout = self.process.stdout
+        assert stdout is not None
+        threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=READY_TIMEOUT_S)
+        except queue.Empty:
+            self.process.kill()
+            raise SystemExit("compactd serve did not print its ready line") from None
+        if not line.startswith("compactd ready broker="):
+            self.process.kill()
+            raise SystemExit(f"compactd serve failed to start: {line!r}")
+        _, broker, http = line.split()
+        self.url = broker.removeprefix("broker=")
+        self.http_url = http.removeprefix("http=")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def _backlogs(http: httpx.Client) -> list[int]:
+    stats = http.get("/admin/v2/persistent/" + TOPIC.removeprefix("persistent://") + "/stats").json()
+    return [sub["msgBacklog"] for sub in stats["subscriptions"].values()]
+
+
+def _consume(url: str, subscription: str, count: int, started: threading.Event, seconds: list[float]) -> None:
+    client = pulsar.Client(url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        consumer = client.subscribe(TOPIC, subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        started.wait()
+        begin = time.perf_counter()
+        for _ in range(count):
+            consumer.acknowledge(consumer.receive(RECEIVE_TIMEOUT_MS))
+        seconds.append(time.perf_counter() - begin)
+        time.sleep(1.0)  # the last grouped acks leave before the client closes
+    finally:
+        client.close()
+
+
+def one_mode(args: argparse.Namespace, rate_limit: str | None) -> dict[str, float]:
+    """Acks/s the broker applied, and the consumers' own rate, for one mode."""
+    data_dir = tempfile.mkdtemp(prefix="bench-acks-")
+    flags = [] if rate_limit is None else ["--managed-ledger-mark-delete-rate-limit", rate_limit]
+    server = Server(data_dir, flags)
+    try:
+        client = pulsar.Client(server.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        for index in range(args.subscriptions):  # the subscriptions exist before the messages
+            client.subscribe(TOPIC, f"sub-{index}", consumer_type=pulsar.ConsumerType.Shared).close()
+        producer = client.create_producer(TOPIC, batching_enabled=False, max_pending_messages=5000,
+                                          block_if_queue_full=True)
+        for _ in range(args.messages):
+            producer.send_async(PAYLOAD, None)
+        producer.flush()
+        client.close()
+        started = threading.Event()
+        seconds: list[float] = []
+        threads = [threading.Thread(target=_consume, args=(server.url, f"sub-{i}", args.messages, started, seconds))
+                   for i in range(args.subscriptions)]
+        for thread in threads:
+            thread.start()
+        with httpx.Client(base_url=server.http_url, timeout=30) as http:
+            while len(_backlogs(http)) < args.subscriptions or not all(_backlogs(http)):
+                time.sleep(POLL_S)  # every consumer attached, every backlog full
+            time.sleep(0.5)
+            begin = time.perf_counter()
+            started.set()
+            deadline = begin + DRAIN_TIMEOUT_S
+            while any(_backlogs(http)):
+                if time.perf_counter() > deadline:
+                    raise SystemExit(f"backlogs not drained within {DRAIN_TIMEOUT_S} s: {_backlogs(http)}")
+                time.sleep(POLL_S)
+            applied_s = time.perf_counter() - begin
+        for thread in threads:
+            thread.join()
+        total = args.messages * args.subscriptions
+        return {"acks_per_s": total / applied_s, "client_acks_per_s": total / max(seconds)}
+    finally:
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--subscriptions", type=int, default=4)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    samples: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    for _ in range(args.runs):
+        for mode, rate_limit in MODES.items():
+            samples[mode].append(one_mode(args, rate_limit))
+    result: dict[str, Any] = {"messages": args.messages, "subscriptions": args.subscriptions, "runs": args.runs}
+    for mode in MODES:
+        for figure in ("acks_per_s", "client_acks_per_s"):
+            result[f"{mode.replace('-', '_')}_{figure}"] = statistics.median(s[figure] for s in samples[mode])
+    result["scheduled_over_every_ack"] = result["scheduled_acks_per_s"] / result["every_ack_acks_per_s"]
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"individual acks: {args.messages:,} messages x {args.subscriptions} Shared subscriptions, "
+          f"median of {args.runs} runs")
+    print(f"{'mode':<10} {'broker acks/s':>14} {'client acks/s':>14}")
+    for mode in MODES:
+        key = mode.replace("-", "_")
+        print(f"{mode:<10} {result[key + '_acks_per_s']:>14,.0f} {result[key + '_client_acks_per_s']:>14,.0f}")
+    print(f"scheduled / every-ack: {result['scheduled_over_every_ack']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
