@@ -51,7 +51,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ledger.database import Database, TopicTable
-from ledger.errors import MetadataError
 from ledger.position import Position
 
 __all__ = ["COMPONENT", "MARK_DELETE_RATE_LIMIT", "MIGRATIONS", "TOPIC_TABLES", "CursorRecord", "CursorStore"]
@@ -282,7 +281,7 @@ class CursorStore:
             try:
                 self.write_due()
                 self._failed_with = None
-            except MetadataError as error:
+            except Exception as error:  # noqa: BLE001 - the thread must live on; the records stay queued
                 if str(error) != self._failed_with:
                     log.error("persisting cursors failed, retrying in %.3g s: %s", self._interval_s, error)
                 self._failed_with = str(error)
