@@ -228,11 +228,11 @@ class Topic:
         """Seal the current ledger; the topic takes no more appends; the queued cursor
         states of its subscriptions are written."""
         self.ledger.remove_listener(self._on_durable)
-        self.cursors.flush(str(self.name))
         self.ledger.close()  # pending appends complete first; their callbacks are queued
         if self.dedup is not None:
             self.dedup.snapshot()
         self.closed = True
+        self.cursors.flush(str(self.name))  # raises when it cannot: the broker's stop tries again
 
     def delete(self) -> None:
         """Delete the topic: compacted view and ledger, then every ledger and cursor."""
