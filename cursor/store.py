@@ -200,7 +200,7 @@ class CursorStore:
                 del self._queued[key]
                 del self._due[key]
 
-    def pending(self) -> int:
+    def queued_count(self) -> int:
         """Cursors whose newest record is queued, not yet written."""
         with self._state:
             return len(self._queued)

@@ -120,7 +120,7 @@ def test_with_no_rate_limit_every_ack_is_persisted_before_the_next(metadata: Met
     for position in positions[1:4]:
         cursor.delete([position])
         assert _persisted(store) == _state(cursor)
-    assert store.pending() == 0
+    assert store.queued_count() == 0
     assert writes.count == 0  # each one its own cursor.save transaction, not a batch
 
 
@@ -133,7 +133,7 @@ def test_an_undeferred_cursor_persists_at_once_under_a_rate_limit(metadata: Meta
     record = store.load_persisted(TOPIC, "__compaction")
     assert record is not None and record.mark_delete_position == positions[3]
     assert record.properties == {"CompactedTopicLedger": 42}
-    assert store.pending() == 0
+    assert store.queued_count() == 0
 
 
 def test_close_writes_what_is_queued(metadata: MetadataStore) -> None:
@@ -141,9 +141,9 @@ def test_close_writes_what_is_queued(metadata: MetadataStore) -> None:
     store = CursorStore(metadata.database, mark_delete_rate_limit=1.0, clock=Clock(), background=False)
     cursor = _cursor(ml, store)
     cursor.delete([positions[0], positions[1], positions[5]])
-    assert store.pending() == 1 and _persisted(store) != _state(cursor)
+    assert store.queued_count() == 1 and _persisted(store) != _state(cursor)
     cursor.close()
-    assert store.pending() == 0
+    assert store.queued_count() == 0
     assert _persisted(store) == _state(cursor)
     reopened = CursorStore(metadata.database)
     assert reopened.load(TOPIC, SUB) == store.load_persisted(TOPIC, SUB)
@@ -238,7 +238,7 @@ def test_a_failed_write_keeps_the_record_queued_and_is_retried(metadata: Metadat
     cursor.delete(positions[:4])
     with pytest.raises(MetadataError):
         store.write_due()
-    assert store.pending() == 1
+    assert store.queued_count() == 1
     assert store.load(TOPIC, SUB) is not None and store.load(TOPIC, SUB).mark_delete_position == positions[3]  # type: ignore[union-attr]
     assert store.write_due() == 0  # retried one interval later, not in a loop
     clock.now += 1
