@@ -84,7 +84,7 @@ class Server:
         if not line.startswith("compactd ready broker="):
             self.process.kill()
             raise SystemExit(f"compactd serve failed to start: {line!r}")
-        _, broker, http = line.split()
+        broker, http = line.split()[2:4]
         self.url = broker.removeprefix("broker=")
         self.http_url = http.removeprefix("http=")
 
@@ -101,7 +101,7 @@ class Server:
 
 def _stats(http: httpx.Client) -> list[dict[str, Any]]:
     stats = http.get("/admin/v2/persistent/" + TOPIC.removeprefix("persistent://") + "/stats").json()
-    return list(stats["subscriptions"].values())
+    return [sub for name, sub in stats["subscriptions"].items() if name.startswith("sub-")]  # not __compaction
 
 
 def _backlogs(http: httpx.Client) -> list[int]:
