@@ -199,6 +199,8 @@ class CursorStore:
             for key in [key for key in self._queued if key[0] == topic]:
                 del self._queued[key]
                 del self._due[key]
+            for key in [key for key in self._written_at if key[0] == topic]:
+                del self._written_at[key]
 
     def queued_count(self) -> int:
         """Cursors whose newest record is queued, not yet written."""
