@@ -93,6 +93,8 @@ MaxBytes = Annotated[str | None, _option(
     "managed_ledger_max_size_per_ledger_bytes", "--managed-ledger-max-size-per-ledger-bytes", "N")]
 MaxOpenLedgerFiles = Annotated[str | None, _option(
     "max_open_ledger_files", "--max-open-ledger-files", "N")]
+MarkDeleteRateLimit = Annotated[str | None, _option(
+    "managed_ledger_mark_delete_rate_limit", "--managed-ledger-mark-delete-rate-limit", "PER_S")]
 ConnectTimeout = Annotated[str | None, _option(
     "wire_connect_timeout_seconds", "--wire-connect-timeout-seconds", "N")]
 FrameTimeout = Annotated[str | None, _option(
@@ -141,6 +143,7 @@ def serve(  # one parameter per setting, each named as its key
     managed_ledger_max_entries_per_ledger: MaxEntries = None,
     managed_ledger_max_size_per_ledger_bytes: MaxBytes = None,
     max_open_ledger_files: MaxOpenLedgerFiles = None,
+    managed_ledger_mark_delete_rate_limit: MarkDeleteRateLimit = None,
     wire_connect_timeout_seconds: ConnectTimeout = None, wire_frame_timeout_seconds: FrameTimeout = None,
     wire_partial_frames_budget_bytes: PartialFramesBudget = None,
     http_max_request_body_bytes: HttpMaxBody = None,

@@ -44,6 +44,7 @@ from typing import Any, Literal, NamedTuple
 from api.wire.limits import WireLimits
 from compactor.engine import EngineName
 from compactor.runner import CompactionConfig
+from cursor.store import MARK_DELETE_RATE_LIMIT
 from ledger.errors import CompactionServiceError
 from ledger.managed_ledger import ManagedLedgerConfig
 from ledger.storage.base import SyncPolicy
@@ -142,6 +143,10 @@ class Settings:
         _LEDGER.max_entries_per_ledger, "A topic's ledger rolls over after this many entries.", minimum=1)
     managed_ledger_max_size_per_ledger_bytes: int = _setting(
         _LEDGER.max_size_per_ledger_bytes, "A topic's ledger rolls over after this many bytes.", minimum=1)
+    managed_ledger_mark_delete_rate_limit: float = _setting(
+        MARK_DELETE_RATE_LIMIT, "Times a second a subscription's acknowledgements are persisted, at most "
+        "(written in the background; a crash redelivers what was acknowledged since the last persist); "
+        "0 persists every acknowledgement before the next is handled.", minimum=0)
     # Far under the usual limit of 1,024 descriptors a process, which connections and SQLite share.
     max_open_ledger_files: int = _setting(
         MAX_OPEN_FILES_DEFAULT, "Ledger files kept open while idle; more are closed (least recently used first) "

@@ -19,6 +19,17 @@ Behaviour follows Pulsar's ``ManagedCursorImpl`` (reference ``managed-ledger.md`
   live in memory only. A durable cursor persists through the ``CursorStore`` it is given
   (``store=``, ``cursor.store``: the cursor layer's tables on the shared database), never
   through the managed ledger.
+* **Deferred persistence** (``deferred=True``: a subscription's cursor). Acknowledgements
+  (``mark_delete``, ``delete``) change memory first — the in-memory state is what dispatch
+  reads — and queue the new ``(MD, ranges, properties)`` with ``CursorStore.save_later``,
+  which writes it on the persist schedule (at most ``mark_delete_rate_limit`` times a
+  second, off the caller's thread). A crash loses at most the acknowledgements queued and
+  not yet written: they are delivered again (at-least-once); the persisted state is always
+  one the cursor had, never older than a previous persisted one. ``close`` writes what is
+  queued. Without ``deferred`` (the ``__compaction`` cursor, whose mark-delete is the
+  publish of a run; the de-duplication cursor), or with a store whose rate limit is 0,
+  every change is persisted first, and memory changes only once it is.
+  ``reset`` and ``retreat_into_trimmed`` always persist first.
 * A read-compacted subscription also reads compacted entries whose raw ledgers were
   trimmed (they keep their original positions). Its ``compacted_successor`` names them:
   they can then be acknowledged like entries, and MD stops at the first unacknowledged one
@@ -29,6 +40,7 @@ Behaviour follows Pulsar's ``ManagedCursorImpl`` (reference ``managed-ledger.md`
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -71,6 +83,7 @@ class ManagedCursor:
         acked: AckedRanges | None = None,
         clock: Callable[[], float] = time.time,
         store: CursorStore | None = None,
+        deferred: bool = False,
     ) -> None:
         if durable and store is None:
             raise ValueError(f"durable cursor {name} needs a CursorStore")
@@ -78,6 +91,7 @@ class ManagedCursor:
         self.name = name
         self.durable = durable
         self.store = store
+        self.deferred = deferred
         self._clock = clock
         self._mark_delete_position = mark_delete_position.entry_position()
         self._properties: dict[str, int] = dict(properties or {})
@@ -99,9 +113,11 @@ class ManagedCursor:
         *,
         store: CursorStore,
         clock: Callable[[], float] = time.time,
+        deferred: bool = False,
     ) -> ManagedCursor:
         """Recover durable cursor ``name`` from ``store``, or create it there at
-        ``initial_position``.
+        ``initial_position``; ``deferred``: acknowledgements are persisted on the store's
+        schedule (see "Deferred persistence").
 
         ``initial_position`` only matters when the cursor is created. A recovered position
         in a ledger that no longer exists moves to ``(next ledger, -1)`` unless it is before
@@ -114,14 +130,15 @@ class ManagedCursor:
                 start = ledger.first_position()
             else:
                 start = ledger.last_confirmed_position()
-            cursor = cls(ledger, name, durable=True, mark_delete_position=start, clock=clock, store=store)
+            cursor = cls(ledger, name, durable=True, mark_delete_position=start, clock=clock, store=store,
+                         deferred=deferred)
             cursor._persist(start, cursor._acked, cursor._properties)
             return cursor
         position = _clamp_recovered(ledger, record.mark_delete_position)
         acked = AckedRanges(record.individually_deleted)
         acked.drop_through(position)
         return cls(ledger, name, durable=True, mark_delete_position=position,
-                   properties=record.properties, acked=acked, clock=clock, store=store)
+                   properties=record.properties, acked=acked, clock=clock, store=store, deferred=deferred)
 
     @classmethod
     def open_non_durable(
@@ -315,24 +332,45 @@ class ManagedCursor:
                 break
             position = Position(following.ledger_id, run[1])
         acked.drop_through(position)
-        self._persist(position, acked, properties)
+        later = self._persists_later
+        if not later:
+            self._persist(position, acked, properties)
         self.messages_consumed_counter += self.ledger.entries_between(before, position)
         self._mark_delete_position = position
         self._acked = acked
         self._properties = dict(properties)
         if self.read_position <= position:
             self.read_position = self._next_position(position)
+        if later and self.store is not None:
+            self.store.save_later(self._record(position, acked, properties))
+
+    @property
+    def _persists_later(self) -> bool:
+        """Acknowledgements go to the persist schedule (see "Deferred persistence")."""
+        return self.deferred and self.store is not None and self.store.mark_delete_rate_limit > 0
 
     def _persist(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> None:
-        """Write ``(MD, ranges, properties)`` in one transaction (durable cursors only)."""
-        if self.store is None:
-            return
-        runs = tuple(acked.runs())[:UNACKED_RANGES_PERSIST_MAX]
-        self.store.save(CursorRecord(
+        """Write ``(MD, ranges, properties)`` in one transaction, now (durable cursors only)."""
+        if self.store is not None:
+            self.store.save(self._record(position, acked, properties))
+
+    def _record(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> CursorRecord:
+        runs = tuple(itertools.islice(acked.runs(), UNACKED_RANGES_PERSIST_MAX))
+        return CursorRecord(
             topic=self.ledger.name, name=self.name, mark_delete_position=position,
             individually_deleted=runs, properties=dict(properties),
             last_active_ms=int(self._clock() * 1000),
-        ))
+        )
+
+    def close(self) -> None:
+        """Write what is queued of this cursor's state now (a clean stop loses nothing)."""
+        if self.store is not None and self.durable:
+            self.store.flush(self.ledger.name, self.name)
+
+    def flush_soon(self) -> None:
+        """Have what is queued of this cursor's state written now, in the background."""
+        if self.store is not None and self.durable:
+            self.store.flush_soon(self.ledger.name, self.name)
 
     # -- backlog --------------------------------------------------------------------
 

@@ -13,23 +13,54 @@ ledger never trims past the slowest one, persisted.
 
 ``ManagedCursor`` gets its store injected (``store=``); nothing else reads or writes these
 rows but through this class. Faults are injected through the database's fault points
-(``ledger.database``): the transactions here are named ``cursor.save`` (with a
-``cursor.save.between_position_and_properties`` checkpoint inside) and ``cursor.delete``.
+(``ledger.database``): the transactions here are named ``cursor.save``,
+``cursor.save_batch`` (each with a ``cursor.save.between_position_and_properties``
+checkpoint per cursor inside) and ``cursor.delete``.
+
+**Deferred saves: the persist schedule.** ``save`` writes at once, on the caller's thread.
+``save_later`` (a subscription's acknowledgements) only queues the cursor's latest record;
+a background thread writes it once ``1 / mark_delete_rate_limit`` seconds have passed
+since that cursor's previous write (Pulsar's ``managedLedgerDefaultMarkDeleteRateLimit``:
+at most that many persists a second per cursor; the first record after a quiet spell is
+written at once), every cursor due at the same time in **one transaction**. So a cursor
+acknowledged thousands of times a second costs one commit per interval, and nothing waits
+for it: the caller's in-memory cursor is what dispatch reads. What a crash (kill -9) can
+lose is what was queued and not yet written: at most one interval of acknowledgements
+(plus the commit in flight), which are delivered again (at-least-once).
+
+The order of writes is the order of saves: a write takes the queued records and commits
+them under one lock (``_write_lock``), so a persisted state never goes back to an older
+one; ``save`` and ``delete`` drop what is queued for their cursor in the same lock (a
+queued record never brings a deleted cursor back). ``flush`` writes what is queued now
+(a cursor's, a topic's, or all: closing a topic, a clean shutdown); ``discard`` forgets a
+topic's queue (the topic is being deleted); ``close`` flushes everything and stops the
+thread. A failed background write is logged and retried one interval later; the queued
+record stays the cursor's newest, which ``load`` returns.
 """
 
 from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Mapping
+import logging
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ledger.database import Database, TopicTable
 from ledger.position import Position
 
-__all__ = ["COMPONENT", "MIGRATIONS", "TOPIC_TABLES", "CursorRecord", "CursorStore"]
+__all__ = ["COMPONENT", "MARK_DELETE_RATE_LIMIT", "MIGRATIONS", "TOPIC_TABLES", "CursorRecord", "CursorStore"]
+
+log = logging.getLogger(__name__)
 
 COMPONENT = "cursor"
+# Pulsar's managedLedgerDefaultMarkDeleteRateLimit: persists a second per cursor of the
+# records queued with ``save_later``; 0 writes each at once (every acknowledgement a commit).
+MARK_DELETE_RATE_LIMIT = 1.0
 MIGRATIONS: tuple[str, ...] = (
     # 1: durable cursors with their properties.
     """
@@ -78,34 +109,197 @@ class CursorRecord:
     last_active_ms: int = 0
 
 
-class CursorStore:
-    """The durable cursors kept in ``database`` (whose cursor tables it brings up to date)."""
+CursorKey = tuple[str, str]  # (topic, cursor name)
 
-    def __init__(self, database: Database) -> None:
+
+class CursorStore:
+    """The durable cursors kept in ``database`` (whose cursor tables it brings up to date).
+
+    ``mark_delete_rate_limit``: writes a second per cursor of records queued with
+    ``save_later`` (0: ``save_later`` writes at once, as ``save``). ``clock`` (monotonic
+    seconds) and ``background`` (False: no thread; the owner calls ``write_due``) are for
+    tests of the schedule.
+    """
+
+    def __init__(self, database: Database, *, mark_delete_rate_limit: float = MARK_DELETE_RATE_LIMIT,
+                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
+        if not mark_delete_rate_limit >= 0 or math.isinf(mark_delete_rate_limit):
+            raise ValueError(f"mark_delete_rate_limit must be a finite number >= 0, not {mark_delete_rate_limit}")
         self.database = database
+        self.mark_delete_rate_limit = mark_delete_rate_limit
+        self._interval_s = 1.0 / mark_delete_rate_limit if mark_delete_rate_limit > 0 else 0.0
+        self._clock = clock
+        self._background = background
+        self._queued: dict[CursorKey, CursorRecord] = {}  # the newest record of each cursor, not yet written
+        self._due: dict[CursorKey, float] = {}  # when each queued record is written
+        self._written_at: dict[CursorKey, float] = {}  # when each cursor was last written
+        self._state = threading.Condition()  # guards the three dicts above and _closed
+        self._write_lock = threading.Lock()  # one write at a time, in the order of saves
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failed_with: str | None = None  # the last background write error, logged once
         database.register(COMPONENT, MIGRATIONS, topic_tables=TOPIC_TABLES)
 
+    # -- writing ----------------------------------------------------------------------
+
     def save(self, record: CursorRecord) -> None:
-        """Persist position, ranges and properties of a cursor **in one transaction**."""
+        """Persist position, ranges and properties of a cursor **in one transaction**, now;
+        a record of the cursor queued before is dropped (this one is newer)."""
+        key = (record.topic, record.name)
+        with self._write_lock:
+            with self._state:
+                self._queued.pop(key, None)
+                self._due.pop(key, None)
+            with self.database.transaction("cursor.save", record=record) as db:
+                self._write_rows(db, record)
+            with self._state:
+                self._written_at[key] = self._clock()
+
+    def save_later(self, record: CursorRecord) -> None:
+        """Queue ``record`` as its cursor's newest state, written on the persist schedule
+        (see the module docstring); with no rate limit, ``save`` it now. Never blocks on
+        the database when a rate limit is set."""
+        with self._state:
+            synchronous = self._interval_s == 0 or self._closed  # after close: nothing would write it
+        if synchronous:
+            self.save(record)
+            return
+        key = (record.topic, record.name)
+        with self._state:
+            if key not in self._queued:
+                self._due[key] = max(self._clock(), self._written_at.get(key, -math.inf) + self._interval_s)
+                self._state.notify()
+            self._queued[key] = record
+            self._start_thread()
+
+    def flush(self, topic: str | None = None, name: str | None = None) -> int:
+        """Write now, in one transaction, what is queued: for cursor ``name`` of ``topic``,
+        every cursor of ``topic``, or every cursor. Returns the number of cursors written;
+        raises ``MetadataError`` when the write fails (the records stay queued)."""
+        return self._write(lambda key: (topic is None or key[0] == topic) and (name is None or key[1] == name))
+
+    def flush_soon(self, topic: str, name: str) -> None:
+        """Have the background thread write cursor ``name``'s queued record now (its last
+        consumer left), without waiting for it."""
+        with self._state:
+            if (topic, name) in self._due:
+                self._due[(topic, name)] = self._clock()
+                self._state.notify()
+
+    def write_due(self) -> int:
+        """Write every queued record whose time has come, in one transaction (the
+        background thread's step); the number of cursors written."""
+        now = self._clock()
+        return self._write(lambda key: self._due.get(key, math.inf) <= now)
+
+    def discard(self, topic: str) -> None:
+        """Forget what is queued for ``topic``'s cursors (the topic is being deleted): once
+        this returns, no queued record of it is written."""
+        with self._write_lock, self._state:
+            for key in [key for key in self._queued if key[0] == topic]:
+                del self._queued[key]
+                del self._due[key]
+            for key in [key for key in self._written_at if key[0] == topic]:
+                del self._written_at[key]
+
+    def queued_count(self) -> int:
+        """Cursors whose newest record is queued, not yet written."""
+        with self._state:
+            return len(self._queued)
+
+    def close(self) -> None:
+        """Write everything queued and stop the background thread (a clean shutdown)."""
+        with self._state:
+            self._closed = True
+            self._state.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self.flush()
+
+    def _write(self, wanted: Callable[[CursorKey], bool]) -> int:
+        """Take the queued records ``wanted`` picks and commit them together; on failure
+        put them back unless a newer record of the cursor was queued meanwhile."""
+        with self._write_lock:
+            with self._state:
+                records = [record for key, record in self._queued.items() if wanted(key)]
+                for record in records:
+                    del self._queued[(record.topic, record.name)]
+                    del self._due[(record.topic, record.name)]
+            if not records:
+                return 0
+            try:
+                with self.database.transaction("cursor.save_batch", records=records) as db:
+                    for record in records:
+                        self._write_rows(db, record)
+            except BaseException:
+                with self._state:
+                    retry_at = self._clock() + self._interval_s
+                    for record in records:
+                        key = (record.topic, record.name)
+                        if key not in self._queued:
+                            self._queued[key], self._due[key] = record, retry_at
+                raise
+            with self._state:
+                now = self._clock()
+                for record in records:
+                    self._written_at[(record.topic, record.name)] = now
+            return len(records)
+
+    def _write_rows(self, db: sqlite3.Connection, record: CursorRecord) -> None:
         md = record.mark_delete_position
         ranges = json.dumps([list(r) for r in record.individually_deleted])
-        with self.database.transaction("cursor.save", record=record) as db:
-            db.execute(
-                "INSERT OR REPLACE INTO cursors (topic, name, mark_delete_ledger_id, "
-                "mark_delete_entry_id, individually_deleted, last_active_ms) VALUES (?, ?, ?, ?, ?, ?)",
-                (record.topic, record.name, md.ledger_id, md.entry_id, ranges, record.last_active_ms),
-            )
-            self.database.checkpoint("cursor.save.between_position_and_properties", record=record)
-            db.execute(
-                "DELETE FROM cursor_properties WHERE topic = ? AND cursor = ?", (record.topic, record.name)
-            )
-            db.executemany(
-                "INSERT INTO cursor_properties (topic, cursor, key, value) VALUES (?, ?, ?, ?)",
-                [(record.topic, record.name, k, int(v)) for k, v in sorted(record.properties.items())],
-            )
+        db.execute(
+            "INSERT OR REPLACE INTO cursors (topic, name, mark_delete_ledger_id, "
+            "mark_delete_entry_id, individually_deleted, last_active_ms) VALUES (?, ?, ?, ?, ?, ?)",
+            (record.topic, record.name, md.ledger_id, md.entry_id, ranges, record.last_active_ms),
+        )
+        self.database.checkpoint("cursor.save.between_position_and_properties", record=record)
+        db.execute("DELETE FROM cursor_properties WHERE topic = ? AND cursor = ?", (record.topic, record.name))
+        db.executemany(
+            "INSERT INTO cursor_properties (topic, cursor, key, value) VALUES (?, ?, ?, ?)",
+            [(record.topic, record.name, k, int(v)) for k, v in sorted(record.properties.items())],
+        )
+
+    # -- the background thread -------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        """Start the writer thread once (the caller holds ``_state``)."""
+        if self._thread is None and self._background:
+            self._thread = threading.Thread(target=self._run, name="cursor-persist", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        """Sleep until the earliest queued record is due, write what is due, repeat."""
+        while True:
+            with self._state:
+                while not self._closed:
+                    wait_s = min(self._due.values(), default=math.inf) - self._clock()
+                    if wait_s <= 0:
+                        break
+                    self._state.wait(None if math.isinf(wait_s) else wait_s)
+                if self._closed:
+                    return
+            try:
+                self.write_due()
+                self._failed_with = None
+            except Exception as error:  # noqa: BLE001 - the thread must live on; the records stay queued
+                if str(error) != self._failed_with:
+                    log.error("persisting cursors failed, retrying in %.3g s: %s", self._interval_s, error)
+                self._failed_with = str(error)
+
+    # -- reading ----------------------------------------------------------------------
 
     def load(self, topic: str, name: str) -> CursorRecord | None:
-        """The persisted state of cursor ``name`` on ``topic``, or None."""
+        """The newest state of cursor ``name`` on ``topic`` (queued, else persisted), or None."""
+        with self._state:
+            queued = self._queued.get((topic, name))
+        if queued is not None:
+            return queued
+        return self.load_persisted(topic, name)
+
+    def load_persisted(self, topic: str, name: str) -> CursorRecord | None:
+        """The persisted state of cursor ``name`` on ``topic`` (what survives a crash), or None."""
         with self.database.reading():
             rows = self.database.query(
                 "SELECT mark_delete_ledger_id, mark_delete_entry_id, individually_deleted, "
@@ -148,7 +342,12 @@ class CursorStore:
         return {row[0] for row in rows}
 
     def delete(self, topic: str, name: str) -> bool:
-        """Forget cursor ``name``; False when it did not exist."""
-        with self.database.transaction("cursor.delete", topic=topic, name=name) as db:
-            db.execute("DELETE FROM cursor_properties WHERE topic = ? AND cursor = ?", (topic, name))
-            return db.execute("DELETE FROM cursors WHERE topic = ? AND name = ?", (topic, name)).rowcount == 1
+        """Forget cursor ``name``, queued record included; False when it was not persisted."""
+        with self._write_lock:
+            with self._state:
+                self._queued.pop((topic, name), None)
+                self._due.pop((topic, name), None)
+                self._written_at.pop((topic, name), None)
+            with self.database.transaction("cursor.delete", topic=topic, name=name) as db:
+                db.execute("DELETE FROM cursor_properties WHERE topic = ? AND cursor = ?", (topic, name))
+                return db.execute("DELETE FROM cursors WHERE topic = ? AND name = ?", (topic, name)).rowcount == 1

@@ -15,7 +15,8 @@ awaited) all go through; the core only builds each run's ``RunJob`` (the topic a
 ``deleteRetentionMs``). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
 compaction scheduler); ``stop`` ends it, cancels queued runs and waits for the running
 ones, then seals every topic's current ledger, which makes (or fails) every pending append
-before it returns.
+before it returns, and writes every queued cursor state (``cursor.store``: a clean stop
+loses no acknowledgement).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class BrokerService:
         self.data_dir = data_dir
         self.settings = settings
         # Each layer's store on the data dir's one database (``ledger.database``).
-        self.cursors = CursorStore(data_dir.database)
+        self.cursors = CursorStore(data_dir.database,
+                                   mark_delete_rate_limit=settings.managed_ledger_mark_delete_rate_limit)
         self.policies = PolicyStore(data_dir.database)
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
@@ -131,6 +133,10 @@ class BrokerService:
             except Exception as error:  # noqa: BLE001 - keep closing the others; the data dir syncs the rest
                 log.warning("closing %s: %s", topic.name, error)
         self.topics.clear()
+        try:
+            self.cursors.close()  # what is still queued (topics that failed to close) is written
+        except Exception as error:  # noqa: BLE001 - the stop goes on; those acks come again
+            log.warning("writing the queued cursor states: %s", error)
         self.compactor.close()  # stops the Spark session if the spark engine started one
 
     async def _trim_periodically(self) -> None:

@@ -11,6 +11,13 @@
 * **Subscribing** creates durable subscriptions (a persisted cursor, ``initial_position``
   used only on creation) or non-durable ones (readers: a cursor in memory, positioned at
   the start message id inclusive — the client filters what it does not want).
+* **Acknowledgements persist on a schedule.** A durable subscription's cursor is
+  ``deferred``: an ack changes the cursor in memory and is written by the cursor store's
+  background thread, at most ``managed_ledger_mark_delete_rate_limit`` times a second per
+  cursor (``cursor.store``), never on the event loop. When a subscription's last consumer
+  leaves, its state is written at once (in the background); ``close`` writes every queued
+  state of the topic before it returns, ``delete`` forgets it, so a clean stop loses no
+  acknowledgement and a deleted topic gets no cursor row back.
 * The ``__compaction`` cursor is created with the topic (by ``CompactedTopic.restore``,
   which owns it), at the earliest entry, so that nothing is trimmed before a compaction has
   covered it (Pulsar only pre-creates it when a compaction threshold is set; compactd
@@ -176,7 +183,8 @@ class Topic:
         start: Position | None, read_compacted: bool,
     ) -> Subscription:
         if durable:
-            cursor = ManagedCursor.open_durable(self.ledger, name, initial_position, store=self.cursors)
+            cursor = ManagedCursor.open_durable(self.ledger, name, initial_position, store=self.cursors,
+                                                deferred=True)
             from_earliest = initial_position is InitialPosition.EARLIEST
         else:
             start = start if start is not None else (
@@ -189,8 +197,11 @@ class Topic:
     def remove_consumer(self, subscription: Subscription, consumer: Consumer) -> None:
         """A consumer closed or vanished; a reader's subscription goes with its last consumer."""
         subscription.remove_consumer(consumer)
-        if not subscription.consumers and not subscription.cursor.durable:
-            self.subscriptions.pop(subscription.name, None)
+        if not subscription.consumers:
+            if subscription.cursor.durable:
+                subscription.cursor.flush_soon()
+            else:
+                self.subscriptions.pop(subscription.name, None)
         subscription.dispatch()
 
     def unsubscribe(self, subscription: Subscription, consumer: Consumer) -> None:
@@ -214,15 +225,18 @@ class Topic:
         self.cursors.delete(str(self.name), name)
 
     def close(self) -> None:
-        """Seal the current ledger; the topic takes no more appends."""
+        """Seal the current ledger; the topic takes no more appends; the queued cursor
+        states of its subscriptions are written."""
         self.ledger.remove_listener(self._on_durable)
         self.ledger.close()  # pending appends complete first; their callbacks are queued
         if self.dedup is not None:
             self.dedup.snapshot()
         self.closed = True
+        self.cursors.flush(str(self.name))  # raises when it cannot: the broker's stop tries again
 
     def delete(self) -> None:
         """Delete the topic: compacted view and ledger, then every ledger and cursor."""
         self.ledger.remove_listener(self._on_durable)
+        self.cursors.discard(str(self.name))
         self.closed = True
         self.compacted.delete()

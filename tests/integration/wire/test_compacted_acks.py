@@ -26,6 +26,8 @@ import httpx
 import pulsar
 import pytest
 
+from cursor.store import CursorStore
+from ledger.database import Database
 from ledger.position import Position
 from tests.integration.wire.helpers import RECEIVE_MS, drain, unique_topic
 from tests.serve_process import ServeProcess
@@ -299,6 +301,18 @@ def _acked_runs(messages: list[Any]) -> str:
     return f"[({ledger_id}:{first - 1}..{ledger_id}:{last}]]"
 
 
+def _persisted_runs(data_dir: Path, topic: str) -> str:
+    """The subscription's acknowledged runs as persisted in the data dir (a read-only look
+    while the broker runs), in internal stats' notation."""
+    database = Database(str(data_dir / "metadata.db"), read_only=True)
+    try:
+        record = CursorStore(database).load_persisted(topic, "sub")
+    finally:
+        database.close()
+    runs = record.individually_deleted if record is not None else ()
+    return "[" + ", ".join(f"({lid}:{first - 1}..{lid}:{last}]" for lid, first, last in runs) + "]"
+
+
 @pytest.mark.parametrize("batched", BATCHING)
 def test_acks_of_a_read_compacted_consumer_survive_a_killed_compactd_serve(tmp_path: Path, batched: bool) -> None:
     """Issue 10: 500 messages over 20 keys, compacted over REST; a read-compacted consumer
@@ -323,6 +337,8 @@ def test_acks_of_a_read_compacted_consumer_survive_a_killed_compactd_serve(tmp_p
                 expected = _acked_runs(got)
                 wait_until("internal stats show the acks", lambda: http.get(_admin_url(topic) + "/internalStats")
                            .json()["cursors"]["sub"]["individuallyDeletedMessages"] == expected)
+                # acks are persisted on a schedule (one persist a second): the kill comes after it
+                wait_until("the acks are persisted", lambda: _persisted_runs(tmp_path / "data", topic) == expected)
             finally:
                 client.close()
         serve.kill()

@@ -28,7 +28,7 @@ INTERFACES = ROOT.parent / "shared" / "design" / "INTERFACES.md"
 NOT_YET_IN_INTERFACES = {
     "fsync", "managed_ledger_max_entries_per_ledger", "managed_ledger_max_size_per_ledger_bytes",
     "compaction_memory_budget_bytes", "broker_deduplication_enabled", "cluster_name",
-    "max_open_ledger_files",
+    "max_open_ledger_files", "managed_ledger_mark_delete_rate_limit",
     "wire_connect_timeout_seconds", "wire_frame_timeout_seconds",
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
 }
@@ -45,6 +45,7 @@ DOCUMENTED_DEFAULTS = {
     "fsync": "group", "managed_ledger_max_entries_per_ledger": 50_000,
     "managed_ledger_max_size_per_ledger_bytes": 2 * 1024**3,
     "compaction_memory_budget_bytes": 1 << 30, "max_open_ledger_files": 256,
+    "managed_ledger_mark_delete_rate_limit": 1.0,
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
     "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
     "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
@@ -70,6 +71,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "broker_deduplication_enabled": ("on", "true", True),
     "cluster_name": ("east", '"east"', "east"),
     "max_open_ledger_files": ("64", "64", 64),
+    "managed_ledger_mark_delete_rate_limit": ("0.1", "0.1", 0.1),
     "wire_connect_timeout_seconds": ("0.5", "0.5", 0.5),
     "wire_frame_timeout_seconds": ("2", "2", 2.0),
     "wire_partial_frames_budget_bytes": ("1048576", "1048576", 1048576),
