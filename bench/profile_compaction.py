@@ -9,9 +9,12 @@ For each layout (non-batched, batched ``--batch-size``) it writes the topic once
 ``py-spy record --format raw --nolineno`` and prints, per phase, the functions with the
 most samples: *self* (the sampled frame is the function) and *total* (the function is on
 the stack). Samples are put in a phase by their stack: under ``_phase_two`` → phase two;
-under ``_local_phase_one`` or a thread-pool worker (phase one's reads run on one) → phase
-one; under the file store's ``_flush_loop`` → flusher (phase two's appends made durable);
-anything else (opening the topic, publishing) → other. Idle threads are not sampled.
+under ``_local_phase_one`` → phase one; on a thread-pool worker → phase one reads (phase
+one reads the store on one, beside the main thread); under the file store's
+``_flush_loop`` → flusher (phase two's appends made durable); anything else (opening the
+topic, publishing) → other. py-spy leaves out threads it sees idle, though a thread
+waiting in Python code (``Condition.wait``) may still be sampled. The *total* lists leave
+out the common path: functions on at least 99.5 % of a phase's stacks.
 
 The raw stacks are kept in ``--out`` (default: a temp dir) for a closer look, e.g. with
 ``py-spy``'s speedscope or flamegraph formats. A benchmark tool: it asserts nothing.
@@ -33,14 +36,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import _child
 
 COMPACTION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compaction.py")
-PHASES = (("phase two", ("_phase_two ",)), ("phase one", ("_local_phase_one ", "_worker ")),
-          ("flusher", ("_flush_loop ",)))
+PHASES = (("phase two", {"Compactor._phase_two"}), ("phase one", {"Compactor._local_phase_one"}),
+          ("phase one reads", {"_worker"}), ("flusher", {"FileLedgerStore._flush_loop"}))
+COMMON_SHARE = 0.995  # a function on at least this share of a phase's stacks is its common path
 
 
 def phase_of(frames: list[str]) -> str:
     """Which phase a sampled stack belongs to (module docstring)."""
+    functions = {frame.partition(" (")[0] for frame in frames}
     for phase, markers in PHASES:
-        if any(frame.startswith(markers) for frame in frames):
+        if functions & markers:
             return phase
     return "other"
 
@@ -67,7 +72,8 @@ def summarise(raw_path: str, top: int) -> dict[str, dict[str, object]]:
         phase: {
             "samples": count, "share_of_run": count / all_samples,
             "self": [(name, n / count) for name, n in self_counts[phase].most_common(top)],
-            "total": [(name, n / count) for name, n in total_counts[phase].most_common(top)],
+            "total": [(name, n / count) for name, n in total_counts[phase].most_common()
+                      if n / count < COMMON_SHARE][:top],
         }
         for phase, count in samples.most_common()
     }
@@ -105,22 +111,32 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--out", default=None, help="where the raw stacks are kept (default: a temp dir)")
+    parser.add_argument("--summarise", nargs="+", metavar="RAW", help="only summarise raw stacks recorded before")
     args = parser.parse_args()
+    if args.summarise:
+        for raw in args.summarise:
+            report(raw, raw, args.top)
+        return
     root = args.out or tempfile.mkdtemp(prefix="bench-profile-")
     os.makedirs(root, exist_ok=True)
     base = {"messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes, "tombstones": 0.01,
             "compression": "none", "seed": 1, "sync": "group"}
     for layout, batch_size in (("non-batched", 1), (f"batched-x{args.batch_size}", args.batch_size)):
         raw = profile(layout, {**base, "batch_size": batch_size}, root, args.rate)
-        print(f"\n== {layout}: {args.messages:,} messages, {args.keys:,} keys ({raw})")
-        for phase, figures in summarise(raw, args.top).items():
-            print(f"  -- {phase}: {figures['samples']} samples, {figures['share_of_run']:.0%} of the run")
-            for kind in ("self", "total"):
-                rows = figures[kind]
-                assert isinstance(rows, list)
-                print(f"     {kind}:")
-                for name, share in rows:
-                    print(f"       {share:6.1%}  {name}")
+        report(f"{layout}: {args.messages:,} messages, {args.keys:,} keys ({raw})", raw, args.top)
+
+
+def report(title: str, raw: str, top: int) -> None:
+    """Print ``summarise(raw, top)`` under ``title``."""
+    print(f"\n== {title}")
+    for phase, figures in summarise(raw, top).items():
+        print(f"  -- {phase}: {figures['samples']} samples, {figures['share_of_run']:.0%} of the run")
+        for kind in ("self", "total"):
+            rows = figures[kind]
+            assert isinstance(rows, list)
+            print(f"     {kind}:")
+            for name, share in rows:
+                print(f"       {share:6.1%}  {name}")
 
 
 if __name__ == "__main__":
