@@ -1,6 +1,11 @@
 """Compaction: records/s of each phase, bytes per live key and peak RSS, batched and not.
 
-Run: ``.venv/bin/python bench/compaction.py [--runs 3] [--messages 1000000] [--keys 100000]``
+Run: ``.venv/bin/python -m bench.compaction [--runs 3] [--messages 1000000] [--keys 100000] [--json]``
+(or ``bench/compaction.py``). ``--json`` prints one JSON object on stdout (the tables go to
+stderr): the workload, then for ``batched`` and ``non_batched`` the medians of the full runs
+(b): ``phase_one_records_per_s``, ``phase_two_records_per_s``, ``run_records_per_s``,
+``peak_rss_bytes``, ``io_floor_ratio``; ``bytes_per_live_key`` from (e);
+``index_build_records_per_s`` (null: no key index exists yet); and the figures behind them.
 
 Workload (``bench/_workload.py``, seeded, so every process rebuilds the same stream):
 ``--messages`` messages whose keys are drawn uniformly from ``--keys`` keys, values of
@@ -28,6 +33,14 @@ another's. Peak RSS is the child's ``VmHWM`` (``/proc/self/status``): Linux carr
   ``Compactor().compact(CompactedTopic.restore(ml))`` end to end, reading ``RunFigures``.
   Its peak RSS is the compactor's own footprint over a streamed topic.
 
+* **memory**: once per layout, untimed: ``phase_one`` over the entries built as the stream
+  reaches them, under ``tracemalloc`` (numpy reports its buffers to it). Bytes per live
+  key = what phase one's result still holds when it returns (the merged key map and its
+  packer) / live keys; the peak it held at once (update buffer, merge copies) beside it.
+* **I/O floor** (``bench/_io_floor.py``), in each runner child after its run, on the same
+  files: plain reads of every input ledger file and a write of the compacted ledger's bytes
+  to a new file with fsync. ``io_floor_ratio`` = that time / the run's wall time.
+
 A child that only imports the same modules gives the baseline RSS. Figures are medians
 over ``--runs``. A benchmark, not a test: it asserts nothing.
 """
@@ -35,6 +48,7 @@ over ``--runs``. A benchmark, not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -50,13 +64,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import _child
 from bench._child import current_rss_bytes, peak_rss_bytes
+from bench._io_floor import io_floor
+from bench._io_floor import ledger_files as _ledger_files
 from bench._workload import CODECS, Workload
 from compactor.algorithm import phase_one, phase_two
 from compactor.runner import Compactor
 from compactor.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
-from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 
@@ -154,19 +170,50 @@ def child_pure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def child_memory(spec: dict[str, Any]) -> dict[str, Any]:
+    """The key map's memory, measured with ``tracemalloc`` (numpy reports its buffers to it)
+    over a real ``phase_one`` of the workload's entries, each built as the stream reaches
+    it: ``retained`` is what phase one's result still holds when it returns (the merged key
+    map, its packer), ``peak`` the most phase one held at once (buffer and merge copies, one
+    entry's transient objects). Slow under tracemalloc, so not timed and run once."""
+    import tracemalloc
+
+    workload = _workload(spec)
+    entries_per_ledger = ManagedLedgerConfig().max_entries_per_ledger
+    stream = (
+        Entry(Position(1 + index // entries_per_ledger, index % entries_per_ledger), data)
+        for index, data in enumerate(workload.encoded())
+    )
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    result = phase_one(stream)
+    live_keys = len(result.key_map)  # merges what is still buffered, as phase two will
+    retained, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {
+        "live_keys": live_keys, "retained_bytes": retained - before, "peak_bytes": peak - before,
+        "map_nbytes": result.key_map.nbytes,
+    }
+
+
 def child_runner(spec: dict[str, Any]) -> dict[str, Any]:
     """One full ``Compactor().compact`` of the topic in ``spec["dir"]``."""
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy(spec["sync"]))
     ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, ManagedLedgerConfig())
     topic = CompactedTopic.restore(ledger, CursorStore(data_dir.database))
+    ledgers_dir = os.path.join(spec["dir"], "ledgers")
+    inputs = _ledger_files(ledgers_dir)
     rss_open = current_rss_bytes()
     started = time.perf_counter()
     figures = Compactor().compact(topic)
     wall_s = time.perf_counter() - started
-    peak_rss = peak_rss_bytes()
+    peak_rss = peak_rss_bytes()  # read before the I/O floor's buffers exist
     ledger.close()
     data_dir.close()
-    return {
+    [output] = sorted(set(_ledger_files(ledgers_dir)) - set(inputs))
+    inputs = [path for path in inputs if os.path.exists(path)]  # closing removes an empty open ledger
+    floor = io_floor(inputs, output, os.path.join(spec["dir"], "io-floor.out"))
+    return {**floor, "io_floor_ratio": floor["io_floor_s"] / wall_s,
         "wall_s": wall_s, "phase_one_s": figures.phase_one_s, "phase_two_s": figures.phase_two_s,
         "duration_s": figures.duration_s, "messages_read": figures.messages_read,
         "entries_read": figures.entries_read, "bytes_read": figures.bytes_read,
@@ -176,7 +223,9 @@ def child_runner(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-CHILDREN = {"idle": child_idle, "setup": child_setup, "pure": child_pure, "runner": child_runner}
+CHILDREN = {
+    "idle": child_idle, "setup": child_setup, "pure": child_pure, "runner": child_runner, "memory": child_memory,
+}
 
 
 # --- the parent --------------------------------------------------------------------------------
@@ -214,13 +263,31 @@ def main() -> None:
                         help="sync policy of the data dir during the compaction run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dir", default=None, help="where the data dirs go (default: a temp dir)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object of the figures on stdout (the tables go to stderr)")
+    parser.add_argument("--no-pure", action="store_true", help="skip the pure phases over in-memory entries (a)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, spec = args.child
         print(json.dumps(CHILDREN[kind](json.loads(spec))))
         return
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        measured = measure(args)
+        print_tables(*measured)
+    if args.json:
+        print(json.dumps(summary(args, *measured)))
 
+
+Measured = tuple[
+    float, dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]],
+    dict[str, dict[str, Any]],
+]
+"""(idle peak RSS, setups, pure results, runner results, key map memory), per layout name."""
+
+
+def measure(args: argparse.Namespace) -> Measured:
+    """Every child of the benchmark, in turn; prints what the workload is."""
     base = {
         "messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes,
         "tombstones": args.tombstones, "compression": args.compression, "seed": args.seed, "sync": args.sync,
@@ -240,14 +307,17 @@ def main() -> None:
     pure: dict[str, list[dict[str, Any]]] = {}
     runner: dict[str, list[dict[str, Any]]] = {}
     setups: dict[str, dict[str, Any]] = {}
+    memory: dict[str, dict[str, Any]] = {}
     try:
         for name, batch_size in layouts:
             spec = {**base, "batch_size": batch_size}
             template = os.path.join(root, f"template-{batch_size}")
             setups[name] = spawn("setup", {**spec, "dir": template})
+            memory[name] = spawn("memory", spec)
             pure[name], runner[name] = [], []
             for run in range(args.runs):
-                pure[name].append(spawn("pure", spec))
+                if not args.no_pure:
+                    pure[name].append(spawn("pure", spec))
                 copy = os.path.join(root, f"run-{batch_size}-{run}")
                 shutil.copytree(template, copy)
                 try:
@@ -256,7 +326,48 @@ def main() -> None:
                     shutil.rmtree(copy, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return idle, setups, {name: results for name, results in pure.items() if results}, runner, memory
 
+
+def summary(args: argparse.Namespace, idle: float, setups: dict[str, dict[str, Any]],
+            pure: dict[str, list[dict[str, Any]]], runner: dict[str, list[dict[str, Any]]],
+            memory: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The JSON object: the workload, then per layout the medians of the full runs."""
+    figures: dict[str, Any] = {
+        "messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes,
+        "tombstones": args.tombstones, "compression": args.compression, "sync": args.sync, "runs": args.runs,
+        "batch_size": args.batch_size, "idle_peak_rss_bytes": int(idle),
+    }
+    for name, results in runner.items():
+        layout = "non_batched" if name == "non-batched" else "batched"
+        key_map = memory[name]
+        figures[layout] = {
+            "phase_one_records_per_s": rate(results, "messages_read", "phase_one_s"),
+            "phase_two_records_per_s": rate(results, "messages_read", "phase_two_s"),
+            "run_records_per_s": rate(results, "messages_read", "wall_s"),
+            "bytes_per_live_key": key_map["retained_bytes"] / key_map["live_keys"],
+            "peak_bytes_per_live_key": key_map["peak_bytes"] / key_map["live_keys"],
+            "peak_rss_bytes": int(median(results, "peak_rss")),
+            "index_build_records_per_s": None,  # no key index exists yet
+            "io_floor_ratio": median(results, "io_floor_ratio"),
+            "io_floor_s": median(results, "io_floor_s"),
+            "wall_s": median(results, "wall_s"),
+            "phase_one_s": median(results, "phase_one_s"),
+            "phase_two_s": median(results, "phase_two_s"),
+            "messages_read": results[0]["messages_read"], "entries_read": results[0]["entries_read"],
+            "bytes_read": results[0]["bytes_read"], "bytes_written": results[0]["bytes_written"],
+            "live_keys": key_map["live_keys"], "key_map_nbytes": key_map["map_nbytes"],
+            "setup_entries": setups[name]["entries"], "setup_ledgers": setups[name]["ledgers"],
+        }
+        if name in pure:
+            figures[layout]["pure_phase_one_records_per_s"] = rate(pure[name], "messages_read", "phase_one_s")
+            figures[layout]["pure_phase_two_records_per_s"] = rate(pure[name], "messages_read", "phase_two_s")
+    return figures
+
+
+def print_tables(idle: float, setups: dict[str, dict[str, Any]], pure: dict[str, list[dict[str, Any]]],
+                 runner: dict[str, list[dict[str, Any]]], memory: dict[str, dict[str, Any]]) -> None:
+    """The human tables (a) to (e)."""
     print()
     print("setup (not timed below):")
     for name, setup in setups.items():
@@ -299,14 +410,30 @@ def main() -> None:
     print()
     print(f"(d) peak RSS (VmHWM) per child process; idle child with the same imports: {idle / MIB:,.1f} MiB")
     print(f"  {'layout':<14} {'config':<7} {'RSS before':>11} {'peak RSS':>10} {'peak - idle':>12}")
-    for name, pure_results in pure.items():
-        for config, results, before in (("pure", pure_results, "rss_input"), ("runner", runner[name], "rss_open")):
+    for name, runner_results in runner.items():
+        configs = (("pure", pure.get(name, []), "rss_input"), ("runner", runner_results, "rss_open"))
+        for config, results, before in configs:
+            if not results:
+                continue
             peak = median(results, "peak_rss")
             print(f"  {name:<14} {config:<7} {median(results, before) / MIB:>8,.1f} MiB {peak / MIB:>6,.1f} MiB "
                   f"{(peak - idle) / MIB:>8,.1f} MiB")
     print("  RSS before = pure: after building the in-memory input; runner: after opening the topic")
     print("  VmHWM counts file-backed pages too (a ledger file the store maps while scanning it), not only the heap")
 
+    print()
+    print("(e) key map memory traced (tracemalloc, one untimed phase one) and the full run's I/O floor")
+    print(f"  {'layout':<14} {'live keys':>9} {'held B/key':>10} {'peak B/key':>10} {'nbytes/key':>10} "
+          f"{'read s':>7} {'write s':>7} {'floor s':>7} {'run s':>7} {'floor/run':>9}")
+    for name, results in runner.items():
+        key_map = memory[name]
+        print(f"  {name:<14} {key_map['live_keys']:>9,} {key_map['retained_bytes'] / key_map['live_keys']:>10.1f} "
+              f"{key_map['peak_bytes'] / key_map['live_keys']:>10.1f} "
+              f"{key_map['map_nbytes'] / key_map['live_keys']:>10.1f} {median(results, 'io_read_s'):>7.2f} "
+              f"{median(results, 'io_write_s'):>7.2f} {median(results, 'io_floor_s'):>7.2f} "
+              f"{median(results, 'wall_s'):>7.2f} {median(results, 'io_floor_ratio'):>9.3f}")
+    print("  held = what phase one's result keeps (the merged map); peak = the most phase one held at once;")
+    print("  floor = plain reads of the input ledger files + a write of the output's bytes with fsync, same files")
 
 if __name__ == "__main__":
     main()

@@ -33,6 +33,9 @@ Phase two (``phase_two``) — what survives, in original order?
   with no survivor is not written.
 * Positions and message ids never change, so compacting twice equals compacting once, and
   compacting A, then the result plus B, equals compacting A+B.
+* An entry with no retained slot that is neither opaque nor a chunk (phase one lists
+  those in ``parse_again``) has nothing to keep and is skipped unread, unless key-less
+  messages are retained (then every entry is read, as it is when ``parse_again`` is None).
 * The stream comes in position order and packed positions keep that order, so phase two
   finds the retained positions in one ascending walk (``AscendingLookup``), not a search
   per message; a batch is split into slots once, and rewritten from those slots.
@@ -57,7 +60,7 @@ from dataclasses import dataclass, field
 
 from compactor.chunks import ChunkedMessages, EntryAt
 from compactor.encoder import rewrite_slots
-from compactor.keymap import AscendingLookup, KeyMap, PositionPacker, key_hash
+from compactor.keymap import AscendingLookup, KeyMap, KeyMapLimitError, PositionPacker, key_hash
 from compactor.scan import EntryScan, ScannedMessage, scan_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -79,6 +82,9 @@ class PhaseOneResult:
         opaque_entries: entries kept whole because they could not be decoded.
         last_position: the last entry read (the stop marker), or None for no entries.
         chunks: where the stream's chunked messages complete (``compactor.chunks``).
+        parse_again: the entries phase two must read whatever the key map holds (opaque
+            entries and chunks); None when whoever ran phase one did not record them (the
+            Spark engine), and then phase two reads every entry.
     """
 
     key_map: KeyMap = field(default_factory=KeyMap)
@@ -90,6 +96,7 @@ class PhaseOneResult:
     opaque_entries: int = 0
     last_position: Position | None = None
     chunks: ChunkedMessages = field(default_factory=ChunkedMessages)
+    parse_again: set[Position] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +127,8 @@ def phase_one(
 ) -> PhaseOneResult:
     """Build the key map from ``entries`` (see the module docstring, phase one)."""
     del retain_null_key  # key-less messages never enter the map; phase two decides
-    result = PhaseOneResult()
+    parse_again: set[Position] = set()
+    result = PhaseOneResult(parse_again=parse_again)
     for entry in entries:
         assert result.last_position is None or entry.position > result.last_position, "out of order"
         result.last_position = entry.position
@@ -129,11 +137,13 @@ def phase_one(
         scan = scan_entry(entry.data)
         if scan.kind == "opaque":
             result.opaque_entries += 1
+            parse_again.add(entry.position)
         elif scan.kind == "marker":
             result.markers += 1
         else:
             result.messages_read += len(scan.messages)
             if scan.chunk is not None:
+                parse_again.add(entry.position)
                 _chunk(result, entry.position, scan)
                 continue
             young = _young(scan.publish_time, keep_tombstones_since_ms)
@@ -192,7 +202,10 @@ def phase_two(
     retained = AscendingLookup(sorted_positions)
     chunks = result.chunks
     retained_chunks = chunks.retained(sorted_positions, result.packer, retain_null_key)
+    parse_again = None if retain_null_key else result.parse_again
     for entry in entries:
+        if parse_again is not None and _nothing_retained(entry.position, result.packer, retained, parse_again):
+            continue
         scan = scan_entry(entry.data)
         if scan.kind == "opaque":
             yield CompactedEntry(entry.position, entry.data)
@@ -217,6 +230,25 @@ def phase_two(
                 batch.metadata, batch.slots(), set(keep), with_checksum=batch.has_checksum
             )
         yield CompactedEntry(entry.position, data, scan.batch_size, tuple(keep))
+
+
+def _nothing_retained(
+    position: Position, packer: PositionPacker, retained: AscendingLookup, parse_again: set[Position]
+) -> bool:
+    """The entry at ``position`` has no survivor, known without reading it (key-less
+    messages not retained): it is neither opaque nor a chunk, and no retained position is
+    one of its slots. Phase one put a position for every keyed value (a young tombstone
+    included), so an entry with no retained slot has nothing to keep. A position that does
+    not pack is left to the full reading, which fails where it did before."""
+    if parse_again and position in parse_again:
+        return False
+    try:
+        packed_entry = packer.pack_entry_known(position)
+    except KeyMapLimitError:
+        return False
+    if packed_entry is None:  # phase one put nothing in this ledger
+        return True
+    return not retained.any_in(packed_entry, packer.slots_end(packed_entry))
 
 
 def _surviving(

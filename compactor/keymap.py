@@ -101,6 +101,12 @@ class PositionPacker:
         return None if ordinal is None else self._pack_entry(ordinal, position.entry_id)
 
     @staticmethod
+    def slots_end(packed_entry: int) -> int:
+        """Above the packed position of every slot of the entry packed to ``packed_entry``
+        (and below the next entry's)."""
+        return packed_entry + (1 << _BATCH_BITS)
+
+    @staticmethod
     def pack_slot(packed_entry: int, batch_index: int) -> int:
         """The packed position of slot ``batch_index`` of the entry packed to ``packed_entry``."""
         if not -1 <= batch_index < (1 << _BATCH_BITS) - 1:
@@ -273,13 +279,24 @@ class AscendingLookup:
 
     def contains(self, packed: int) -> bool:
         """``packed`` is one of the positions; ``packed`` must not decrease between calls."""
+        found = self._first_from(packed)
+        return found is not None and found == packed
+
+    def any_in(self, start: int, stop: int) -> bool:
+        """Some position ``p`` has ``start <= p < stop``; ``start`` is a question as for
+        ``contains`` (it must not decrease between calls of either)."""
+        found = self._first_from(start)
+        return found is not None and found < stop
+
+    def _first_from(self, packed: int) -> int | None:
+        """The smallest position not below ``packed`` (None: none is); moves the walk there."""
         assert packed >= self._last_question, f"{packed} asked after {self._last_question}"
         self._last_question = packed
         index = bisect_left(self._chunk, packed, self._index)
         while index == len(self._chunk) and self._next_chunk():
             index = bisect_left(self._chunk, packed)
         self._index = index
-        return index < len(self._chunk) and self._chunk[index] == packed
+        return self._chunk[index] if index < len(self._chunk) else None
 
     def _next_chunk(self) -> bool:
         """Load the next chunk; False when the array is exhausted."""

@@ -357,6 +357,28 @@ def test_ascending_lookup_agrees_with_a_set(
     assert answers == [question in set(positions) for question in questions]
 
 
+@given(
+    st.lists(st.integers(0, 64), unique=True).map(sorted),
+    st.lists(st.tuples(st.integers(0, 64), st.integers(0, 3), st.booleans())).map(sorted),
+    st.integers(1, 5),
+)
+def test_ascending_lookup_answers_ranges_and_members_mixed_as_a_set_would(
+    positions: list[int], questions: list[tuple[int, int, bool]], chunk_positions: int
+) -> None:
+    """``any_in(start, stop)`` and ``contains`` share one walk, as phase two mixes them."""
+    with mock.patch.object(keymap, "_MEMBERSHIP_CHUNK_POSITIONS", chunk_positions):
+        lookup = AscendingLookup(np.array(positions, dtype=np.uint64))
+        answers = [
+            lookup.any_in(start, start + width) if is_range else lookup.contains(start)
+            for start, width, is_range in questions
+        ]
+    members = set(positions)
+    assert answers == [
+        any(start <= position < start + width for position in members) if is_range else start in members
+        for start, width, is_range in questions
+    ]
+
+
 def test_ascending_lookup_refuses_a_question_below_the_last() -> None:
     lookup = AscendingLookup(np.array([1, 5], dtype=np.uint64))
     assert lookup.contains(5)
