@@ -104,6 +104,7 @@ class CompactionRuns:
         self._states = RunStates()
         self._runs: dict[int, _Run] = {}
         self._queue: deque[int] = deque()
+        self._trims: set[asyncio.Task[None]] = set()  # trims after a success, in flight
         self._run_ids = itertools.count(1)
         for topic in status.topics_with_status(RUNNING):
             self._handle(Interrupted(topic, self._now_ms()))
@@ -169,6 +170,7 @@ class CompactionRuns:
         """Cancel the queued runs and wait for the running ones; no run starts after."""
         self._handle(Stopped(self._now_ms()))
         await self.wait_idle()
+        await asyncio.gather(*list(self._trims))
 
     # -- carrying out actions -------------------------------------------------------
 
@@ -218,15 +220,23 @@ class CompactionRuns:
             self._runs.pop(run_id).outcome.set_result(figures)
 
     def _trim(self, topic: str) -> None:
+        """Trim the topic's ledger on a worker thread (its deletes and commits stay off
+        the event loop); ``stop`` waits for the trims in flight."""
         trimmed = [run.job.topic for run in self._runs.values() if run.job.topic.name == topic]
         for compacted in trimmed[:1]:
-            try:
-                compacted.ledger.trim()
-            except Exception as error:  # noqa: BLE001 - the run succeeded; the next trim retries
-                log.warning("%s: trimming after compaction failed: %s", topic, error)
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(_trim_quietly, compacted))
+            self._trims.add(task)
+            task.add_done_callback(self._trims.discard)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def _trim_quietly(compacted: CompactedTopic) -> None:
+    try:
+        compacted.ledger.trim()
+    except Exception as error:  # noqa: BLE001 - the run succeeded; the next trim retries
+        log.warning("%s: trimming after compaction failed: %s", compacted.name, error)
 
 
 def _retrieved(outcome: asyncio.Future[RunFigures]) -> None:

@@ -10,7 +10,12 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   durable. After an append that makes the current ledger hold ``max_entries_per_ledger``
   entries or ``max_size_per_ledger_bytes`` bytes (and is older than
   ``min_rollover_time_ms``), that ledger is sealed and a new one is created: a full ledger
-  holds exactly the entries up to and including the one that filled it.
+  holds exactly the entries up to and including the one that filled it. Opened with
+  ``roll_over_in_background`` (the broker does), the seal and the creation (their fsyncs
+  and metadata commits) run on a thread of their own instead of the appender's: appends
+  that arrive meanwhile wait in memory, in order (Pulsar's pending adds while a ledger is
+  created), and go to the new ledger once it exists, so the appender never blocks on a
+  roll-over's I/O.
 * **A failed write** (Pulsar's answer to a BookKeeper write error): the append's future
   fails with ``LedgerIOError``, and so do the appends in flight behind it; none is ever
   reported durable unless it is. The next append seals the failed ledger at its last
@@ -33,11 +38,18 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ledger.errors import LedgerError, LedgerFencedError, LedgerIOError, MetadataError
+from ledger.errors import (
+    LedgerError,
+    LedgerFencedError,
+    LedgerIOError,
+    LedgerNotFoundError,
+    MetadataError,
+)
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
 from ledger.storage.base import LedgerStore
@@ -111,6 +123,7 @@ class ManagedLedger:
         metadata: MetadataStore,
         config: ManagedLedgerConfig,
         clock: Callable[[], float],
+        roll_over_in_background: bool = False,
     ) -> None:
         self.name = name
         self.store = store
@@ -129,6 +142,11 @@ class ManagedLedger:
         self._listeners: list[Callable[[Position], None]] = []
         self.entries_added_counter = 0
         self.closed = False
+        self._background = roll_over_in_background
+        self._rolling = False  # a background roll-over is in flight: appends wait in _queued
+        self._queued: list[tuple[bytes, Future[Position]]] = []
+        self._rolled = threading.Event()  # set while no roll-over is in flight
+        self._rolled.set()
 
     # -- opening ------------------------------------------------------------------------
 
@@ -141,9 +159,11 @@ class ManagedLedger:
         config: ManagedLedgerConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        roll_over_in_background: bool = False,
     ) -> ManagedLedger:
-        """Load topic ``name`` (creating it if new) and open a fresh ledger for writing."""
-        managed = cls(name, store, metadata, config or ManagedLedgerConfig(), clock)
+        """Load topic ``name`` (creating it if new) and open a fresh ledger for writing;
+        ``roll_over_in_background`` moves roll-overs off the appending thread."""
+        managed = cls(name, store, metadata, config or ManagedLedgerConfig(), clock, roll_over_in_background)
         metadata.create_topic(name, managed._now_ms())
         kept: list[_Ledger] = []
         empty: list[int] = []
@@ -179,6 +199,15 @@ class ManagedLedger:
 
     def _create_ledger(self) -> None:
         """Create the next current ledger: ledger store first, then its reference."""
+        self._add_current(self._new_ledger())
+
+    def _add_current(self, ledger: _Ledger) -> None:
+        self._ledgers.append(ledger)
+        self._pending_entries = 0
+        self._pending_bytes = 0
+
+    def _new_ledger(self) -> _Ledger:
+        """A new, empty, referenced ledger, not yet in the list."""
         ledger_id = self.store.create(
             {"application": "compactd", "component": "managed-ledger", "managed-ledger": self.name}
         )
@@ -188,9 +217,7 @@ class ManagedLedger:
         except MetadataError:
             self._delete_quietly(ledger_id)  # never referenced: nobody can miss it
             raise
-        self._ledgers.append(_Ledger(ledger_id, 0, 0, now_ms, 0))
-        self._pending_entries = 0
-        self._pending_bytes = 0
+        return _Ledger(ledger_id, 0, 0, now_ms, 0)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -208,19 +235,33 @@ class ManagedLedger:
         with self._lock:
             if self.closed:
                 raise LedgerError(f"managed ledger {self.name} is closed")
-            try:
-                ledger, inner = self._submit(data)
-            except (LedgerError, MetadataError) as error:
-                outer.set_exception(self._append_failure(error))
-                return outer
-            self._pending_entries += 1
-            self._pending_bytes += len(data)
-            self.entries_added_counter += 1
-            size = len(data)
-            inner.add_done_callback(lambda done: self._on_durable(done, outer, ledger, size))
-            if self._current_is_full():
-                self._roll_over_after_append()
+            if self._rolling:
+                self._queued.append((data, outer))
+            else:
+                self._append_locked(data, outer)
         return outer
+
+    def _append_locked(self, data: bytes, outer: Future[Position]) -> None:
+        """Submit one entry to the current ledger (caller holds the lock); roll over after
+        the append that fills it."""
+        try:
+            ledger, inner = self._submit(data)
+        except (LedgerError, MetadataError) as error:
+            outer.set_exception(self._append_failure(error))
+            return
+        self._pending_entries += 1
+        self._pending_bytes += len(data)
+        self.entries_added_counter += 1
+        size = len(data)
+        inner.add_done_callback(lambda done: self._on_durable(done, outer, ledger, size))
+        if self._current_is_full():
+            if self._background:
+                self._rolling = True
+                self._rolled.clear()
+                threading.Thread(target=self._roll_over_in_background, daemon=True,
+                                 name=f"roll-over {self.name}").start()
+            else:
+                self._roll_over_after_append()
 
     def _submit(self, data: bytes) -> tuple[_Ledger, Future[int]]:
         """Hand ``data`` to the current ledger, first rolling past a failed one."""
@@ -303,6 +344,36 @@ class ManagedLedger:
             if not self._ledgers[-1].closed_at_ms:
                 self._ledgers[-1].failed = True
 
+    def _roll_over_in_background(self) -> None:
+        """Seal the full current ledger and create the next one without the lock (no
+        append reaches the full one: they wait in ``_queued``), then hand the waiting
+        appends to the new ledger in order. A failure leaves the ledger marked: the
+        waiting appends then take the ordinary path, which rolls past it or fails them."""
+        with self._lock:
+            full = self._ledgers[-1]
+        new: _Ledger | None = None
+        try:
+            self._seal(full)
+            new = self._new_ledger()
+        except Exception as error:  # noqa: BLE001 - an append must never wait forever on a roll-over
+            log.warning("topic %s: roll-over failed, the next append retries it: %s", self.name, error)
+        with self._lock:
+            if full.closed_at_ms and full.entries == 0:
+                self._empty_ledgers.append(full)  # every append to it failed: it leaves the list
+            elif not full.closed_at_ms:
+                full.failed = True
+            if new is not None:
+                self._add_current(new)
+            self._rolling = False
+            while self._queued and not self._rolling:
+                data, outer = self._queued.pop(0)
+                if self.closed:
+                    outer.set_exception(LedgerError(f"managed ledger {self.name} is closed"))
+                else:
+                    self._append_locked(data, outer)
+            if not self._rolling:
+                self._rolled.set()
+
     def _seal_current(self) -> None:
         """Seal the current ledger (its pending appends become durable first); an empty
         one leaves the list."""
@@ -348,11 +419,22 @@ class ManagedLedger:
             self._listeners.remove(listener)
 
     def close(self) -> None:
-        """Seal the current ledger after its pending appends; no append is taken after."""
-        with self._lock:
+        """Seal the current ledger after its pending appends (a roll-over in flight ends
+        first, its waiting appends included); no append is taken after."""
+        with self._quiet_lock():
             if not self.closed:
                 self._seal_current()
                 self.closed = True
+
+    @contextmanager
+    def _quiet_lock(self) -> Iterator[None]:
+        """Hold the lock at a moment when no roll-over is in flight."""
+        while True:
+            self._rolled.wait()
+            with self._lock:
+                if not self._rolling:
+                    yield
+                    return
 
     # -- the ledger list and positions --------------------------------------------------
 
@@ -499,9 +581,19 @@ class ManagedLedger:
             plan = self._read_plan(Position(start.ledger_id, max(start.entry_id, 0)), max_entries, bound)
         result: list[Entry] = []
         for ledger_id, first, last in plan:
-            for offset, data in enumerate(self.store.read(ledger_id, first, last)):
+            try:
+                stored = self.store.read(ledger_id, first, last)
+            except LedgerNotFoundError:
+                if self._listed(ledger_id):
+                    raise
+                continue  # trimmed (on another thread) since the plan was made: reads skip it
+            for offset, data in enumerate(stored):
                 result.append(Entry(Position(ledger_id, first + offset), data))
         return result
+
+    def _listed(self, ledger_id: int) -> bool:
+        with self._lock:
+            return any(ledger.ledger_id == ledger_id for ledger in self._ledgers)
 
     def _read_plan(self, position: Position, max_entries: int, bound: Position) -> list[tuple[int, int, int]]:
         """Inclusive ``(ledger_id, first, last)`` ranges to read; caller holds the lock."""
@@ -530,6 +622,8 @@ class ManagedLedger:
         ``MetadataStore.held_positions``), so only durably consumed data is ever deleted.
         """
         with self._lock:
+            if self.closed:
+                return []
             bound = self._slowest_reader_ledger_id()
             doomed = self._ledgers_to_trim(bound)
             if not doomed:
@@ -574,7 +668,7 @@ class ManagedLedger:
 
     def delete(self) -> None:
         """Delete the topic: references first (one transaction), then every ledger's data."""
-        with self._lock:
+        with self._quiet_lock():
             self.closed = True
             ledger_ids = self.metadata.delete_topic(self.name)
             self._ledgers = []

@@ -140,10 +140,15 @@ class BrokerService:
         self.compactor.close()  # stops the Spark session if the spark engine started one
 
     async def _trim_periodically(self) -> None:
+        """Trim every loaded topic each interval, on a worker thread: a trim's deletes and
+        metadata commit never run on the event loop."""
         while True:
             await asyncio.sleep(TRIM_INTERVAL_S)
             for topic in list(self.topics.values()):
-                topic.ledger.trim()
+                try:
+                    await asyncio.to_thread(topic.ledger.trim)
+                except Exception as error:  # noqa: BLE001 - the next interval tries again
+                    log.warning("trimming %s: %s", topic.name, error)
 
     # -- topics -------------------------------------------------------------------------
 
@@ -160,7 +165,8 @@ class BrokerService:
             return topic
         if not create and not self.data_dir.metadata.topic_exists(key):
             raise TopicNotFoundError(f"Topic {key} not found")
-        ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config)
+        ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config,
+                                    roll_over_in_background=True)
         topic = Topic(name, ledger, self.loop or asyncio.get_running_loop(),
                       deduplication=self.deduplication_enabled(name), cursors=self.cursors)
         self.topics[key] = topic
