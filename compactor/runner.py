@@ -277,7 +277,7 @@ class Compactor:
         ledger_id = store.create({
             "application": "compactd", "component": "compacted-ledger",
             "topic": topic.name, "compactedTo": str(stop),
-        })
+        }, durable_at_seal=True)  # of use only once sealed: never queues behind the live topics' syncs
         try:
             stream = self._stream(topic, previous, horizon, stop, lambda read: counted(read()))
             counted.start()

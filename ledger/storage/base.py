@@ -5,7 +5,12 @@ model). ``LedgerStore`` is the whole contract every backend keeps:
 
 * ``create(metadata)`` allocates a ledger id that is unique and larger than every id this
   store handed out before (ids are never reused, not even after ``delete``), and records
-  the custom metadata, which never changes afterwards.
+  the custom metadata, which never changes afterwards. With ``durable_at_seal=True`` (for
+  a ledger that is of use only sealed, such as a compacted ledger, referenced after its
+  seal) appends are taken without a sync: their futures resolve at once, the store writes
+  them in large blocks, ``last_add_confirmed`` follows what is written, a write failure
+  surfaces as ``LedgerIOError`` from a later append or from ``close``, and only ``close``
+  makes them durable.
 * ``append(ledger_id, data)`` assigns the next dense ``entry_id`` (0, 1, 2, …) at once and
   returns a future that resolves to that id **only once the entry is durable** under the
   store's sync policy; futures of one ledger resolve in append order. On a write or sync
@@ -93,7 +98,7 @@ class LedgerInfo:
 class LedgerStore(Protocol):
     """The ledger storage seam; see the module docstring for each method's contract."""
 
-    def create(self, metadata: Mapping[str, str] | None = None) -> int: ...
+    def create(self, metadata: Mapping[str, str] | None = None, *, durable_at_seal: bool = False) -> int: ...
 
     def append(self, ledger_id: int, data: bytes) -> Future[int]: ...
 

@@ -77,9 +77,9 @@ class FaultyLedgerStore:
                 del self._faults[operation]
         raise fault.error
 
-    def create(self, metadata: Mapping[str, str] | None = None) -> int:
+    def create(self, metadata: Mapping[str, str] | None = None, *, durable_at_seal: bool = False) -> int:
         self._enter("create")
-        return self.inner.create(metadata)
+        return self.inner.create(metadata, durable_at_seal=durable_at_seal)
 
     def append(self, ledger_id: int, data: bytes) -> Future[int]:
         self._enter("append")

@@ -5,6 +5,10 @@ the files' lifecycle and durability:
 
 * ``create`` bumps the id sequence file durably, then writes MAGIC and the META record and
   fsyncs the file and the directory. Ids are never reused.
+* A ledger created ``durable_at_seal`` (a compacted ledger) never syncs before its seal:
+  its appends gather in memory and are written in blocks of ``UNSYNCED_BLOCK_BYTES`` on
+  the appending thread, so they never queue behind (nor delay) the flusher's syncs of
+  live topics; the seal's fsync makes them durable.
 * ``append`` frames the entry and, by ``SyncPolicy``: ALWAYS writes and fsyncs inline;
   GROUP queues it for the flusher thread, which writes every queued record of every ledger,
   fdatasyncs each file once, advances ``last_add_confirmed`` and resolves the futures in
@@ -71,6 +75,8 @@ log = logging.getLogger(__name__)
 # descriptors per process, which sockets, SQLite and the rest share; a file past it is
 # reopened on its next use.
 MAX_OPEN_FILES_DEFAULT = 256
+# A ``durable_at_seal`` ledger's appends are written once this many bytes gathered.
+UNSYNCED_BLOCK_BYTES = 1024 * 1024
 
 _SUFFIX = ".ledger"
 _SEQUENCE_FILE = "LEDGER_ID_SEQUENCE"
@@ -90,6 +96,7 @@ class _FileLedger:
     pending_futures: list[tuple[int, Future[int]]] = field(default_factory=list)
     sealed: bool = False
     failed: bool = False
+    durable_at_seal: bool = False  # appends are written unsynced, in blocks; the seal syncs
 
 
 class FileLedgerStore:
@@ -119,7 +126,7 @@ class FileLedgerStore:
 
     # -- the LedgerStore contract -------------------------------------------------------
 
-    def create(self, metadata: Mapping[str, str] | None = None) -> int:
+    def create(self, metadata: Mapping[str, str] | None = None, *, durable_at_seal: bool = False) -> int:
         self._check_writable()
         with self._lock:
             try:
@@ -137,7 +144,8 @@ class FileLedgerStore:
                 intact_end=len(header),
                 file_size=len(header),
             )
-            self._ledgers[ledger_id] = _FileLedger(ledger_id, path, scanned, len(header), -1)
+            self._ledgers[ledger_id] = _FileLedger(ledger_id, path, scanned, len(header), -1,
+                                                   durable_at_seal=durable_at_seal)
             return ledger_id
 
     def append(self, ledger_id: int, data: bytes) -> Future[int]:
@@ -155,7 +163,11 @@ class FileLedgerStore:
             ledger.scanned.entry_lengths.append(len(data))
             ledger.scanned.size_bytes += len(data)
             ledger.end += len(record)
-            if self.sync is SyncPolicy.GROUP:
+            if ledger.durable_at_seal:
+                ledger.pending += record
+                if len(ledger.pending) < UNSYNCED_BLOCK_BYTES:
+                    return completed(entry_id)
+            elif self.sync is SyncPolicy.GROUP:
                 future: Future[int] = Future()
                 ledger.pending += record
                 ledger.pending_futures.append((entry_id, future))
@@ -165,7 +177,10 @@ class FileLedgerStore:
             handle = self._pin(ledger)
         try:
             with ledger.io_lock:
-                self._write_inline(ledger, handle.fd, record, entry_id)
+                if ledger.durable_at_seal:
+                    self._write_unsynced(ledger, handle.fd)
+                else:
+                    self._write_inline(ledger, handle.fd, record, entry_id)
         finally:
             self._unpin(handle)
         return completed(entry_id)
@@ -201,6 +216,8 @@ class FileLedgerStore:
             handle = self._pin(ledger)
         try:
             with ledger.io_lock:
+                if ledger.durable_at_seal:
+                    self._write_unsynced(ledger, handle.fd)
                 self._flush_pending(ledger, handle.fd)
                 self._write_seal(ledger, handle.fd)
         finally:
@@ -355,6 +372,27 @@ class FileLedgerStore:
             ledger.last_add_confirmed = futures[-1][0]
         for entry_id, future in futures:
             future.set_result(entry_id)
+
+    def _write_unsynced(self, ledger: _FileLedger, fd: int) -> None:
+        """Write a ``durable_at_seal`` ledger's gathered records without a sync; the
+        caller holds ``io_lock``. A failure fences the ledger and raises."""
+        with self._lock:
+            if ledger.failed:
+                raise LedgerFencedError(f"ledger {ledger.ledger_id} failed a write and is fenced",
+                                        ledger_id=ledger.ledger_id)
+            data, ledger.pending = bytes(ledger.pending), bytearray()
+            first = ledger.last_add_confirmed + 1
+            last = len(ledger.scanned.entry_offsets) - 1
+            if not data:
+                return
+            write_at = ledger.scanned.entry_offsets[first]
+        try:
+            _write_all(fd, data, write_at)
+        except OSError as error:
+            self._fail(ledger, [], error)
+            raise LedgerIOError(f"ledger {ledger.ledger_id}: {error}", ledger_id=ledger.ledger_id) from error
+        with self._lock:
+            ledger.last_add_confirmed = last
 
     def _write_inline(self, ledger: _FileLedger, fd: int, record: bytes, entry_id: int) -> None:
         """ALWAYS/NONE: write (and for ALWAYS sync) one record; the caller holds io_lock."""

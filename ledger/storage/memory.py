@@ -35,7 +35,7 @@ class MemoryLedgerStore:
         self._next_ledger_id = 1
         self._lock = threading.Lock()
 
-    def create(self, metadata: Mapping[str, str] | None = None) -> int:
+    def create(self, metadata: Mapping[str, str] | None = None, *, durable_at_seal: bool = False) -> int:
         with self._lock:
             ledger_id = self._next_ledger_id
             self._next_ledger_id += 1

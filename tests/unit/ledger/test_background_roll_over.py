@@ -24,7 +24,13 @@ from ledger.errors import LedgerIOError
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import Position
-from ledger.storage import FaultyLedgerStore, FileLedgerStore, LedgerStore, MemoryLedgerStore, SyncPolicy
+from ledger.storage import (
+    FaultyLedgerStore,
+    FileLedgerStore,
+    LedgerStore,
+    MemoryLedgerStore,
+    SyncPolicy,
+)
 
 TOPIC = "persistent://public/default/rolling"
 BOUND_S = 10

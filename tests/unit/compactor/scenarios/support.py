@@ -429,8 +429,8 @@ class RecordingStore:
         self._gate_owner = threading.get_ident()
         return self.gate
 
-    def create(self, metadata: Mapping[str, str] | None = None) -> int:
-        return self.inner.create(metadata)
+    def create(self, metadata: Mapping[str, str] | None = None, *, durable_at_seal: bool = False) -> int:
+        return self.inner.create(metadata, durable_at_seal=durable_at_seal)
 
     def append(self, ledger_id: int, data: bytes) -> Future[int]:
         return self.inner.append(ledger_id, data)
