@@ -89,7 +89,9 @@ class WireConsumer(Consumer):
 
     @property
     def writable(self) -> bool:
-        return not self.connection.writing_paused
+        """Dispatch may send to it: its connection is open and not over its high-water mark
+        (a closing connection's consumers get nothing more, which would only come back)."""
+        return self.connection.is_open() and not self.connection.writing_paused
 
     def send(self, delivery: Delivery) -> None:
         message = pb.CommandMessage(
@@ -190,6 +192,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
                 timer.cancel()
         self._release_partial_frame()
         self.connections.discard(self)
+        self.transport = None  # closed: removing one of its consumers dispatches nothing to the others here
         for consumer in list(self.consumers.values()):
             if consumer.topic is not None and consumer.subscription is not None:
                 consumer.topic.remove_consumer(consumer.subscription, consumer)
@@ -197,7 +200,6 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         for producer in self.producers.values():
             producer.topic.detach_producer(producer.name, producer)
         self.producers.clear()
-        self.transport = None
         self._activity.set()
 
     def close(self) -> None:
