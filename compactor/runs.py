@@ -76,11 +76,14 @@ class StatusStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RunJob:
-    """What one run needs: the topic, its ``deleteRetentionMs``, an optional progress callback."""
+    """What one run needs: the topic, its ``deleteRetentionMs``, an optional progress
+    callback, its ``minCompactionLagMs`` and its ``compactionMaxBytesPerSecond`` (0: off)."""
 
     topic: CompactedTopic
     delete_retention_ms: int = 0
     progress: Progress | None = None
+    min_compaction_lag_ms: int = 0
+    max_bytes_per_second: int = 0
 
 
 @dataclass(slots=True)
@@ -209,7 +212,8 @@ class CompactionRuns:
         name = job.topic.name
         try:
             figures = await asyncio.to_thread(functools.partial(
-                self.compactor.compact, job.topic, delete_retention_ms=job.delete_retention_ms, progress=job.progress))
+                self.compactor.compact, job.topic, delete_retention_ms=job.delete_retention_ms, progress=job.progress,
+                min_compaction_lag_ms=job.min_compaction_lag_ms, max_bytes_per_second=job.max_bytes_per_second))
         except Exception as error:  # noqa: BLE001 - the outcome of a run is its status and its future
             self._handle(Failed(name, run_id, self._now_ms(), f"{type(error).__name__}: {error}"))
             self._runs.pop(run_id).outcome.set_exception(error)
