@@ -28,13 +28,14 @@ from api.config import (
     setting_specs,
     settings_from_command_line,
 )
+from api.logs import TEXT_FORMAT, configure_logging
 from ledger.errors import CompactionServiceError
 
 __all__ = ["CONFIG_ENV", "app", "main", "settings_from_command_line"]
 
 EXIT_FAILURE = 1
 EXIT_BAD_SETTINGS = 2  # what click uses for a usage error
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FORMAT = TEXT_FORMAT
 
 app = typer.Typer(
     name="compactd",
@@ -83,6 +84,11 @@ Engine = Annotated[str | None, _option("compaction_engine", "--compaction-engine
 SparkMaster = Annotated[str | None, _option("spark_master", "--spark-master", "URL")]
 MemoryBudget = Annotated[str | None, _option(
     "compaction_memory_budget_bytes", "--compaction-memory-budget-bytes", "BYTES")]
+MinLag = Annotated[str | None, _option("compaction_min_lag_ms", "--compaction-min-lag-ms", "MS")]
+MaxBytesPerSecond = Annotated[str | None, _option(
+    "compaction_max_bytes_per_second", "--compaction-max-bytes-per-second", "BYTES")]
+LogFormatOption = Annotated[str | None, _option("log_format", "--log-format", "{text,json}")]
+LogLevelOption = Annotated[str | None, _option("log_level", "--log-level", "{debug,info,warning,error}")]
 Deduplication = Annotated[bool | None, _option(
     "broker_deduplication_enabled", "--broker-deduplication-enabled/--no-broker-deduplication-enabled")]
 ClusterName = Annotated[str | None, _option("cluster_name", "--cluster-name", "NAME")]
@@ -138,6 +144,8 @@ def serve(  # one parameter per setting, each named as its key
     compaction_max_concurrent_runs: MaxConcurrentRuns = None,
     compaction_engine: Engine = None, spark_master: SparkMaster = None,
     compaction_memory_budget_bytes: MemoryBudget = None,
+    compaction_min_lag_ms: MinLag = None, compaction_max_bytes_per_second: MaxBytesPerSecond = None,
+    log_format: LogFormatOption = None, log_level: LogLevelOption = None,
     broker_deduplication_enabled: Deduplication = None, cluster_name: ClusterName = None,
     fsync: Fsync = None,
     managed_ledger_max_entries_per_ledger: MaxEntries = None,
@@ -163,6 +171,7 @@ def serve(  # one parameter per setting, each named as its key
     try:
         settings = settings_from_command_line(_passed(ctx), os.environ)
         require_supported(settings)  # before anything is loaded or opened
+        configure_logging(settings.log_format, settings.log_level)
         from api import server  # here: the other commands need not load the broker
 
         code = server.run(settings)

@@ -147,15 +147,18 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
         data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync),
                                 max_open_files=settings.max_open_ledger_files)
         stack.callback(data_dir.close)
+        log.info("compactd starting on data dir %s", data_dir.path, extra={"event": "start", "data_dir": data_dir.path})
         collect_orphans(data_dir)
         broker = broker_factory(data_dir, settings)
         stack.push_async_callback(_stop_broker, broker)
         broker_port = await _start_broker(broker, settings)
         http = await stack.enter_async_context(_http_listener(settings, broker))
-        ready(ready_line(settings.bind, broker_port, http.port))
+        line = ready_line(settings.bind, broker_port, http.port)
+        ready(line)
+        log.info(line, extra={"event": "ready", "broker_port": broker_port, "http_port": http.port})
         await _wait_for_stop(stop, http.task)
-        log.info("compactd stopping")
-    log.info("compactd stopped")
+        log.info("compactd stopping", extra={"event": "stopping"})
+    log.info("compactd stopped", extra={"event": "stop"})
     return 0
 
 

@@ -196,8 +196,21 @@ class BrokerService:
     # -- compaction ---------------------------------------------------------------------
 
     def run_job(self, topic: Topic) -> RunJob:
-        """What a run of ``topic`` needs: its compaction state and ``deleteRetentionMs``."""
-        return RunJob(topic.compacted, self.delete_retention_ms(topic))
+        """What a run of ``topic`` needs: its compaction state, ``deleteRetentionMs``,
+        ``minCompactionLagMs`` and ``compactionMaxBytesPerSecond``."""
+        return RunJob(topic.compacted, self.delete_retention_ms(topic),
+                      min_compaction_lag_ms=self._policy_or(topic, "minCompactionLagMs",
+                                                            self.settings.compaction_min_lag_ms),
+                      max_bytes_per_second=self._policy_or(topic, "compactionMaxBytesPerSecond",
+                                                           self.settings.compaction_max_bytes_per_second))
+
+    def _policy_or(self, topic: Topic, name: str, broker_default: int) -> int:
+        """Policy ``name`` of the topic, else of its namespace, else ``broker_default``."""
+        for scope in (str(topic.name), topic.name.namespace_name):
+            value = self.policies.get_policy(scope, name)
+            if value is not None:
+                return int(value)
+        return broker_default
 
     def request_compaction(self, text: str) -> None:
         """Queue a run of the existing topic ``text``; its outcome lands in the status
