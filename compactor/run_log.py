@@ -9,7 +9,8 @@ Each finished run logs one INFO line on the ``compactor.run`` logger, e.g.::
 run that fails on bad data or storage is an expected outcome, recorded in its status. Both
 carry the same facts as ``extra`` fields on the record (``event`` = ``compaction`` or
 ``compaction-failed``, then ``topic``, ``engine``, ``entries_read``, ``keys_kept``,
-``removed``, ``bytes_in``, ``bytes_out``, ``duration_s``, ``throttled_s``, ``horizon``),
+``removed``, ``bytes_in``, ``bytes_out``, ``duration_s``, ``throttled_s``, ``io_bytes``,
+``horizon``),
 which a structured formatter (``compactd serve --log-format json``) writes as fields.
 """
 
@@ -39,6 +40,7 @@ def run_fields(topic: str, figures: RunFigures) -> dict[str, Any]:
         "bytes_out": figures.bytes_written,
         "duration_s": round(figures.duration_s, 6),
         "throttled_s": round(figures.throttled_s, 6),
+        "io_bytes": figures.io_bytes,
         "horizon": figures.horizon,
     }
 

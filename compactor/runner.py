@@ -244,7 +244,7 @@ class Compactor:
             self.config.engine, estimated_keys=counted.total,
             memory_budget_bytes=self.config.memory_budget_bytes, spark_available=_spark_installed(),
         )
-        log.info("%s: phase one on the %s engine", topic.name, engine)
+        log.debug("%s: phase one on the %s engine", topic.name, engine)
         if engine == "spark":
             return engine, self._spark_phase_one(topic, previous, horizon, stop, cutoff, counted)
         return engine, self._local_phase_one(topic, previous, horizon, stop, cutoff, counted, throttle)

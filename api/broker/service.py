@@ -278,4 +278,5 @@ class BrokerService:
             policies.get_policy(scope, "compactionThreshold"), policies.get_policy(namespace, "compactionThreshold"),
             self.settings.compaction_threshold_bytes,
         )
-        return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"))
+        return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"),
+                                self._policy_or(topic, "minCompactionLagMs", self.settings.compaction_min_lag_ms))

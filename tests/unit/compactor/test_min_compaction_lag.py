@@ -3,7 +3,8 @@
 The pure core (``compactor.lag``) against a model over generated publish times, then the
 runner with a fake clock over a real managed ledger: its horizon stops before the first
 entry published within the lag, older entries are compacted as before, and a later run,
-once the clock has moved on, covers what aged.
+once the clock has moved on, covers what aged. Last, the scheduler does not start a run
+that the lag would leave with nothing to compact.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from compactor.lag import stop_before_young, young_after
 from compactor.message import iter_messages, parse_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import Compactor
+from compactor.scheduler import CompactionPolicy, TopicCompactionStats, should_compact
 from compactor.topic import CompactedTopic
 from cursor import CursorStore
 from ledger import ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
@@ -107,3 +109,18 @@ def test_a_zero_lag_compacts_everything_as_before() -> None:
     topic = topic_with(published_at("k", b"1", 99_000), published_at("k", b"2", 10**12))  # even "from the future"
     Compactor(clock=lambda: 100.0).compact(topic, min_compaction_lag_ms=0)
     assert values(list(topic.view.iter_all())) == [("k", b"2")]  # type: ignore[union-attr]
+
+
+# -- the scheduler: a topic whose oldest uncompacted message is young is not due -----------------
+
+
+NOW = 1_000_000
+
+
+def test_the_scheduler_skips_a_topic_whose_whole_backlog_is_within_the_lag() -> None:
+    young = TopicCompactionStats("t", 500, oldest_uncompacted_publish_ms=NOW - 59_999)
+    aged = TopicCompactionStats("t", 500, oldest_uncompacted_publish_ms=NOW - 60_000)
+    assert should_compact(young, CompactionPolicy(100), NOW)  # no lag: the threshold fires
+    assert not should_compact(young, CompactionPolicy(100, min_compaction_lag_ms=60_000), NOW)
+    assert not should_compact(young, CompactionPolicy(0, None, 1, min_compaction_lag_ms=60_000), NOW)
+    assert should_compact(aged, CompactionPolicy(100, min_compaction_lag_ms=60_000), NOW)
