@@ -9,10 +9,10 @@ that the lag would leave with nothing to compact.
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor.algorithm import CompactedEntry
+from compactor.algorithm import CompactedEntry, compact
 from compactor.encoder import encode_entry
 from compactor.lag import stop_before_young, young_after
 from compactor.message import iter_messages, parse_entry
@@ -124,3 +124,28 @@ def test_the_scheduler_skips_a_topic_whose_whole_backlog_is_within_the_lag() -> 
     assert not should_compact(young, CompactionPolicy(100, min_compaction_lag_ms=60_000), NOW)
     assert not should_compact(young, CompactionPolicy(0, None, 1, min_compaction_lag_ms=60_000), NOW)
     assert should_compact(aged, CompactionPolicy(100, min_compaction_lag_ms=60_000), NOW)
+
+
+# -- the runner against the reference, over generated topics -------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 30)), min_size=1, max_size=12),
+       st.integers(0, 40))
+def test_a_run_compacts_exactly_the_entries_before_the_first_young_one(
+    stream: list[tuple[str, int]], lag_s: int,
+) -> None:
+    """Publish times in seconds, out of order across "producers"; the clock at 30 s."""
+    datas = [published_at(key, b"%d" % index, seconds * 1000) for index, (key, seconds) in enumerate(stream)]
+    topic = topic_with(*datas)
+    entries = topic.ledger.read_entries(Position(0, 0), 100)
+    young = [index for index, (_, seconds) in enumerate(stream) if seconds * 1000 > 30_000 - lag_s * 1000]
+    covered = young[0] if lag_s and young else len(stream)  # entries the run may compact
+    figures = Compactor(clock=lambda: 30.0).compact(topic, min_compaction_lag_ms=lag_s * 1000)
+    if covered == 0:
+        assert figures.ledger_id == -1 and topic.view is None
+        return
+    assert topic.horizon == entries[covered - 1].position
+    assert values(list(topic.view.iter_all())) == values(compact(entries[:covered]))  # type: ignore[union-attr]
+    # Nothing at or after the first young entry was read into the run.
+    assert figures.entries_read == covered
