@@ -110,16 +110,17 @@ class Compactor:
 
     def __init__(
         self, config: CompactionConfig | None = None, *, clock: Callable[[], float] = time.time,
-        spark_engine: PhaseOneEngine | None = None, throttle: Callable[[int], Throttle] = Throttle,
+        spark_engine: PhaseOneEngine | None = None, throttle: Callable[..., Throttle] = Throttle,
     ) -> None:
         """``spark_engine`` runs phase one when the spark engine is chosen; by default a
         ``compactor.spark.SparkPhaseOne`` on ``config.spark_master``, made on first use.
         ``clock`` (seconds since the epoch) gives each run its "now" (tombstone retention,
-        the minimum lag); ``throttle(bytes_per_second)`` makes each run's I/O throttle
-        (tests pass one on a fake clock)."""
+        the minimum lag); ``throttle(bytes_per_second, interrupt=event)`` makes each run's
+        I/O throttle (tests pass one on a fake clock)."""
         self.config = config or CompactionConfig()
         self._clock = clock
         self._throttle = throttle
+        self._interrupt = threading.Event()
         self._spark_engine = spark_engine
         self._owns_spark_engine = False
         self._spark_lock = threading.Lock()
@@ -145,7 +146,8 @@ class Compactor:
         started = time.monotonic()
         now_ms = self._now_ms()
         cutoff = now_ms - delete_retention_ms if delete_retention_ms > 0 else None
-        run = _RunIo(self._throttle(max_bytes_per_second), young_after(now_ms, min_compaction_lag_ms))
+        run = _RunIo(self._throttle(max_bytes_per_second, interrupt=self._interrupt),
+                     young_after(now_ms, min_compaction_lag_ms))
         try:
             figures = self._run(topic, started, cutoff, progress or _no_progress, run)
         except Exception as error:
@@ -275,6 +277,12 @@ class Compactor:
                 self._spark_engine = SparkPhaseOne(self.config.spark_master)
                 self._owns_spark_engine = True
             return self._spark_engine
+
+    def interrupt(self) -> None:
+        """End every throttled wait of the runs in flight, and of any later run: each fails
+        with ``CompactionInterruptedError`` (the broker stops; a run that is not waiting on
+        its throttle goes on to its end)."""
+        self._interrupt.set()
 
     def close(self) -> None:
         """Stop the Spark session this compactor started, if any (idempotent)."""

@@ -16,8 +16,9 @@
 ``in_flight``/``running`` are the one answer to "is a run of this topic in flight?";
 ``check_delete`` refuses deleting a topic (or its ``__compaction`` subscription) under a
 run with ``CompactionInProgressError``. ``stop`` cancels queued runs (status ERROR, "the
-broker stopped during the run") and waits for the running ones. Call everything on one
-asyncio event loop.
+broker stopped during the run") and waits for the running ones; one waiting on its I/O
+throttle (``compactionMaxBytesPerSecond``) fails at once instead, so that a slow,
+throttled run does not hold the stop. Call everything on one asyncio event loop.
 """
 
 from __future__ import annotations
@@ -169,8 +170,10 @@ class CompactionRuns:
             await asyncio.gather(*(r.outcome for r in list(self._runs.values())), return_exceptions=True)
 
     async def stop(self) -> None:
-        """Cancel the queued runs and wait for the running ones; no run starts after."""
+        """Cancel the queued runs and wait for the running ones; no run starts after. A
+        running run waiting on its I/O throttle fails at once (``Compactor.interrupt``)."""
         self._handle(Stopped(self._now_ms()))
+        self.compactor.interrupt()
         await self.wait_idle()
 
     # -- carrying out actions -------------------------------------------------------

@@ -12,7 +12,9 @@ The throttle is the run's own (``compactor.runner`` makes one per run from the r
 ``max_bytes_per_second``), so two runs at once each get the limit. It is the only owner
 of the time a run spent waiting (``throttled_s``), which the run reports in its figures.
 Time and waiting come from the ``clock`` and ``sleep`` given (``time.monotonic`` and
-``time.sleep`` by default): tests pass a fake pair.
+``time.sleep`` by default): tests pass a fake pair. With an ``interrupt`` event, a wait
+ends as soon as it is set (the broker stops: ``Compactor.interrupt``), and that charge,
+and every later one that would wait, raises ``CompactionInterruptedError``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+
+from compactor.errors import CompactionInterruptedError
 
 __all__ = ["Throttle"]
 
@@ -34,14 +38,16 @@ class Throttle:
 
     def __init__(
         self, bytes_per_second: int, *, burst_bytes: int = 0,
-        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] | None = None,
+        interrupt: threading.Event | None = None,
     ) -> None:
         if bytes_per_second < 0 or burst_bytes < 0:
             raise ValueError(f"a throttle needs a rate and burst >= 0, not {bytes_per_second}, {burst_bytes}")
         self.bytes_per_second = bytes_per_second
         self.burst_s = burst_bytes / bytes_per_second if bytes_per_second else 0.0
         self._clock = clock
-        self._sleep = sleep
+        self._interrupt = interrupt
+        self._sleep = sleep or (interrupt.wait if interrupt is not None else time.sleep)
         self._lock = threading.Lock()
         self._paid_until = clock()  # the bucket starts empty: nothing is paid for yet
         self.charged_bytes = 0
@@ -52,7 +58,10 @@ class Throttle:
         return self.bytes_per_second > 0
 
     def charge(self, size: int) -> float:
-        """Account ``size`` bytes of I/O, waiting as long as the limit asks; the seconds waited."""
+        """Account ``size`` bytes of I/O, waiting as long as the limit asks; the seconds waited.
+
+        ``CompactionInterruptedError`` when the interrupt is set before or during the wait.
+        """
         if size <= 0:
             return 0.0
         with self._lock:
@@ -66,5 +75,11 @@ class Throttle:
             wait_s = max(0.0, self._paid_until - now)
             self.throttled_s += wait_s
         if wait_s > 0:
+            self._check_interrupt()
             self._sleep(wait_s)
+            self._check_interrupt()
         return wait_s
+
+    def _check_interrupt(self) -> None:
+        if self._interrupt is not None and self._interrupt.is_set():
+            raise CompactionInterruptedError("the broker is stopping: a throttled compaction run was interrupted")

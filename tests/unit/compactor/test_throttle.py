@@ -3,24 +3,31 @@ L bytes a second takes at least N / L.
 
 The token bucket alone on a fake clock and sleeper (properties over charge sequences), then
 a run through the runner on the fake pair (its figures report the time waited and the bytes
-charged: every read batch and every append), then once on the real clock.
+charged: every read batch and every append), then once on the real clock. Last, a broker
+stop interrupts a throttled run instead of waiting for it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from compactor.encoder import encode_entry
+from compactor.errors import CompactionInterruptedError
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import CompactionConfig, Compactor
+from compactor.runs import CompactionRuns, RunJob
+from compactor.status import CompactionStatusStore
 from compactor.throttle import Throttle
 from compactor.topic import CompactedTopic
 from cursor import CursorStore
-from ledger import ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
+from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.position import Position
 
 TOPIC = "persistent://public/default/throttled"
@@ -92,7 +99,7 @@ def test_a_throttled_run_takes_at_least_its_bytes_over_the_limit() -> None:
     fake = FakeTime()
     rate = 2_000
     compactor = Compactor(CompactionConfig(read_batch_entries=4),
-                          throttle=lambda limit: Throttle(limit, clock=fake.clock, sleep=fake.sleep))
+                          throttle=lambda limit, **_: Throttle(limit, clock=fake.clock, sleep=fake.sleep))
     topic = topic_with(40)
     raw_bytes = sum(len(e.data) for e in topic.ledger.read_entries(Position(0, 0), 100, end=None))
     start = fake.now
@@ -119,3 +126,47 @@ def test_a_throttled_run_on_the_real_clock_takes_at_least_n_over_the_limit() -> 
     assert elapsed >= figures.io_bytes / rate
     assert figures.duration_s >= figures.io_bytes / rate
     assert figures.throttled_s > 0
+
+
+def test_an_interrupt_ends_a_wait_at_once_and_fails_the_charge() -> None:
+    interrupt = threading.Event()
+    throttle = Throttle(1, interrupt=interrupt)  # one byte a second: 1000 bytes wait 1000 s
+    threading.Timer(0.05, interrupt.set).start()
+    started = time.monotonic()
+    with pytest.raises(CompactionInterruptedError, match="stopping"):
+        throttle.charge(1000)
+    assert time.monotonic() - started < 30
+    with pytest.raises(CompactionInterruptedError):
+        throttle.charge(1)  # and every later wait
+
+
+def test_a_broker_stop_fails_a_throttled_run_instead_of_waiting_for_it(tmp_path: Path) -> None:
+    """``CompactionRuns.stop`` interrupts the throttle: the run ends as ERROR, its new
+    ledger deleted, no view published; an unthrottled stop would wait about 2,000 s."""
+    data_dir = DataDir.open(str(tmp_path / "data"))
+    try:
+        ml = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, ManagedLedgerConfig())
+        for index in range(20):
+            ml.append(message(f"k{index % 5}", b"x" * 100)).result(timeout=10)
+        topic = CompactedTopic.restore(ml, CursorStore(data_dir.database), create_cursor=True)
+        statuses = CompactionStatusStore(data_dir.database)
+        ledgers_before = set(data_dir.ledgers.list())
+
+        async def body() -> None:
+            runs = CompactionRuns(Compactor(), statuses, max_concurrent_runs=1)
+            outcome = runs.request(RunJob(topic, max_bytes_per_second=1))
+            async with asyncio.timeout(30):
+                while not runs.running(TOPIC):
+                    await asyncio.sleep(0.001)
+                await runs.stop()
+            with pytest.raises(CompactionInterruptedError):
+                await outcome
+
+        asyncio.run(body())
+        status, error = statuses.compaction_status(TOPIC) or ("", "")
+        assert status == "ERROR" and error.startswith("CompactionInterruptedError: ")
+        assert topic.view is None
+        assert set(data_dir.ledgers.list()) == ledgers_before  # no compacted ledger left behind
+        ml.close()
+    finally:
+        data_dir.close()
