@@ -78,7 +78,6 @@ class CompactionRecord:
     total_duration_ms: int = 0
     last_error: str = ""
     last_throttled_ms: int = 0
-    total_throttled_ms: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
     compacted_entries: int = 0
@@ -96,7 +95,6 @@ class CompactionRecord:
         self.last_duration_ms = int(figures.duration_s * 1000)
         self.total_duration_ms += self.last_duration_ms
         self.last_throttled_ms = int(figures.throttled_s * 1000)
-        self.total_throttled_ms += self.last_throttled_ms
         for bucket, count in enumerate(figures.append_latency_counts):
             self.append_latency_counts[bucket] += count
         self.bytes_read += figures.bytes_read

@@ -5,7 +5,10 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
 1. Take the topic's durable ``__compaction`` cursor (``CompactedTopic.cursor``, opened
    when the topic was restored). Its mark-delete position is the current horizon.
 2. Stop marker = the topic's last confirmed entry *now*; later appends wait for the next
-   run. Nothing after the horizon (an empty topic, or nothing new): no ledger is written
+   run. With a minimum lag (``minCompactionLagMs``, ``compactor.lag``) the raw entries
+   after the horizon are read for their publish times up to the first one published
+   within the lag, and the stop marker moves back to the entry before it. Nothing after
+   the horizon (an empty topic, nothing new, or nothing old enough): no ledger is written
    and the run succeeds with ``ledger_id = -1``.
 3. Phase one over the input stream: the previous compacted ledger's entries (with their
    original positions), then the raw entries after the horizon up to the stop marker.
@@ -21,6 +24,10 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    persisting the cursor's mark-delete = stop marker with ``CompactedTopicLedger = new id``
    → swap the in-memory view → delete the previous compacted ledger. A run whose cursor
    was deleted, or whose previous view was replaced, meanwhile fails here.
+
+Every read batch and every append of a run is charged to the run's I/O throttle
+(``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
+run ends with one log line (``compactor.run_log``).
 
 ``compact`` is the inside of a run, a straight procedure that records its outcome in the
 topic's ``CompactionRecord``. Who may run when (one run per topic, the slots, the queue,
