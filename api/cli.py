@@ -12,7 +12,6 @@ bad settings exit 2 (like a usage error), a locked data dir or a port in use exi
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import Annotated, Any, NoReturn
@@ -28,14 +27,13 @@ from api.config import (
     setting_specs,
     settings_from_command_line,
 )
-from api.logs import TEXT_FORMAT, configure_logging
+from api.logs import configure_logging
 from ledger.errors import CompactionServiceError
 
 __all__ = ["CONFIG_ENV", "app", "main", "settings_from_command_line"]
 
 EXIT_FAILURE = 1
 EXIT_BAD_SETTINGS = 2  # what click uses for a usage error
-LOG_FORMAT = TEXT_FORMAT
 
 app = typer.Typer(
     name="compactd",
@@ -171,7 +169,6 @@ def serve(  # one parameter per setting, each named as its key
     try:
         settings = settings_from_command_line(_passed(ctx), os.environ)
         require_supported(settings)  # before anything is loaded or opened
-        configure_logging(settings.log_format, settings.log_level)
         from api import server  # here: the other commands need not load the broker
 
         code = server.run(settings)
@@ -200,6 +197,7 @@ def _fail(error: CompactionServiceError, code: int) -> NoReturn:
 
 
 def main() -> None:
-    """Console-script entry point: log to stderr (stdout carries only the ready line)."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    """Console-script entry point: log to stderr (stdout carries only the ready line);
+    ``serve`` then logs as its ``--log-format`` and ``--log-level`` say (``api.server.run``)."""
+    configure_logging("text", "info")
     app(prog_name=os.path.basename(sys.argv[0]) or "compactd")

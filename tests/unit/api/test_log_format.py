@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from api.logs import JsonFormatter, configure_logging
+from api.logs import JsonFormatter, StderrHandler, logging_to_stderr
 from compactor.record import RunFigures
 from compactor.run_log import log_run
 
@@ -57,19 +57,16 @@ def test_the_run_line_carries_the_figures(caplog: pytest.LogCaptureFixture) -> N
         "bytes_out": 300, "throttled_s": 0.25, "io_bytes": 2300, "horizon": "3:9"}
 
 
-def test_configure_logging_sets_the_level_and_the_format(capsys: pytest.CaptureFixture[str]) -> None:
+def test_logging_to_stderr_sets_level_and_format_then_puts_back_what_was_there(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        configure_logging("json", "warning")
+    before = root.handlers[:], root.level
+    with logging_to_stderr("text", "debug"), logging_to_stderr("json", "warning"):
+        assert sum(isinstance(handler, StderrHandler) for handler in root.handlers) == 1
         logging.getLogger("some.module").info("not written")
         logging.getLogger("some.module").warning("written %d", 1, extra={"event": "e"})
-        lines = capsys.readouterr().err.splitlines()
-        assert [json.loads(line)["message"] for line in lines] == ["written 1"]
-        assert json.loads(lines[0])["event"] == "e"
-    finally:  # put back pytest's own handlers, which configure_logging replaced
-        for handler in root.handlers[:]:
-            root.removeHandler(handler)
-        for handler in handlers:
-            root.addHandler(handler)
-        root.setLevel(level)
+    lines = capsys.readouterr().err.splitlines()
+    assert [json.loads(line)["message"] for line in lines] == ["written 1"]
+    assert json.loads(lines[0])["event"] == "e"
+    assert (root.handlers, root.level) == before  # pytest's own handlers were never touched
