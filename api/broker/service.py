@@ -12,7 +12,8 @@ belong to one executor, ``runs`` (``compactor.runs.CompactionRuns``: slots —
 ``compaction_max_concurrent_runs`` —, queue, tasks, persisted status), which the REST
 trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compact`` (a run
 awaited) all go through; the core only builds each run's ``RunJob`` (the topic and its
-``deleteRetentionMs``). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
+``deleteRetentionMs``, ``minCompactionLagMs`` and ``compactionMaxBytesPerSecond``: topic
+policy, else namespace policy, else the broker default). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
 compaction scheduler); ``stop`` ends it, cancels queued runs and waits for the running
 ones, then seals every topic's current ledger, which makes (or fails) every pending append
 before it returns, and writes every queued cursor state (``cursor.store``: a clean stop
