@@ -402,6 +402,10 @@ POLICIES = (
                "longest time a message stays uncompacted (ms, or 30s, 10m, 1h, 7d)", parse_duration_ms),
     PolicySpec("delete-retention", "deleteRetentionMs", "--retention", "DURATION",
                "time a tombstone stays in the compacted view (ms, or 1h, 1d)", parse_duration_ms),
+    PolicySpec("min-compaction-lag", "minCompactionLagMs", "--lag", "DURATION",
+               "shortest time a message stays uncompacted (ms, or 30s, 10m, 1h, 7d)", parse_duration_ms),
+    PolicySpec("compaction-max-bytes-per-second", "compactionMaxBytesPerSecond", "--rate", "SIZE",
+               "I/O limit of each compaction run (bytes a second, or 10M; 0 = unlimited)", parse_size),
 )
 
 

@@ -12,7 +12,6 @@ bad settings exit 2 (like a usage error), a locked data dir or a port in use exi
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import Annotated, Any, NoReturn
@@ -28,13 +27,13 @@ from api.config import (
     setting_specs,
     settings_from_command_line,
 )
+from api.logs import configure_logging
 from ledger.errors import CompactionServiceError
 
 __all__ = ["CONFIG_ENV", "app", "main", "settings_from_command_line"]
 
 EXIT_FAILURE = 1
 EXIT_BAD_SETTINGS = 2  # what click uses for a usage error
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 app = typer.Typer(
     name="compactd",
@@ -83,6 +82,11 @@ Engine = Annotated[str | None, _option("compaction_engine", "--compaction-engine
 SparkMaster = Annotated[str | None, _option("spark_master", "--spark-master", "URL")]
 MemoryBudget = Annotated[str | None, _option(
     "compaction_memory_budget_bytes", "--compaction-memory-budget-bytes", "BYTES")]
+MinLag = Annotated[str | None, _option("compaction_min_lag_ms", "--compaction-min-lag-ms", "MS")]
+MaxBytesPerSecond = Annotated[str | None, _option(
+    "compaction_max_bytes_per_second", "--compaction-max-bytes-per-second", "BYTES")]
+LogFormatOption = Annotated[str | None, _option("log_format", "--log-format", "{text,json}")]
+LogLevelOption = Annotated[str | None, _option("log_level", "--log-level", "{debug,info,warning,error}")]
 Deduplication = Annotated[bool | None, _option(
     "broker_deduplication_enabled", "--broker-deduplication-enabled/--no-broker-deduplication-enabled")]
 ClusterName = Annotated[str | None, _option("cluster_name", "--cluster-name", "NAME")]
@@ -138,6 +142,8 @@ def serve(  # one parameter per setting, each named as its key
     compaction_max_concurrent_runs: MaxConcurrentRuns = None,
     compaction_engine: Engine = None, spark_master: SparkMaster = None,
     compaction_memory_budget_bytes: MemoryBudget = None,
+    compaction_min_lag_ms: MinLag = None, compaction_max_bytes_per_second: MaxBytesPerSecond = None,
+    log_format: LogFormatOption = None, log_level: LogLevelOption = None,
     broker_deduplication_enabled: Deduplication = None, cluster_name: ClusterName = None,
     fsync: Fsync = None,
     managed_ledger_max_entries_per_ledger: MaxEntries = None,
@@ -191,6 +197,7 @@ def _fail(error: CompactionServiceError, code: int) -> NoReturn:
 
 
 def main() -> None:
-    """Console-script entry point: log to stderr (stdout carries only the ready line)."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    """Console-script entry point: log to stderr (stdout carries only the ready line);
+    ``serve`` then logs as its ``--log-format`` and ``--log-level`` say (``api.server.run``)."""
+    configure_logging("text", "info")
     app(prog_name=os.path.basename(sys.argv[0]) or "compactd")

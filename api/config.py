@@ -75,6 +75,8 @@ BOOLEAN_WORDS = {
 }
 
 FsyncPolicy = Literal["always", "group", "none"]  # the values of ledger.storage.base.SyncPolicy
+LogFormat = Literal["text", "json"]  # api.logs: readable lines, or JSON lines
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 # The default configs of the lower layers: the defaults of the settings they apply.
 _LEDGER = ManagedLedgerConfig()
@@ -130,12 +132,22 @@ class Settings:
     compaction_memory_budget_bytes: int = _setting(
         _COMPACTION.memory_budget_bytes, "Key-map memory the local engine may use before the auto engine moves phase one "
         "to Spark (24 bytes a live key).", minimum=1)
+    compaction_min_lag_ms: int = _setting(
+        0, "Broker default of the minCompactionLagMs policy: a run leaves every message published "
+        "less than this long ago uncompacted; 0 holds nothing back.", minimum=0)
+    compaction_max_bytes_per_second: int = _setting(
+        0, "Broker default of the compactionMaxBytesPerSecond policy: each compaction run's reads "
+        "and writes are throttled to this; 0 is unlimited.", minimum=0)
     broker_deduplication_enabled: bool = _setting(
         False, "De-duplicate producers' re-sends on every topic (namespace and topic policy "
         "deduplicationEnabled win over it).")
     cluster_name: str = _setting(
         "standalone", "Cluster name: the first part of producer names the broker assigns, and a "
         "metrics label.")
+    log_format: LogFormat = _setting(  # noqa: RUF009 - a str, immutable
+        "text", "Log lines on stderr: text (readable) or json (one JSON object a line).")
+    log_level: LogLevel = _setting(  # noqa: RUF009 - a str, immutable
+        "info", "Least severe log level written: debug, info, warning or error.")
     fsync: FsyncPolicy = _setting(  # noqa: RUF009 - a str, immutable
         SyncPolicy.GROUP.value, "When an append is durable: always (fsync each), group (group commit), "
         "none (tests and benchmarks only).")

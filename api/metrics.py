@@ -22,8 +22,9 @@ compactd's own, beyond Pulsar:
   the scheduler found due but deferred); ``compactd_compaction_runs_running`` (runs holding
   a slot); both read from the executor, ``BrokerService.runs``.
 * per topic, of the last successful run: ``compactd_compaction_phase_one_seconds``,
-  ``compactd_compaction_phase_two_seconds`` and ``compactd_compaction_key_map_bytes``
-  (phase one's map at its end).
+  ``compactd_compaction_phase_two_seconds``, ``compactd_compaction_key_map_bytes``
+  (phase one's map at its end) and ``compactd_compaction_throttled_seconds`` (time waited
+  on its ``compactionMaxBytesPerSecond``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class CompactionCollector(Collector):
                 "compactd_compaction_phase_one_seconds": last.phase_one_s if last else 0.0,
                 "compactd_compaction_phase_two_seconds": last.phase_two_s if last else 0.0,
                 "compactd_compaction_key_map_bytes": last.key_map_bytes if last else 0,
+                "compactd_compaction_throttled_seconds": last.throttled_s if last else 0.0,
             }
             bounds = [_bucket_name(b) for b in LATENCY_BUCKETS_MS] + ["pulsar_compaction_latency_le_overflow"]
             values.update(zip(bounds, record.append_latency_counts, strict=True))
@@ -109,6 +111,7 @@ class CompactionCollector(Collector):
             "compactd_compaction_phase_one_seconds": "Phase one of the last successful run (s).",
             "compactd_compaction_phase_two_seconds": "Phase two (and publishing) of the last successful run (s).",
             "compactd_compaction_key_map_bytes": "Phase one's key map at the end of the last successful run.",
+            "compactd_compaction_throttled_seconds": "Time the last successful run waited on its I/O limit (s).",
         }
         for bound in LATENCY_BUCKETS_MS:
             described[_bucket_name(bound)] = f"Compacted-ledger appends that took at most {bound} ms (and more than the bucket below)."

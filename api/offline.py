@@ -13,7 +13,8 @@ triggered run, in this order:
    ``CompactedTopic.restore`` (which opens the durable ``__compaction`` cursor);
 6. run it once through the broker's run executor (``compactor.runs.CompactionRuns``, one
    slot), with the broker's settings (retain null key, phase-one read timeout) and the
-   topic's ``deleteRetentionMs`` policy (else its namespace's): the executor records
+   topic's ``deleteRetentionMs``, ``minCompactionLagMs`` and ``compactionMaxBytesPerSecond``
+   policies (else its namespace's, else the broker default): the executor records
    RUNNING, then SUCCESS or ERROR — what ``topics compaction-status`` reads after the
    broker restarts — and trims the ledgers a successful run covered;
 7. close the topic and the data dir.
@@ -105,10 +106,18 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
             raise TopicNotFoundError(f"topic {full_name} not found in data dir {data_dir.path}")
         ledger = ManagedLedger.open(full_name, data_dir.ledgers, metadata, ledger_config(settings))
         try:
-            retention = policies.get_policy(full_name, DELETE_RETENTION_POLICY)
-            if retention is None:
-                retention = policies.get_policy(name.namespace_name, DELETE_RETENTION_POLICY)
-            job = RunJob(CompactedTopic.restore(ledger, cursors, create_cursor=True), int(retention or 0), progress)
+            def policy(policy_name: str, default: int) -> int:
+                for scope in (full_name, name.namespace_name):
+                    value = policies.get_policy(scope, policy_name)
+                    if value is not None:
+                        return int(value)
+                return default
+
+            job = RunJob(CompactedTopic.restore(ledger, cursors, create_cursor=True),
+                         policy(DELETE_RETENTION_POLICY, 0), progress,
+                         min_compaction_lag_ms=policy("minCompactionLagMs", settings.compaction_min_lag_ms),
+                         max_bytes_per_second=policy("compactionMaxBytesPerSecond",
+                                                     settings.compaction_max_bytes_per_second))
             compactor = Compactor(compaction_config(settings))
             try:
                 figures = asyncio.run(CompactionRuns(compactor, statuses, max_concurrent_runs=1).run(job))

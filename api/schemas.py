@@ -142,6 +142,18 @@ POLICIES = (
         "uncompacted message is this old, whatever the threshold. A JSON integer >= 0.",
     ),
     PolicySpec(
+        "minCompactionLagMs", "long", "minimum compaction lag (ms)",
+        "Beyond Pulsar (Kafka's min.compaction.lag.ms): a run never compacts a message "
+        "published less than this long ago; its horizon stops before the first such message "
+        "(else --compaction-min-lag-ms). A JSON integer >= 0.",
+    ),
+    PolicySpec(
+        "compactionMaxBytesPerSecond", "long", "compaction I/O limit (bytes/s)",
+        "Beyond Pulsar (Kafka's log.cleaner.io.max.bytes.per.second): a run's reads and writes "
+        "are throttled to this many bytes a second; 0 is unlimited (else "
+        "--compaction-max-bytes-per-second). A JSON integer >= 0.",
+    ),
+    PolicySpec(
         "deleteRetentionMs", "long", "tombstone retention (ms)",
         "Beyond Pulsar (Kafka's delete.retention.ms): how long a tombstone stays in the "
         "compacted view before a run drops it. A JSON integer >= 0.",

@@ -38,6 +38,7 @@ import uvicorn
 from api.config import Settings, require_supported
 from api.http import create_app
 from api.listener import listening_socket, quiet_accept_errors
+from api.logs import logging_to_stderr
 from compactor.runner import collect_orphans
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
@@ -97,10 +98,20 @@ def run(settings: Settings, *, broker_factory: BrokerFactory | None = None,
     """Serve until SIGTERM or SIGINT; the process's exit code (0 after a clean stop).
 
     Raises ``CompactionServiceError`` subclasses for expected start failures. While it
-    serves, the GIL switch interval is ``GIL_SWITCH_INTERVAL_S`` (restored on return).
+    serves, the GIL switch interval is ``GIL_SWITCH_INTERVAL_S`` and logs go to stderr as
+    ``log_format`` and ``log_level`` say (``api.logs``); both are restored on return.
     """
     switch_interval_s = sys.getswitchinterval()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    try:
+        with logging_to_stderr(settings.log_format, settings.log_level):
+            return _run_logged(settings, broker_factory, ready)
+    finally:
+        sys.setswitchinterval(switch_interval_s)
+
+
+def _run_logged(settings: Settings, broker_factory: BrokerFactory | None,
+                ready: Callable[[str], None] | None) -> int:
     try:
         factory = broker_factory or _default_broker_factory()
         return asyncio.run(serve(settings, broker_factory=factory, ready=ready or print_ready))
@@ -111,8 +122,6 @@ def run(settings: Settings, *, broker_factory: BrokerFactory | None = None,
     except Exception:
         log.exception("compactd stopped on an unexpected error")
         return 1
-    finally:
-        sys.setswitchinterval(switch_interval_s)
 
 
 def _default_broker_factory() -> BrokerFactory:
@@ -147,15 +156,18 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
         data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync),
                                 max_open_files=settings.max_open_ledger_files)
         stack.callback(data_dir.close)
+        log.info("compactd starting on data dir %s", data_dir.path, extra={"event": "start", "data_dir": data_dir.path})
         collect_orphans(data_dir)
         broker = broker_factory(data_dir, settings)
         stack.push_async_callback(_stop_broker, broker)
         broker_port = await _start_broker(broker, settings)
         http = await stack.enter_async_context(_http_listener(settings, broker))
-        ready(ready_line(settings.bind, broker_port, http.port))
+        line = ready_line(settings.bind, broker_port, http.port)
+        ready(line)
+        log.info(line, extra={"event": "ready", "broker_port": broker_port, "http_port": http.port})
         await _wait_for_stop(stop, http.task)
-        log.info("compactd stopping")
-    log.info("compactd stopped")
+        log.info("compactd stopping", extra={"event": "stopping"})
+    log.info("compactd stopped", extra={"event": "stop"})
     return 0
 
 

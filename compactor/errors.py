@@ -61,6 +61,14 @@ class CompactionStoppedError(CompactorError):
         self.topic = topic
 
 
+class CompactionInterruptedError(CompactorError):
+    """The broker stopped while a run waited on its I/O throttle (``compactor.throttle``):
+    the run ends as a failure (its new ledger deleted, the previous view serving) rather
+    than keep the stop waiting; a restarted broker runs it again."""
+
+    retriable = True
+
+
 class CompactedLedgerMissingError(CompactorError):
     """The compacted ledger the ``__compaction`` cursor points at does not exist.
 

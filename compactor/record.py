@@ -36,6 +36,13 @@ class RunFigures:
         key_map_bytes: phase one's key map at its end.
         append_latency_counts: appends to the compacted ledger per ``LATENCY_BUCKETS_MS``
             bucket (call to durable; the last counts overflow); () when nothing was written.
+        engine: the engine that ran phase one (``local``, ``spark``); "" when nothing was
+            compacted.
+        horizon: the position the published view covers up to (the run's stop marker, held
+            back by the minimum lag); the unchanged horizon when nothing was compacted.
+        keys_kept: live keys after phase one (young tombstones included).
+        throttled_s: time the run waited on its I/O throttle (``compactor.throttle``).
+        io_bytes: bytes the run read and appended, as charged to its throttle.
     """
 
     ledger_id: int = -1
@@ -50,6 +57,11 @@ class RunFigures:
     duration_s: float = 0.0
     key_map_bytes: int = 0
     append_latency_counts: tuple[int, ...] = ()
+    engine: str = ""
+    horizon: str = ""
+    keys_kept: int = 0
+    throttled_s: float = 0.0
+    io_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -65,6 +77,7 @@ class CompactionRecord:
     last_duration_ms: int = 0
     total_duration_ms: int = 0
     last_error: str = ""
+    last_throttled_ms: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
     compacted_entries: int = 0
@@ -81,6 +94,7 @@ class CompactionRecord:
         self.last_success_ms = now_ms
         self.last_duration_ms = int(figures.duration_s * 1000)
         self.total_duration_ms += self.last_duration_ms
+        self.last_throttled_ms = int(figures.throttled_s * 1000)
         for bucket, count in enumerate(figures.append_latency_counts):
             self.append_latency_counts[bucket] += count
         self.bytes_read += figures.bytes_read

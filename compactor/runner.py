@@ -5,7 +5,10 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
 1. Take the topic's durable ``__compaction`` cursor (``CompactedTopic.cursor``, opened
    when the topic was restored). Its mark-delete position is the current horizon.
 2. Stop marker = the topic's last confirmed entry *now*; later appends wait for the next
-   run. Nothing after the horizon (an empty topic, or nothing new): no ledger is written
+   run. With a minimum lag (``minCompactionLagMs``, ``compactor.lag``) the raw entries
+   after the horizon are read for their publish times up to the first one published
+   within the lag, and the stop marker moves back to the entry before it. Nothing after
+   the horizon (an empty topic, nothing new, or nothing old enough): no ledger is written
    and the run succeeds with ``ledger_id = -1``.
 3. Phase one over the input stream: the previous compacted ledger's entries (with their
    original positions), then the raw entries after the horizon up to the stop marker.
@@ -21,6 +24,10 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    persisting the cursor's mark-delete = stop marker with ``CompactedTopicLedger = new id``
    → swap the in-memory view → delete the previous compacted ledger. A run whose cursor
    was deleted, or whose previous view was replaced, meanwhile fails here.
+
+Every read batch and every append of a run is charged to the run's I/O throttle
+(``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
+run ends with one log line (``compactor.run_log``).
 
 ``compact`` is the inside of a run, a straight procedure that records its outcome in the
 topic's ``CompactionRecord``. Who may run when (one run per topic, the slots, the queue,
@@ -55,8 +62,12 @@ from compactor.engine import (
     choose_engine,
     raw_ranges,
 )
-from compactor.errors import CompactionTimeoutError, SparkEngineError
+from compactor.errors import CompactionTimeoutError, MalformedEntryError, SparkEngineError
+from compactor.lag import stop_before_young, young_after
+from compactor.message import parse_header
 from compactor.record import LATENCY_BUCKETS_MS, RunFigures, latency_bucket
+from compactor.run_log import log_run, log_run_failed
+from compactor.throttle import Throttle
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, encode_compacted_entry
 from cursor.cursor import ManagedCursor
@@ -106,56 +117,83 @@ class Compactor:
 
     def __init__(
         self, config: CompactionConfig | None = None, *, clock: Callable[[], float] = time.time,
-        spark_engine: PhaseOneEngine | None = None,
+        spark_engine: PhaseOneEngine | None = None, throttle: Callable[..., Throttle] = Throttle,
     ) -> None:
         """``spark_engine`` runs phase one when the spark engine is chosen; by default a
-        ``compactor.spark.SparkPhaseOne`` on ``config.spark_master``, made on first use."""
+        ``compactor.spark.SparkPhaseOne`` on ``config.spark_master``, made on first use.
+        ``clock`` (seconds since the epoch) gives each run its "now" (tombstone retention,
+        the minimum lag); ``throttle(bytes_per_second, interrupt=event)`` makes each run's
+        I/O throttle (tests pass one on a fake clock)."""
         self.config = config or CompactionConfig()
         self._clock = clock
+        self._throttle = throttle
+        self._interrupt = threading.Event()
         self._spark_engine = spark_engine
         self._owns_spark_engine = False
         self._spark_lock = threading.Lock()
 
     def compact(
-        self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None
+        self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None,
+        min_compaction_lag_ms: int = 0, max_bytes_per_second: int = 0,
     ) -> RunFigures:
         """Run one compaction of ``topic`` and record its outcome; raises on failure.
 
         ``delete_retention_ms`` > 0 keeps tombstones published in the last that many ms
         (measured from this run's start) as their keys' latest values
         (``compactor.algorithm``, tombstone retention); 0 drops every tombstone, as Pulsar.
+        ``min_compaction_lag_ms`` > 0 stops the run before the first raw entry published
+        within that many ms of its start (``compactor.lag``); 0 holds nothing back.
+        ``max_bytes_per_second`` > 0 throttles the run's reads and appends to that rate
+        (``compactor.throttle``; the spark engine's phase-one reads, done by its executors,
+        are not throttled); 0 is unlimited. The time waited is the figures' ``throttled_s``.
         ``progress(phase, entries_done, entries_total)`` is called from the run's thread
         as each phase ("phase-one", "phase-two") goes through the input stream: at its
         start, after each read batch, and at its end.
         """
         started = time.monotonic()
-        cutoff = self._now_ms() - delete_retention_ms if delete_retention_ms > 0 else None
+        now_ms = self._now_ms()
+        cutoff = now_ms - delete_retention_ms if delete_retention_ms > 0 else None
+        run = _RunIo(self._throttle(max_bytes_per_second, interrupt=self._interrupt),
+                     young_after(now_ms, min_compaction_lag_ms))
         try:
-            figures = self._run(topic, started, cutoff, progress or _no_progress)
+            figures = self._run(topic, started, cutoff, progress or _no_progress, run)
         except Exception as error:
-            log.warning("compaction of %s failed: %s", topic.name, error)
+            log_run_failed(topic.name, error, time.monotonic() - started)
             topic.record.failed(error, time.monotonic() - started, self._now_ms())
             raise
         topic.record.succeeded(figures, self._now_ms())
+        log_run(topic.name, figures)
         return figures
 
-    def _run(self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress) -> RunFigures:
+    def _run(
+        self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress, run: _RunIo,
+    ) -> RunFigures:
         ledger = topic.ledger
         cursor = topic.cursor
         previous = topic.view  # raises CompactedLedgerMissingError: never publish a partial view
         stop = ledger.last_confirmed_position()
-        if stop.entry_id < 0 or stop <= cursor.mark_delete_position:
-            return RunFigures(duration_s=time.monotonic() - started)
         horizon = cursor.mark_delete_position
+        if stop.entry_id >= 0 and stop > horizon and run.young_after_ms is not None:
+            stop = self._lag_stop(topic, horizon, stop, run)
+        if stop.entry_id < 0 or stop <= horizon:
+            return RunFigures(duration_s=time.monotonic() - started, horizon=str(horizon),
+                              throttled_s=run.throttle.throttled_s, io_bytes=run.throttle.charged_bytes)
         total = (previous.entries if previous is not None else 0) + ledger.entries_between(horizon, stop)
-        first = self._phase_one(topic, previous, horizon, stop, cutoff, _Counted("phase-one", total, progress))
+        engine, first = self._phase_one(
+            topic, previous, horizon, stop, cutoff, _Counted("phase-one", total, progress), run.throttle)
         phase_one_s = time.monotonic() - started
         latencies = [0] * (len(LATENCY_BUCKETS_MS) + 1)  # appends per bucket
         new_ledger_id, entries_written, bytes_written, kept = self._phase_two(
-            topic, previous, horizon, stop, first, cutoff, _Counted("phase-two", total, progress), latencies)
+            topic, previous, horizon, stop, first, cutoff, _Counted("phase-two", total, progress), latencies,
+            run.throttle)
         self._publish(topic, cursor, stop, new_ledger_id, previous)
         duration_s = time.monotonic() - started
         return RunFigures(
+            engine=engine,
+            horizon=str(stop),
+            keys_kept=len(first.key_map),
+            throttled_s=run.throttle.throttled_s,
+            io_bytes=run.throttle.charged_bytes,
             ledger_id=new_ledger_id,
             removed_events=first.messages_read - kept,
             entries_read=first.entries_read,
@@ -174,35 +212,51 @@ class Compactor:
 
     def _stream(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        read: Callable[[Callable[[], list[Entry]]], list[Entry]],
+        read: Callable[[Callable[[], list[Entry]]], list[Entry]], throttle: Throttle,
     ) -> Iterator[Entry]:
-        """Previous compacted entries, then raw entries in ``(horizon, stop]``."""
+        """Previous compacted entries, then raw entries in ``(horizon, stop]``; each read
+        batch is charged to ``throttle`` before it is handed on."""
         if previous is not None:
             step = self.config.read_batch_entries
             for first in range(0, previous.entries, step):
                 last = min(previous.entries - 1, first + step - 1)
-                yield from read(functools.partial(_read_previous, previous, first, last))
+                yield from _charged(throttle, read(functools.partial(_read_previous, previous, first, last)))
+        yield from self._raw(topic, horizon, stop, read, throttle)
+
+    def _raw(
+        self, topic: CompactedTopic, horizon: Position, stop: Position,
+        read: Callable[[Callable[[], list[Entry]]], list[Entry]], throttle: Throttle,
+    ) -> Iterator[Entry]:
+        """The raw entries in ``(horizon, stop]``, read in batches charged to ``throttle``."""
         ledger = topic.ledger
         position = ledger.next_valid_position(horizon)
         while position <= stop:
             batch = read(functools.partial(ledger.read_entries, position, self.config.read_batch_entries, end=stop))
             if not batch:
                 break
-            yield from batch
+            yield from _charged(throttle, batch)
             position = ledger.next_valid_position(batch[-1].position)
+
+    def _lag_stop(self, topic: CompactedTopic, horizon: Position, stop: Position, run: _RunIo) -> Position:
+        """The stop marker the minimum lag allows (``compactor.lag``): the raw entries after
+        the horizon are read until the first young one."""
+        entries = self._raw(topic, horizon, stop, lambda read: read(), run.throttle)
+        return stop_before_young(((entry.position, _publish_time(entry.data)) for entry in entries),
+                                 run.young_after_ms, horizon=horizon)
 
     def _phase_one(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        cutoff: int | None, counted: _Counted,
-    ) -> PhaseOneResult:
+        cutoff: int | None, counted: _Counted, throttle: Throttle,
+    ) -> tuple[EngineName, PhaseOneResult]:
+        """(the engine chosen, its result)."""
         engine = choose_engine(
             self.config.engine, estimated_keys=counted.total,
             memory_budget_bytes=self.config.memory_budget_bytes, spark_available=_spark_installed(),
         )
-        log.info("%s: phase one on the %s engine", topic.name, engine)
+        log.debug("%s: phase one on the %s engine", topic.name, engine)
         if engine == "spark":
-            return self._spark_phase_one(topic, previous, horizon, stop, cutoff, counted)
-        return self._local_phase_one(topic, previous, horizon, stop, cutoff, counted)
+            return engine, self._spark_phase_one(topic, previous, horizon, stop, cutoff, counted)
+        return engine, self._local_phase_one(topic, previous, horizon, stop, cutoff, counted, throttle)
 
     def _spark_phase_one(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
@@ -231,6 +285,12 @@ class Compactor:
                 self._owns_spark_engine = True
             return self._spark_engine
 
+    def interrupt(self) -> None:
+        """End every throttled wait of the runs in flight, and of any later run: each fails
+        with ``CompactionInterruptedError`` (the broker stops; a run that is not waiting on
+        its throttle goes on to its end)."""
+        self._interrupt.set()
+
     def close(self) -> None:
         """Stop the Spark session this compactor started, if any (idempotent)."""
         with self._spark_lock:
@@ -243,7 +303,7 @@ class Compactor:
 
     def _local_phase_one(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        cutoff: int | None, counted: _Counted,
+        cutoff: int | None, counted: _Counted, throttle: Throttle,
     ) -> PhaseOneResult:
         timeout_s = self.config.phase_one_read_timeout_s
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="phase-one-read")
@@ -257,7 +317,7 @@ class Compactor:
                 ) from None
 
         try:
-            stream = self._stream(topic, previous, horizon, stop, timed)
+            stream = self._stream(topic, previous, horizon, stop, timed, throttle)
             counted.start()
             result = phase_one(stream, retain_null_key=self.config.retain_null_key, keep_tombstones_since_ms=cutoff)
             counted.end()
@@ -270,7 +330,7 @@ class Compactor:
 
     def _phase_two(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        first: PhaseOneResult, cutoff: int | None, counted: _Counted, latencies: list[int],
+        first: PhaseOneResult, cutoff: int | None, counted: _Counted, latencies: list[int], throttle: Throttle,
     ) -> tuple[int, int, int, int]:
         """Write the survivors to a new sealed ledger: (ledger id, entries, bytes, messages)."""
         store = topic.ledger.store
@@ -279,11 +339,11 @@ class Compactor:
             "topic": topic.name, "compactedTo": str(stop),
         }, durable_at_seal=True)  # of use only once sealed: never queues behind the live topics' syncs
         try:
-            stream = self._stream(topic, previous, horizon, stop, lambda read: counted(read()))
+            stream = self._stream(topic, previous, horizon, stop, lambda read: counted(read()), throttle)
             counted.start()
             survivors = phase_two(stream, first, retain_null_key=self.config.retain_null_key,
                                   keep_tombstones_since_ms=cutoff)
-            entries, size, messages = self._write(topic, ledger_id, survivors, latencies)
+            entries, size, messages = self._write(topic, ledger_id, survivors, latencies, throttle)
             counted.end()
             store.close(ledger_id)
         except Exception:
@@ -293,14 +353,16 @@ class Compactor:
 
     def _write(
         self, topic: CompactedTopic, ledger_id: int, survivors: Iterator[CompactedEntry], latencies: list[int],
+        throttle: Throttle,
     ) -> tuple[int, int, int]:
         """Append every survivor, at most OUTSTANDING_APPENDS_MAX in flight: (entries, bytes,
         messages); each append's latency (call to durable) is counted in its bucket of
-        ``latencies``."""
+        ``latencies``, and its bytes are charged to ``throttle`` before it is made."""
         outstanding: deque[Future[int]] = deque()
         entries = size = messages = 0
         for survivor in survivors:
             data = encode_compacted_entry(survivor)
+            throttle.charge(len(data))
             appended = topic.ledger.store.append(ledger_id, data)
             appended.add_done_callback(functools.partial(_took, time.monotonic(), latencies))
             outstanding.append(appended)
@@ -369,6 +431,27 @@ class _Counted:
 
     def end(self) -> None:
         self.progress(self.phase, self.done, max(self.total, self.done))
+
+
+@dataclass(frozen=True, slots=True)
+class _RunIo:
+    """What one run carries besides the topic: its throttle and its lag cut-off."""
+
+    throttle: Throttle
+    young_after_ms: int | None
+
+
+def _charged(throttle: Throttle, batch: list[Entry]) -> list[Entry]:
+    throttle.charge(sum(len(entry.data) for entry in batch))
+    return batch
+
+
+def _publish_time(data: bytes) -> int:
+    """The entry's ``publish_time`` (ms); 0 when its metadata cannot be read."""
+    try:
+        return int(parse_header(bytes(data))[0].publish_time)
+    except MalformedEntryError:
+        return 0
 
 
 def _read_previous(previous: CompactedView, first: int, last: int) -> list[Entry]:

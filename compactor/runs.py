@@ -16,8 +16,9 @@
 ``in_flight``/``running`` are the one answer to "is a run of this topic in flight?";
 ``check_delete`` refuses deleting a topic (or its ``__compaction`` subscription) under a
 run with ``CompactionInProgressError``. ``stop`` cancels queued runs (status ERROR, "the
-broker stopped during the run") and waits for the running ones. Call everything on one
-asyncio event loop.
+broker stopped during the run") and waits for the running ones; one waiting on its I/O
+throttle (``compactionMaxBytesPerSecond``) fails at once instead, so that a slow,
+throttled run does not hold the stop. Call everything on one asyncio event loop.
 """
 
 from __future__ import annotations
@@ -76,11 +77,14 @@ class StatusStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RunJob:
-    """What one run needs: the topic, its ``deleteRetentionMs``, an optional progress callback."""
+    """What one run needs: the topic, its ``deleteRetentionMs``, an optional progress
+    callback, its ``minCompactionLagMs`` and its ``compactionMaxBytesPerSecond`` (0: off)."""
 
     topic: CompactedTopic
     delete_retention_ms: int = 0
     progress: Progress | None = None
+    min_compaction_lag_ms: int = 0
+    max_bytes_per_second: int = 0
 
 
 @dataclass(slots=True)
@@ -167,8 +171,10 @@ class CompactionRuns:
             await asyncio.gather(*(r.outcome for r in list(self._runs.values())), return_exceptions=True)
 
     async def stop(self) -> None:
-        """Cancel the queued runs and wait for the running ones; no run starts after."""
+        """Cancel the queued runs and wait for the running ones; no run starts after. A
+        running run waiting on its I/O throttle fails at once (``Compactor.interrupt``)."""
         self._handle(Stopped(self._now_ms()))
+        self.compactor.interrupt()
         await self.wait_idle()
         await asyncio.gather(*list(self._trims))
 
@@ -211,7 +217,8 @@ class CompactionRuns:
         name = job.topic.name
         try:
             figures = await asyncio.to_thread(functools.partial(
-                self.compactor.compact, job.topic, delete_retention_ms=job.delete_retention_ms, progress=job.progress))
+                self.compactor.compact, job.topic, delete_retention_ms=job.delete_retention_ms, progress=job.progress,
+                min_compaction_lag_ms=job.min_compaction_lag_ms, max_bytes_per_second=job.max_bytes_per_second))
         except Exception as error:  # noqa: BLE001 - the outcome of a run is its status and its future
             self._handle(Failed(name, run_id, self._now_ms(), f"{type(error).__name__}: {error}"))
             self._runs.pop(run_id).outcome.set_exception(error)

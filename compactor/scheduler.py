@@ -12,7 +12,10 @@ per loaded topic and asks ``plan`` which runs to start. The rules (reference
    * the threshold: backlog > threshold;
    * Kafka's ``minCleanableDirtyRatio``: backlog / (backlog + compacted bytes) ≥ the ratio;
    * Kafka's ``maxCompactionLagMs``: the oldest message not yet compacted was published at
-     least that long ago.
+     least that long ago;
+   unless Kafka's ``minCompactionLagMs`` holds everything back: the oldest message not yet
+   compacted is younger than that lag, so a run would stop before it (``compactor.lag``)
+   and compact nothing.
 4. At most ``max_concurrent_runs`` runs at once per broker: due topics start largest backlog
    first; the rest are queued for the next tick (Pulsar has no limit, see its #7223).
 """
@@ -52,6 +55,7 @@ class CompactionPolicy:
     threshold_bytes: int = 0
     min_cleanable_dirty_ratio: float | None = None
     max_compaction_lag_ms: int | None = None
+    min_compaction_lag_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,9 @@ def should_compact(stats: TopicCompactionStats, policy: CompactionPolicy, now_ms
     """Rule 3: is ``stats.topic`` due for a run at ``now_ms``?"""
     if stats.running or stats.backlog_bytes <= 0:
         return False
+    oldest = stats.oldest_uncompacted_publish_ms
+    if policy.min_compaction_lag_ms > 0 and oldest is not None and now_ms - oldest < policy.min_compaction_lag_ms:
+        return False  # the first message a run would take is young: it would compact nothing
     if policy.threshold_bytes > 0 and stats.backlog_bytes > policy.threshold_bytes:
         return True
     ratio = policy.min_cleanable_dirty_ratio
@@ -83,7 +90,6 @@ def should_compact(stats: TopicCompactionStats, policy: CompactionPolicy, now_ms
         if dirty >= ratio:
             return True
     lag = policy.max_compaction_lag_ms
-    oldest = stats.oldest_uncompacted_publish_ms
     return lag is not None and lag > 0 and oldest is not None and now_ms - oldest >= lag
 
 

@@ -337,8 +337,13 @@ class ManagedLedger:
         """Roll over; the append that filled the ledger is taken already, so a failure here
         is not its failure: the ledger is marked, and the next append rolls over."""
         try:
+            sealed = self._ledgers[-1]
             self._seal_current()
             self._create_ledger()
+            log.debug("topic %s: ledger %d rolled over at %d entries, %d bytes; ledger %d is current",
+                      self.name, sealed.ledger_id, sealed.entries, sealed.size_bytes, self._ledgers[-1].ledger_id,
+                      extra={"event": "ledger-roll-over", "topic": self.name, "sealed_ledger_id": sealed.ledger_id,
+                             "ledger_id": self._ledgers[-1].ledger_id})
         except (LedgerError, MetadataError) as error:
             log.warning("topic %s: roll-over failed, the next append retries it: %s", self.name, error)
             if not self._ledgers[-1].closed_at_ms:

@@ -13,7 +13,8 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
   one answer to "is a run in flight?" that topic and ``__compaction`` deletion ask.
 * Policies per topic and per namespace, by name: ``compactionThreshold`` and
   ``deduplicationEnabled`` (Pulsar's) and, beyond Pulsar, ``minCleanableDirtyRatio``,
-  ``maxCompactionLagMs`` and ``deleteRetentionMs`` (Kafka's). The caller validates values;
+  ``maxCompactionLagMs``, ``deleteRetentionMs``, ``minCompactionLagMs`` and
+  ``compactionMaxBytesPerSecond`` (Kafka's). The caller validates values;
   a change of ``deduplicationEnabled`` applies to the loaded topics at once.
 * ``stats`` and ``internal_stats`` in Pulsar's JSON shapes (the fields compactd can fill).
   They never fail on what a topic holds: a cursor name or property key that is not text
@@ -43,7 +44,7 @@ __all__ = ["POLICY_NAMES", "Admin", "AdminBroker"]
 log = logging.getLogger(__name__)
 
 POLICY_NAMES = ("compactionThreshold", "minCleanableDirtyRatio", "maxCompactionLagMs", "deleteRetentionMs",
-                "deduplicationEnabled")
+                "deduplicationEnabled", "minCompactionLagMs", "compactionMaxBytesPerSecond")
 
 
 def _shown(name: object) -> str:

@@ -12,7 +12,8 @@ belong to one executor, ``runs`` (``compactor.runs.CompactionRuns``: slots —
 ``compaction_max_concurrent_runs`` —, queue, tasks, persisted status), which the REST
 trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compact`` (a run
 awaited) all go through; the core only builds each run's ``RunJob`` (the topic and its
-``deleteRetentionMs``). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
+``deleteRetentionMs``, ``minCompactionLagMs`` and ``compactionMaxBytesPerSecond``: topic
+policy, else namespace policy, else the broker default). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
 compaction scheduler); ``stop`` ends it, cancels queued runs and waits for the running
 ones, then seals every topic's current ledger, which makes (or fails) every pending append
 before it returns, and writes every queued cursor state (``cursor.store``: a clean stop
@@ -202,8 +203,21 @@ class BrokerService:
     # -- compaction ---------------------------------------------------------------------
 
     def run_job(self, topic: Topic) -> RunJob:
-        """What a run of ``topic`` needs: its compaction state and ``deleteRetentionMs``."""
-        return RunJob(topic.compacted, self.delete_retention_ms(topic))
+        """What a run of ``topic`` needs: its compaction state, ``deleteRetentionMs``,
+        ``minCompactionLagMs`` and ``compactionMaxBytesPerSecond``."""
+        return RunJob(topic.compacted, self.delete_retention_ms(topic),
+                      min_compaction_lag_ms=self._policy_or(topic, "minCompactionLagMs",
+                                                            self.settings.compaction_min_lag_ms),
+                      max_bytes_per_second=self._policy_or(topic, "compactionMaxBytesPerSecond",
+                                                           self.settings.compaction_max_bytes_per_second))
+
+    def _policy_or(self, topic: Topic, name: str, broker_default: int) -> int:
+        """Policy ``name`` of the topic, else of its namespace, else ``broker_default``."""
+        for scope in (str(topic.name), topic.name.namespace_name):
+            value = self.policies.get_policy(scope, name)
+            if value is not None:
+                return int(value)
+        return broker_default
 
     def request_compaction(self, text: str) -> None:
         """Queue a run of the existing topic ``text``; its outcome lands in the status
@@ -271,4 +285,5 @@ class BrokerService:
             policies.get_policy(scope, "compactionThreshold"), policies.get_policy(namespace, "compactionThreshold"),
             self.settings.compaction_threshold_bytes,
         )
-        return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"))
+        return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"),
+                                self._policy_or(topic, "minCompactionLagMs", self.settings.compaction_min_lag_ms))

@@ -2,7 +2,8 @@
 
 For each policy of ``api.schemas.POLICIES`` — Pulsar's ``compactionThreshold`` and
 ``deduplicationEnabled`` and, beyond Pulsar, ``minCleanableDirtyRatio``,
-``maxCompactionLagMs``, ``deleteRetentionMs`` — at::
+``maxCompactionLagMs``, ``deleteRetentionMs``, ``minCompactionLagMs``,
+``compactionMaxBytesPerSecond`` — at::
 
     /admin/v2/persistent/{tenant}/{namespace}/{topic}/<name>     (the topic must exist)
     /admin/v2/namespaces/{tenant}/{namespace}/<name>

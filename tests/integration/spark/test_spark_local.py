@@ -95,7 +95,7 @@ def test_auto_moves_phase_one_to_spark_over_the_memory_budget(
     for budget in (1 << 30, 24):  # roomy: local; 24 bytes is one key: spark
         compactor = Compactor(CompactionConfig(engine="auto", memory_budget_bytes=budget),
                               spark_engine=counting)  # type: ignore[arg-type]
-        with caplog.at_level(logging.INFO, logger="compactor.runner"):
+        with caplog.at_level(logging.DEBUG, logger="compactor.runner"):
             outcomes[budget] = run_both([data], tmp_path / str(budget), {"auto": compactor})["auto"]
     assert counting.runs == 1
     assert "phase one on the spark engine" in caplog.text

@@ -163,6 +163,14 @@ def _admin(recorder: Recorder, *args: str) -> Result:
      ("POST", "/admin/v2/namespaces/public/default/maxCompactionLagMs", 1500)),
     (["topics", "set-delete-retention", "--retention", "1d", "t"],
      ("POST", "/admin/v2/persistent/public/default/t/deleteRetentionMs", 86_400_000)),
+    (["topics", "set-min-compaction-lag", "--lag", "10m", "t"],
+     ("POST", "/admin/v2/persistent/public/default/t/minCompactionLagMs", 600_000)),
+    (["namespaces", "get-min-compaction-lag", "public/default"],
+     ("GET", "/admin/v2/namespaces/public/default/minCompactionLagMs", None)),
+    (["namespaces", "set-compaction-max-bytes-per-second", "--rate", "10M", "public/default"],
+     ("POST", "/admin/v2/namespaces/public/default/compactionMaxBytesPerSecond", 10 << 20)),
+    (["topics", "remove-compaction-max-bytes-per-second", "t"],
+     ("DELETE", "/admin/v2/persistent/public/default/t/compactionMaxBytesPerSecond", None)),
     (["namespaces", "remove-delete-retention", "public/default"],
      ("DELETE", "/admin/v2/namespaces/public/default/deleteRetentionMs", None)),
     (["topics", "set-deduplication", "--enable", "t"],
@@ -482,6 +490,8 @@ def test_e2e_thresholds_set_get_remove_on_topics_and_namespaces(serve: ServeProc
     ("min-cleanable-dirty-ratio", "--ratio", "0.5", 0.5),
     ("max-compaction-lag", "--lag", "1h", 3_600_000),
     ("delete-retention", "--retention", "30s", 30_000),
+    ("min-compaction-lag", "--lag", "5m", 300_000),
+    ("compaction-max-bytes-per-second", "--rate", "1M", 1 << 20),
 ])
 def test_e2e_kafka_style_policies(serve: ServeProcess, suffix: str, flag: str, value: str, stored: object) -> None:
     _run(serve, "topics", "create", "e2e-kafka")  # 409 after the first case

@@ -31,6 +31,7 @@ NOT_YET_IN_INTERFACES = {
     "max_open_ledger_files", "managed_ledger_mark_delete_rate_limit",
     "wire_connect_timeout_seconds", "wire_frame_timeout_seconds",
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
+    "compaction_min_lag_ms", "compaction_max_bytes_per_second", "log_format", "log_level",
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -49,6 +50,7 @@ DOCUMENTED_DEFAULTS = {
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
     "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
     "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
+    "compaction_min_lag_ms": 0, "compaction_max_bytes_per_second": 0, "log_format": "text", "log_level": "info",
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -76,6 +78,10 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "wire_frame_timeout_seconds": ("2", "2", 2.0),
     "wire_partial_frames_budget_bytes": ("1048576", "1048576", 1048576),
     "http_max_request_body_bytes": ("4096", "4096", 4096),
+    "compaction_min_lag_ms": ("60000", "60000", 60000),
+    "compaction_max_bytes_per_second": ("1048576", "1048576", 1048576),
+    "log_format": ("json", '"json"', "json"),
+    "log_level": ("debug", '"debug"', "debug"),
     "authentication_enabled": ("yes", "true", True),
     "token_secret_key": ("file:///etc/secret", '"file:///etc/secret"', "file:///etc/secret"),
     "token_public_key": ("data:;base64,AAAA", '"data:;base64,AAAA"', "data:;base64,AAAA"),

@@ -353,3 +353,26 @@ def test_e2e_offline_compaction_of_a_real_brokers_data_dir(tmp_path: Path) -> No
     assert received == {f"k{key}": f"v{56 + key}".encode() for key in range(4)}
     assert status.exit_code == 0, status.output
     assert json.loads(status.stdout)["status"] == "SUCCESS"  # the offline run's status, persisted
+
+
+def test_the_minimum_lag_policy_holds_young_messages_back_offline_too(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _write_topic(data, TOPIC, MESSAGES, publish_time_ms=int(time.time() * 1000) - 60_000)
+    data_dir = DataDir.open(str(data))
+    try:
+        PolicyStore(data_dir.database).set_policy("public/default", "minCompactionLagMs", 3_600_000)
+    finally:
+        data_dir.close()
+
+    held_back = _compact(data, "--topic", TOPIC)
+
+    assert held_back.exit_code == 0, held_back.output
+    assert json.loads(held_back.stdout)["ledgerId"] == -1  # every message is a minute old: younger than an hour
+    data_dir = DataDir.open(str(data))
+    try:
+        PolicyStore(data_dir.database).set_policy(TOPIC, "minCompactionLagMs", 1_000)  # the topic's wins
+    finally:
+        data_dir.close()
+    result = _compact(data, "--topic", TOPIC)
+    assert result.exit_code == 0, result.output
+    assert _compacted_view(data, TOPIC) == [("k0", b"v6", False), ("k2", b"v8", False)]
