@@ -20,6 +20,8 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.auth.rest import AccessMiddleware
+from api.broker.access import AccessControl
 from api.config import Settings
 from api.errors import install_error_handlers, reason_response
 from api.routers import ROUTERS
@@ -51,6 +53,11 @@ def create_app(settings: Settings | None = None, *, broker: object | None = None
     install_error_handlers(app)
     limit = settings.http_max_request_body_bytes if settings is not None else MAX_REQUEST_BODY_BYTES
     app.add_middleware(BodyLimitMiddleware, max_bytes=limit)  # outermost: before anything reads
+    access = getattr(broker, "access", None)
+    if not isinstance(access, AccessControl) and settings is not None:
+        access = AccessControl(settings, None)
+    if isinstance(access, AccessControl) and access.authentication_enabled:
+        app.add_middleware(AccessMiddleware, access=access)  # api.auth.rest: every route but health
 
     @app.get(HEALTH_PATH, response_class=PlainTextResponse, tags=["brokers"],
              summary="Broker health check", responses={200: {"description": "The text `ok`."}})

@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from api.auth.wire import admit
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
 from api.wire.codec import (
@@ -123,6 +124,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.producers: dict[int, WireProducer] = {}
         self.consumers: dict[int, WireConsumer] = {}
         self.service_url = ""
+        self.role: str | None = None  # proven at CONNECT (api.auth.wire); None: authentication off
         self.writing_paused = False  # the transport's write buffer is over its high-water mark
         self._loop = asyncio.get_event_loop()
         self._loop_thread = threading.get_ident()  # connections are made on the loop's thread
@@ -153,7 +155,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         host, port = transport.get_extra_info("sockname")[:2]
-        self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
+        scheme = "pulsar+ssl" if transport.get_extra_info("sslcontext") is not None else "pulsar"
+        self.service_url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
         self.connections.add(self)
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
         self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)
@@ -359,6 +362,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
     # -- handshake and lookup -----------------------------------------------------------
 
     def _connect(self, command: pb.BaseCommand, frame: Frame) -> None:
+        if not admit(self, self.broker.access, command.connect):  # refused: answered and closed
+            return
         version = min(command.connect.protocol_version or PROTOCOL_VERSION, PROTOCOL_VERSION)
         connected = pb.CommandConnected(server_version="compactd", protocol_version=version,
                                         max_message_size=MESSAGE_BYTES_MAX)
@@ -392,7 +397,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             return
         response = pb.CommandLookupTopicResponse(
             request_id=request.request_id, response=pb.CommandLookupTopicResponse.Connect,
-            brokerServiceUrl=self.service_url, authoritative=True, proxy_through_service_url=False)
+            brokerServiceUrl=self.service_url, brokerServiceUrlTls=self.service_url,
+            authoritative=True, proxy_through_service_url=False)
         self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
 
     def _lookup_failed(self, request_id: int, error: BrokerError) -> None:
@@ -416,6 +422,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         request = command.subscribe
         if request.subType not in (0, 1, 2):
             raise NotAllowedError("Key_Shared subscriptions are not supported by compactd")
+        self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
         topic = self.broker.get_topic(request.topic)
         consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)
         start = from_message_id(request.start_message_id) if request.HasField("start_message_id") else None
