@@ -31,6 +31,7 @@ NOT_YET_IN_INTERFACES = {
     "max_open_ledger_files", "managed_ledger_mark_delete_rate_limit",
     "wire_connect_timeout_seconds", "wire_frame_timeout_seconds",
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
+    "authorization_enabled", "tls_trust_certs_file", "tls_require_trusted_client_cert", "http_allowed_hosts",
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -49,6 +50,8 @@ DOCUMENTED_DEFAULTS = {
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
     "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
     "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
+    "authorization_enabled": False, "tls_trust_certs_file": None, "tls_require_trusted_client_cert": False,
+    "http_allowed_hosts": (),
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -84,6 +87,11 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "tls_key_file": ("/etc/key.pem", '"/etc/key.pem"', "/etc/key.pem"),
     "broker_port_tls": ("7651", "7651", 7651),
     "http_port_tls": ("9443", "9443", 9443),
+    "authorization_enabled": ("true", "true", True),
+    "tls_trust_certs_file": ("/etc/ca.pem", '"/etc/ca.pem"', "/etc/ca.pem"),
+    "tls_require_trusted_client_cert": ("yes", "true", True),
+    "http_allowed_hosts": ("broker.example, admin.example", '["broker.example", "admin.example"]',
+                           ("broker.example", "admin.example")),
 }
 KEYS = [spec.key for spec in setting_specs()]
 # Settings that are only valid together with another one (checked across settings).
@@ -91,6 +99,9 @@ COMPANIONS = {
     "authentication_enabled": {"token_secret_key": "file:///k"},
     "tls_cert_file": {"tls_key_file": "/k.pem"},
     "tls_key_file": {"tls_cert_file": "/c.pem"},
+    "authorization_enabled": {"authentication_enabled": True, "token_secret_key": "file:///k"},
+    "tls_require_trusted_client_cert": {"tls_trust_certs_file": "/ca.pem", "tls_cert_file": "/c.pem",
+                                        "tls_key_file": "/k.pem"},
 }
 
 
@@ -293,6 +304,9 @@ def test_invalid_toml_is_an_error_naming_the_file() -> None:
     ({"tls_key_file": "/k.pem"}, "TLS needs both"),
     ({"token_secret_key": "file:///a", "token_public_key": "file:///b"}, "not both"),
     ({"authentication_enabled": True}, "needs --token-secret-key or --token-public-key"),
+    ({"authorization_enabled": True}, "--authorization-enabled needs --authentication-enabled"),
+    ({"tls_require_trusted_client_cert": True, "tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"},
+     "--tls-require-trusted-client-cert needs --tls-trust-certs-file and --tls-cert-file"),
 ])
 def test_settings_that_contradict_each_other(flags: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -304,15 +318,14 @@ def test_both_ports_may_be_zero() -> None:
     assert (settings.broker_port, settings.http_port) == (0, 0)
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    ({"authentication_enabled": True, "token_secret_key": "file:///k"},
-     "authentication (--authentication-enabled) is not supported yet"),
-    ({"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"}, "TLS (--tls-cert-file) is not supported yet"),
+@pytest.mark.parametrize("flags", [
+    {"authentication_enabled": True, "token_secret_key": "file:///k"},
+    {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"},
 ])
-def test_authentication_and_tls_are_accepted_but_not_served(flags: dict[str, object], message: str) -> None:
-    settings = load_settings(flags, {}, None)
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        require_supported(settings)
+def test_authentication_and_tls_are_served(flags: dict[str, object]) -> None:
+    """Issue 15 serves them: ``require_supported`` no longer refuses them (their files are
+    read by ``api.auth.tls.preflight``, tested in ``test_auth_settings``)."""
+    require_supported(load_settings(flags, {}, None))
 
 
 def test_token_settings_without_authentication_are_served() -> None:
