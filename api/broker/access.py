@@ -22,6 +22,7 @@ do everything (Pulsar's behaviour).
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from api.config import Settings
 from ledger.database import Database
 
 __all__ = ["AccessControl", "AuthenticationError", "AuthorizationError", "Credentials", "exposure_warning"]
+
+log = logging.getLogger(__name__)
 
 TOKEN_METHOD = "token"
 TLS_METHOD = "tls"
@@ -127,7 +130,9 @@ class AccessControl:
             return
         if role is not None and self.grants is not None and action in self.grants.actions_of(role, _scopes(topic)):
             return
-        raise AuthorizationError(f"role {role!r} is not authorized to {action} on {topic}")
+        refusal = AuthorizationError(f"role {role!r} is not authorized to {action} on {topic}")
+        log.info("refusing: %s", refusal)
+        raise refusal
 
 
 def _scopes(topic: str) -> tuple[str, ...]:
