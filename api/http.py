@@ -7,6 +7,9 @@ routers of ``api.routers`` (one per resource) and the error handlers of ``api.er
 (every failure answers Pulsar's ``{"reason": "…"}``). ``/docs`` and ``/openapi.json``
 describe every route.
 
+With authentication on, ``api.auth.rest.AccessMiddleware`` guards every route but the
+health check (Bearer tokens; admin routes super-user only with authorization on).
+
 Request bodies are bounded before they are read (``BodyLimitMiddleware``): a declared
 ``Content-Length`` above ``http_max_request_body_bytes`` answers 413 without reading a
 byte, and a body without one (chunked) is counted as it streams in and answers 413 as

@@ -2,17 +2,24 @@
 
 ``run(settings)`` carries out, in this order:
 
-1. refuse what this build does not serve (authentication, TLS): ``ConfigError``;
+1. refuse what this build does not serve, and token key or TLS files that do not load
+   (``api.auth.tls.preflight``): ``ConfigError``; log one warning when listening beyond
+   loopback with authentication off;
 2. open the data dir, taking its lock first (``DataDirLockedError`` when another
    process holds it; nothing is touched then);
 3. collect orphan ledgers a crashed compaction left behind;
 4. build the broker service and start its Pulsar listener on ``bind:broker_port``;
 5. start the admin REST listener (uvicorn) on ``bind:http_port``;
-6. once both accept connections, print the one ready line to stdout::
+6. with TLS files, start the ``pulsar+ssl://`` listener on ``broker_port_tls`` and the
+   HTTPS admin listener on ``http_port_tls`` (``api.auth.tls``); both admin listeners
+   refuse foreign Host headers (``api.auth.rest.HostAllowListMiddleware``);
+7. once all accept connections, print the one ready line to stdout::
 
        compactd ready broker=pulsar://HOST:PORT http=http://HOST:PORT
 
-7. wait for SIGTERM or SIGINT, then stop the REST listener, stop the broker (its
+   with `` broker_tls=pulsar+ssl://HOST:PORT https=https://HOST:PORT`` appended under TLS;
+
+8. wait for SIGTERM or SIGINT, then stop the REST listener, stop the broker (its
    listener, connections, pending appends finished or failed back, managed ledgers
    closed) and close the data dir (synced, lock released), and return 0.
 

@@ -6,8 +6,9 @@ plus what the Pulsar port needs, which the wire package owns: the listener and
 ``WireLimits`` and the partial-frame budget they share, built here from the ``wire_*``
 settings by ``wire_limits``). ``start(host, port)`` binds the Pulsar port
 (``api.listener``'s socket, which backs off when descriptors run out), accepts one
-``ServerConnection`` per client, and starts the core's periodic work; ``stop`` closes the
-listener and every connection (their consumers and producers go away), then stops the
+``ServerConnection`` per client, and starts the core's periodic work; ``start_tls`` adds the
+``pulsar+ssl://`` listener (same connections, an SSL context from ``api.auth.tls``); ``stop``
+closes the listeners and every connection (their consumers and producers go away), then stops the
 core, which seals every topic.
 """
 
