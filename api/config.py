@@ -68,6 +68,8 @@ CONFIG_ENV = "COMPACTD_CONFIG"  # names the TOML config file when no --config is
 PORT_MAX = 65535
 # Pulsar's token key settings are URLs: a file (``file:///PATH``) or inline (``data:``).
 TOKEN_KEY_PREFIXES = ("file:///", "data:")
+# Settings whose value may be a key itself (``data:``): an error never shows it.
+SECRET_KEYS = frozenset({"token_secret_key", "token_public_key"})
 BOOLEAN_WORDS = {
     "true": True, "1": True, "yes": True, "on": True,
     "false": False, "0": False, "no": False, "off": False,
@@ -405,4 +407,5 @@ def _check_together(settings: Settings) -> None:
 
 
 def _bad(spec: SettingSpec, label: str, value: object, problem: str) -> ConfigError:
-    return ConfigError(f"{label}: {value!r} {problem}", key=spec.key, value=value)
+    shown = "(a key, not shown)" if spec.key in SECRET_KEYS else repr(value)  # may hold an inline key
+    return ConfigError(f"{label}: {shown} {problem}", key=spec.key, value=value)

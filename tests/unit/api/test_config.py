@@ -241,7 +241,6 @@ BAD_TEXT = [
     ("topic_compaction_retain_null_key", "maybe", "is not a boolean"),
     ("data_dir", "  ", "is empty"),
     ("bind", "", "is empty"),
-    ("token_secret_key", "/etc/secret", "is not a key URL"),
     ("super_user_roles", ",", None),  # an empty list after the commas is fine
 ]
 
@@ -259,6 +258,17 @@ def test_a_bad_flag_or_env_value_is_named_with_its_source(key: str, value: str, 
     with pytest.raises(ConfigError) as from_env:
         load_settings({}, {env_name(key): value}, None)
     assert str(from_env.value).startswith(f"{env_name(key)}: {value!r} ")
+
+
+@pytest.mark.parametrize("key", ["token_secret_key", "token_public_key"])
+def test_a_bad_key_setting_is_named_without_its_value(key: str) -> None:
+    """Issue 15: a key setting's value may be the key itself (pasted without ``data:``),
+    so its error names the flag and the problem, never the value."""
+    for flags, env, label in (({key: "c2VjcmV0LWtleQ=="}, {}, flag_name(key)),
+                              ({}, {env_name(key): "c2VjcmV0LWtleQ=="}, env_name(key))):
+        with pytest.raises(ConfigError) as caught:
+            load_settings(flags, env, None)
+        assert str(caught.value) == f"{label}: (a key, not shown) is not a key URL (file:///PATH or data:...)"
 
 
 @pytest.mark.parametrize(("line", "message"), [
