@@ -126,11 +126,19 @@ class AccessControl:
 
     def check_topic(self, role: str | None, topic: str, action: str) -> None:
         """``AuthorizationError`` unless ``role`` may ``action`` (produce, consume) on ``topic``."""
+        self._check(role, _scopes(topic), action, topic)
+
+    def check_namespace(self, role: str | None, namespace: str, action: str) -> None:
+        """``AuthorizationError`` unless ``role`` holds ``action`` on ``namespace`` itself
+        (listing a namespace's topics needs ``consume`` there, as in Pulsar)."""
+        self._check(role, (namespace,), action, namespace)
+
+    def _check(self, role: str | None, scopes: tuple[str, ...], action: str, target: str) -> None:
         if self.is_super_user(role):
             return
-        if role is not None and self.grants is not None and action in self.grants.actions_of(role, _scopes(topic)):
+        if role is not None and self.grants is not None and action in self.grants.actions_of(role, scopes):
             return
-        refusal = AuthorizationError(f"role {role!r} is not authorized to {action} on {topic}")
+        refusal = AuthorizationError(f"role {role!r} is not authorized to {action} on {target}")
         log.info("refusing: %s", refusal)
         raise refusal
 

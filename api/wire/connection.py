@@ -412,6 +412,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def _topics_of_namespace(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.getTopicsOfNamespace
+        self.broker.access.check_namespace(self.role, request.namespace, "consume")  # api.auth: grants
         topics = self.broker.list_topics(request.namespace)
         response = pb.CommandGetTopicsOfNamespaceResponse(request_id=request.request_id, topics=topics)
         self.write(pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE, getTopicsOfNamespaceResponse=response))

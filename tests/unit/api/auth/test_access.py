@@ -134,6 +134,10 @@ def test_a_role_needs_a_grant_to_produce_or_consume(tmp_path: Path, key_url: str
         assert _subscribe(wire, request_id=4).command.error.error == pb.AuthorizationError
         broker.access.grants.grant(TOPIC, "alice", ["consume"])
         assert _subscribe(wire, request_id=5).type == T.SUCCESS
+        listing = make_command(pb.CommandGetTopicsOfNamespace(request_id=6, namespace="public/default"))
+        assert wire.request(listing)[0].command.error.error == pb.AuthorizationError
+        broker.access.grants.grant("public/default", "alice", ["produce", "consume"])
+        assert wire.request(listing)[0].command.getTopicsOfNamespaceResponse.topics == [TOPIC]
         assert not wire.closed
 
     _run(tmp_path, _settings(key_url), body)
