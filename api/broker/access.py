@@ -14,7 +14,8 @@ may do everything, as before.
 **Authorization** (``--authorization-enabled``, which needs authentication) lets a
 super-user (``--super-user-roles``) do everything; another role may produce to (consume
 from) a topic only with a ``produce`` (``consume``) grant on the topic or its namespace
-(``api.broker.grants``), and may call no admin operation: compactd has no tenant admins, so
+(``api.broker.grants``; listing a namespace's topics over the wire needs ``consume`` on
+the namespace), and may call no admin operation: compactd has no tenant admins, so
 the admin API is for super-users only. With authorization off, every authenticated role may
 do everything (Pulsar's behaviour).
 """

@@ -6,7 +6,7 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
 * CONNECT must come first; anything else before it closes the connection. With
   authentication on, CONNECT must prove a role (``api.auth.wire.admit``: a token, or a
   trusted client certificate's CN) or is answered ERROR AuthenticationError and closed;
-  PRODUCER and SUBSCRIBE check the role's grants (``api.broker.access``).
+  PRODUCER, SUBSCRIBE and GET_TOPICS_OF_NAMESPACE check the role's grants (``api.broker.access``).
 * Every command that carries a request id gets an answer; what compactd does not support
   answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
 * PRODUCER, SEND and CLOSE_PRODUCER are ``api.wire.producing`` (ProducerBusy, receipts in
