@@ -167,9 +167,9 @@ class Settings:
     authentication_enabled: bool = _setting(
         False, "Require a token (or a trusted TLS client certificate) on both ports.")
     token_secret_key: str | None = _setting(
-        None, "HS256 secret key of tokens, file:///PATH or data:;base64,....")
+        None, "HS256 secret key of tokens, file:///PATH or data:;base64,DATA")
     token_public_key: str | None = _setting(
-        None, "RS256 or ES256 public key of tokens (DER or PEM), file:///PATH or data:;base64,....")
+        None, "RS256 or ES256 public key of tokens (DER or PEM), file:///PATH or data:;base64,DATA")
     super_user_roles: tuple[str, ...] = _setting(
         (), "Roles (token sub) allowed admin operations, comma-separated.")
     tls_cert_file: str | None = _setting(None, "TLS certificate file (PEM); with --tls-key-file it opens the TLS ports.")
@@ -185,8 +185,9 @@ class Settings:
         False, "Mutual TLS: the TLS ports refuse a client without a certificate signed by "
         "--tls-trust-certs-file; its CN is the role of auth method tls.")
     http_allowed_hosts: tuple[str, ...] = _setting(
-        (), "Host header names the admin API answers besides the bind address, localhost and IP "
-        "literals, comma-separated; * answers any (DNS rebinding protection off).")
+        (), "Host header names the admin API answers besides the bind address and loopback "
+        "(any IP literal when bound to 0.0.0.0), comma-separated; * answers any (no DNS rebinding "
+        "protection).")
 
 
 class SettingSpec(NamedTuple):
