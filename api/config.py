@@ -167,9 +167,9 @@ class Settings:
     authentication_enabled: bool = _setting(
         False, "Require a token (or a trusted TLS client certificate) on both ports.")
     token_secret_key: str | None = _setting(
-        None, "HS256 secret key of tokens, file:///PATH or data:;base64,DATA")
+        None, "HS256 secret key of tokens, file:///PATH or data:;base64,DATA.")
     token_public_key: str | None = _setting(
-        None, "RS256 or ES256 public key of tokens (DER or PEM), file:///PATH or data:;base64,DATA")
+        None, "RS256 or ES256 public key of tokens (DER or PEM), file:///PATH or data:;base64,DATA.")
     super_user_roles: tuple[str, ...] = _setting(
         (), "Roles (token sub) allowed admin operations, comma-separated.")
     tls_cert_file: str | None = _setting(None, "TLS certificate file (PEM); with --tls-key-file it opens the TLS ports.")
