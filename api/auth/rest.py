@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/admin/v2/brokers/health"})
 AUTHENTICATED_PATHS = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+LOOPBACK_NAME = "localhost"
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
 
 
@@ -85,12 +85,11 @@ def host_of(header: str) -> str:
     return header
 
 
-def _is_ip(host: str) -> bool:
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        ipaddress.ip_address(host)
+        return ipaddress.ip_address(host)
     except ValueError:
-        return False
-    return True
+        return None
 
 
 class HostAllowListMiddleware:
@@ -100,7 +99,7 @@ class HostAllowListMiddleware:
         self.app = app
         self.any_host = "*" in allowed_hosts
         self.any_ip = bind in WILDCARD_BINDS
-        self.allowed = LOOPBACK_NAMES | {bind.lower()} | {host.lower() for host in allowed_hosts}
+        self.allowed = {LOOPBACK_NAME, bind.lower()} | {host.lower() for host in allowed_hosts}
 
     def allows(self, header: str | None) -> bool:
         """True when a request with this ``Host`` header may be served."""
@@ -109,7 +108,10 @@ class HostAllowListMiddleware:
         if header is None:
             return False
         host = host_of(header)
-        return host in self.allowed or (self.any_ip and _is_ip(host))
+        if host in self.allowed:
+            return True
+        address = _ip(host)
+        return address is not None and (address.is_loopback or self.any_ip)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
