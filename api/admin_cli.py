@@ -29,6 +29,7 @@ are built by a factory, and typer reads their annotations as live objects.
 import json
 import logging
 import re
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,13 +153,14 @@ class AdminClient:
     """The admin REST API at ``url``; every method raises ``AdminError`` on failure."""
 
     def __init__(self, url: str, *, token: str | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
         self.url = url.rstrip("/")
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=REQUEST_TIMEOUT_S,
-                                  transport=transport)
+                                  transport=transport, verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -276,6 +278,9 @@ def _admin(
     auth_token: Annotated[str | None, typer.Option(
         "--auth-token", envvar=AUTH_TOKEN_ENV, metavar="TOKEN", show_default=False,
         help="Token sent as 'Authorization: Bearer TOKEN'.")] = None,
+    tls_trust_cert_path: Annotated[str | None, typer.Option(
+        "--tls-trust-cert-path", metavar="PATH", show_default=False,
+        help="CA certificates (PEM) that an https:// admin URL's certificate is checked against.")] = None,
 ) -> None:
     """Administer a running compactd through its REST API (like pulsar-admin)."""
     # ``compactd`` logs at INFO to stderr; httpx would log every request there.
@@ -283,7 +288,14 @@ def _admin(
         logging.getLogger(name).setLevel(logging.WARNING)
     # Tests hand an httpx transport in as ``obj``; users never do.
     transport = ctx.obj if isinstance(ctx.obj, httpx.BaseTransport) else None
-    client = AdminClient(admin_url, token=auth_token, transport=transport)
+    verify: ssl.SSLContext | bool = True
+    if tls_trust_cert_path is not None:
+        try:
+            verify = ssl.create_default_context(cafile=tls_trust_cert_path)
+        except (OSError, ssl.SSLError) as error:
+            raise typer.BadParameter(f"cannot load {tls_trust_cert_path}: {error}",
+                                     param_hint="'--tls-trust-cert-path'") from None
+    client = AdminClient(admin_url, token=auth_token, transport=transport, verify=verify)
     ctx.call_on_close(client.close)
     ctx.obj = client
 
@@ -473,9 +485,41 @@ def _add_deduplication_verbs(group: typer.Typer, scope: str, to_path: Callable[[
         remove_deduplication)
 
 
+def _add_permission_verbs(group: typer.Typer, scope: str, to_path: Callable[[str], str]) -> None:
+    """``grant-permission``, ``revoke-permission`` and ``permissions`` of a topic or namespace."""
+    target_help = ("persistent://tenant/namespace/topic, or its short form." if scope == "topic"
+                   else "tenant/namespace, e.g. public/default.")
+    metavar = "TOPIC" if scope == "topic" else "NAMESPACE"
+
+    def grant_permission(
+        ctx: typer.Context,
+        target: str = typer.Argument(..., metavar=metavar, help=target_help),
+        role: str = typer.Option(..., "--role", metavar="ROLE", help="The role to grant to."),
+        actions: str = typer.Option(..., "--actions", metavar="produce,consume", help="Actions, comma-separated."),
+    ) -> None:
+        chosen = [action.strip() for action in actions.split(",") if action.strip()]
+        _call(ctx, "POST", f"{to_path(target)}/permissions/{role}", body=chosen, has_body=True)
+
+    def revoke_permission(
+        ctx: typer.Context,
+        target: str = typer.Argument(..., metavar=metavar, help=target_help),
+        role: str = typer.Option(..., "--role", metavar="ROLE", help="The role to revoke from."),
+    ) -> None:
+        _call(ctx, "DELETE", f"{to_path(target)}/permissions/{role}")
+
+    def permissions(ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help)) -> None:
+        _print_json(_call(ctx, "GET", f"{to_path(target)}/permissions"))
+
+    group.command("grant-permission", help=f"Grant a role actions (produce, consume) on the {scope}.")(
+        grant_permission)
+    group.command("revoke-permission", help=f"Revoke a role's actions on the {scope}.")(revoke_permission)
+    group.command("permissions", help=f"Print the roles granted actions on the {scope}.")(permissions)
+
+
 for _spec in POLICIES:
     _add_policy_verbs(topics, _spec, "topic", _topic)
     _add_policy_verbs(namespaces, _spec, "namespace", _namespace)
 _add_deduplication_verbs(topics, "topic", _topic)
 _add_deduplication_verbs(namespaces, "namespace", _namespace)
-
+_add_permission_verbs(topics, "topic", _topic)
+_add_permission_verbs(namespaces, "namespace", _namespace)

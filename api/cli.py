@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 
 from api import admin_cli, offline
+from api.auth import tokens_cli
 from api.config import (
     CONFIG_ENV,
     ConfigError,
@@ -116,6 +117,13 @@ TlsCertFile = Annotated[str | None, _option("tls_cert_file", "--tls-cert-file", 
 TlsKeyFile = Annotated[str | None, _option("tls_key_file", "--tls-key-file", "PATH")]
 BrokerPortTls = Annotated[str | None, _option("broker_port_tls", "--broker-port-tls", _PORT)]
 HttpPortTls = Annotated[str | None, _option("http_port_tls", "--http-port-tls", _PORT)]
+AuthorizationEnabled = Annotated[bool | None, _option(
+    "authorization_enabled", "--authorization-enabled/--no-authorization-enabled")]
+TlsTrustCertsFile = Annotated[str | None, _option("tls_trust_certs_file", "--tls-trust-certs-file", "PATH")]
+TlsRequireClientCert = Annotated[bool | None, _option(
+    "tls_require_trusted_client_cert",
+    "--tls-require-trusted-client-cert/--no-tls-require-trusted-client-cert")]
+HttpAllowedHosts = Annotated[str | None, _option("http_allowed_hosts", "--http-allowed-hosts", "a,b")]
 ConfigFile = Annotated[str | None, typer.Option(
     "--config", metavar="FILE", show_default=False,
     help=f"TOML file of settings, keys as the flags with underscores. Env: {CONFIG_ENV}.")]
@@ -127,6 +135,7 @@ def _root() -> None:
 
 
 app.add_typer(admin_cli.app, name="admin")
+app.add_typer(tokens_cli.app, name="tokens")
 app.command("compact-topic")(offline.compact_topic_command)
 
 
@@ -158,6 +167,9 @@ def serve(  # one parameter per setting, each named as its key
     super_user_roles: SuperUserRoles = None,
     tls_cert_file: TlsCertFile = None, tls_key_file: TlsKeyFile = None,
     broker_port_tls: BrokerPortTls = None, http_port_tls: HttpPortTls = None,
+    authorization_enabled: AuthorizationEnabled = None, tls_trust_certs_file: TlsTrustCertsFile = None,
+    tls_require_trusted_client_cert: TlsRequireClientCert = None,
+    http_allowed_hosts: HttpAllowedHosts = None,
 ) -> None:
     """Run the broker: Pulsar protocol, admin REST API and compaction, on the data dir.
 

@@ -17,8 +17,7 @@ are strings (booleans: ``true/false``, ``1/0``, ``yes/no``, ``on/off``; role lis
 ``a,b``; an empty value of an optional setting means none); config file values must have
 the TOML type of the setting (an integer may stand for a number of seconds).
 
-Authentication and TLS settings (INTERFACES §4) are accepted and checked here, but this
-build serves neither: ``require_supported`` refuses them at start.
+Authentication and TLS settings (INTERFACES §4) are checked here; ``api.auth`` serves them.
 
 Every default is written once. A setting that a lower layer applies through its own
 config (``ManagedLedgerConfig``, ``CompactionConfig``, ``WireLimits``, the ledger store's
@@ -69,6 +68,8 @@ CONFIG_ENV = "COMPACTD_CONFIG"  # names the TOML config file when no --config is
 PORT_MAX = 65535
 # Pulsar's token key settings are URLs: a file (``file:///PATH``) or inline (``data:``).
 TOKEN_KEY_PREFIXES = ("file:///", "data:")
+# Settings whose value may be a key itself (``data:``): an error never shows it.
+SECRET_KEYS = frozenset({"token_secret_key", "token_public_key"})
 BOOLEAN_WORDS = {
     "true": True, "1": True, "yes": True, "on": True,
     "false": False, "0": False, "no": False, "off": False,
@@ -176,17 +177,29 @@ class Settings:
         1024 * 1024, "Largest admin REST request body; a larger one answers 413 before it is read.",
         minimum=1)
     authentication_enabled: bool = _setting(
-        False, "Require a token on both ports (not supported yet).")
+        False, "Require a token (or a trusted TLS client certificate) on both ports.")
     token_secret_key: str | None = _setting(
-        None, "HS256 secret key, file:///PATH (not supported yet).")
+        None, "HS256 secret key of tokens, file:///PATH or data:;base64,DATA.")
     token_public_key: str | None = _setting(
-        None, "RS256 public key (PEM), file:///PATH (not supported yet).")
+        None, "RS256 or ES256 public key of tokens (DER or PEM), file:///PATH or data:;base64,DATA.")
     super_user_roles: tuple[str, ...] = _setting(
         (), "Roles (token sub) allowed admin operations, comma-separated.")
-    tls_cert_file: str | None = _setting(None, "TLS certificate file (not supported yet).")
-    tls_key_file: str | None = _setting(None, "TLS private key file (not supported yet).")
+    tls_cert_file: str | None = _setting(None, "TLS certificate file (PEM); with --tls-key-file it opens the TLS ports.")
+    tls_key_file: str | None = _setting(None, "TLS private key file (PEM).")
     broker_port_tls: int = _setting(6651, "pulsar+ssl:// port.", minimum=0, maximum=PORT_MAX)
     http_port_tls: int = _setting(8443, "HTTPS admin port.", minimum=0, maximum=PORT_MAX)
+    authorization_enabled: bool = _setting(
+        False, "Check each role's grants (produce, consume) and keep admin operations to super-users; "
+        "needs --authentication-enabled.")
+    tls_trust_certs_file: str | None = _setting(
+        None, "CA certificates (PEM) that client certificates are verified against.")
+    tls_require_trusted_client_cert: bool = _setting(
+        False, "Mutual TLS: the TLS ports refuse a client without a certificate signed by "
+        "--tls-trust-certs-file; its CN is the role of auth method tls.")
+    http_allowed_hosts: tuple[str, ...] = _setting(
+        (), "Host header names the admin API answers besides the bind address and loopback "
+        "(any IP literal when bound to 0.0.0.0), comma-separated; * answers any (no DNS rebinding "
+        "protection).")
 
 
 class SettingSpec(NamedTuple):
@@ -282,16 +295,9 @@ def settings_from_command_line(flags: Mapping[str, object], env: Mapping[str, st
 
 
 def require_supported(settings: Settings) -> None:
-    """Refuse, with ``ConfigError``, settings this build accepts but does not serve."""
-    if settings.authentication_enabled:
-        raise ConfigError(
-            "authentication (--authentication-enabled) is not supported yet by this compactd; "
-            "start it without authentication", key="authentication_enabled", value=True)
-    for key, value in (("tls_cert_file", settings.tls_cert_file), ("tls_key_file", settings.tls_key_file)):
-        if value is not None:
-            raise ConfigError(
-                f"TLS ({flag_name(key)}) is not supported yet by this compactd; "
-                "start it without TLS files", key=key, value=value)
+    """Refuse, with ``ConfigError``, settings this build accepts but does not serve (none at
+    present: authentication and TLS are served; their key and certificate files are read
+    by ``api.auth.preflight`` before the data dir is touched)."""
 
 
 def _parse_config_file(text: str | None, file_label: str) -> dict[str, Any]:
@@ -403,7 +409,16 @@ def _check_together(settings: Settings) -> None:
         raise ConfigError(
             "--authentication-enabled needs --token-secret-key or --token-public-key",
             key="authentication_enabled", value=True)
+    if settings.authorization_enabled and not settings.authentication_enabled:
+        raise ConfigError("--authorization-enabled needs --authentication-enabled",
+                          key="authorization_enabled", value=True)
+    if settings.tls_require_trusted_client_cert and (
+            settings.tls_trust_certs_file is None or settings.tls_cert_file is None):
+        raise ConfigError(
+            "--tls-require-trusted-client-cert needs --tls-trust-certs-file and --tls-cert-file",
+            key="tls_require_trusted_client_cert", value=True)
 
 
 def _bad(spec: SettingSpec, label: str, value: object, problem: str) -> ConfigError:
-    return ConfigError(f"{label}: {value!r} {problem}", key=spec.key, value=value)
+    shown = "(a key, not shown)" if spec.key in SECRET_KEYS else repr(value)  # may hold an inline key
+    return ConfigError(f"{label}: {shown} {problem}", key=spec.key, value=value)

@@ -7,6 +7,9 @@ routers of ``api.routers`` (one per resource) and the error handlers of ``api.er
 (every failure answers Pulsar's ``{"reason": "…"}``). ``/docs`` and ``/openapi.json``
 describe every route.
 
+With authentication on, ``api.auth.rest.AccessMiddleware`` guards every route but the
+health check (Bearer tokens; admin routes super-user only with authorization on).
+
 Request bodies are bounded before they are read (``BodyLimitMiddleware``): a declared
 ``Content-Length`` above ``http_max_request_body_bytes`` answers 413 without reading a
 byte, and a body without one (chunked) is counted as it streams in and answers 413 as
@@ -20,6 +23,8 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.auth.rest import AccessMiddleware
+from api.broker.access import AccessControl
 from api.config import Settings
 from api.errors import install_error_handlers, reason_response
 from api.routers import ROUTERS
@@ -51,6 +56,11 @@ def create_app(settings: Settings | None = None, *, broker: object | None = None
     install_error_handlers(app)
     limit = settings.http_max_request_body_bytes if settings is not None else MAX_REQUEST_BODY_BYTES
     app.add_middleware(BodyLimitMiddleware, max_bytes=limit)  # outermost: before anything reads
+    access = getattr(broker, "access", None)
+    if not isinstance(access, AccessControl) and settings is not None:
+        access = AccessControl(settings, None)
+    if isinstance(access, AccessControl) and access.authentication_enabled:
+        app.add_middleware(AccessMiddleware, access=access)  # api.auth.rest: every route but health
 
     @app.get(HEALTH_PATH, response_class=PlainTextResponse, tags=["brokers"],
              summary="Broker health check", responses={200: {"description": "The text `ok`."}})

@@ -2,17 +2,24 @@
 
 ``run(settings)`` carries out, in this order:
 
-1. refuse what this build does not serve (authentication, TLS): ``ConfigError``;
+1. refuse what this build does not serve, and token key or TLS files that do not load
+   (``api.auth.tls.preflight``): ``ConfigError``; log one warning when listening beyond
+   loopback with authentication off;
 2. open the data dir, taking its lock first (``DataDirLockedError`` when another
    process holds it; nothing is touched then);
 3. collect orphan ledgers a crashed compaction left behind;
 4. build the broker service and start its Pulsar listener on ``bind:broker_port``;
 5. start the admin REST listener (uvicorn) on ``bind:http_port``;
-6. once both accept connections, print the one ready line to stdout::
+6. with TLS files, start the ``pulsar+ssl://`` listener on ``broker_port_tls`` and the
+   HTTPS admin listener on ``http_port_tls`` (``api.auth.tls``); both admin listeners
+   refuse foreign Host headers (``api.auth.rest.HostAllowListMiddleware``);
+7. once all accept connections, print the one ready line to stdout::
 
        compactd ready broker=pulsar://HOST:PORT http=http://HOST:PORT
 
-7. wait for SIGTERM or SIGINT, then stop the REST listener, stop the broker (its
+   with `` broker_tls=pulsar+ssl://HOST:PORT https=https://HOST:PORT`` appended under TLS;
+
+8. wait for SIGTERM or SIGINT, then stop the REST listener, stop the broker (its
    listener, connections, pending appends finished or failed back, managed ledgers
    closed) and close the data dir (synced, lock released), and return 0.
 
@@ -29,12 +36,16 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
 import uvicorn
 
+from api.auth.rest import HostAllowListMiddleware
+from api.auth.tls import broker_ssl_context, https_options, preflight, tls_enabled
+from api.broker.access import exposure_warning
 from api.config import Settings, require_supported
 from api.http import create_app
 from api.listener import listening_socket, quiet_accept_errors
@@ -82,6 +93,9 @@ class Broker(Protocol):
 
     async def start(self, host: str, port: int) -> int:
         """Listen for Pulsar clients on ``host:port``; return the bound port (port 0: a free one)."""
+
+    async def start_tls(self, host: str, port: int, context: ssl.SSLContext) -> int:
+        """Listen for ``pulsar+ssl://`` clients on ``host:port``; return the bound port."""
 
     async def stop(self) -> None:
         """Close listeners and connections, finish or fail pending appends, close managed ledgers.
@@ -149,6 +163,9 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
                 ready: Callable[[str], None] = print_ready) -> int:
     """The body of ``run``, on a running loop in the main thread (signal handlers)."""
     require_supported(settings)
+    preflight(settings)  # api.auth.tls: the key and TLS files load, before the data dir is touched
+    if (warning := exposure_warning(settings)) is not None:
+        log.warning("%s", warning)
     quiet_accept_errors(asyncio.get_running_loop())  # both listeners log accept failures once
     stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as stack:
@@ -163,6 +180,11 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
         broker_port = await _start_broker(broker, settings)
         http = await stack.enter_async_context(_http_listener(settings, broker))
         line = ready_line(settings.bind, broker_port, http.port)
+        if tls_enabled(settings):  # api.auth.tls: pulsar+ssl:// and https:// beside them
+            broker_tls_port = await _start_broker_tls(broker, settings)
+            https = await stack.enter_async_context(_http_listener(settings, broker, tls=True))
+            line += (f" broker_tls={_url('pulsar+ssl', settings.bind, broker_tls_port)}"
+                     f" https={_url('https', settings.bind, https.port)}")
         ready(line)
         log.info(line, extra={"event": "ready", "broker_port": broker_port, "http_port": http.port})
         await _wait_for_stop(stop, http.task)
@@ -194,6 +216,13 @@ async def _start_broker(broker: Broker, settings: Settings) -> int:
         return await broker.start(settings.bind, settings.broker_port)
     except OSError as error:
         raise _listen_error("broker", settings.bind, settings.broker_port, error) from None
+
+
+async def _start_broker_tls(broker: Broker, settings: Settings) -> int:
+    try:
+        return await broker.start_tls(settings.bind, settings.broker_port_tls, broker_ssl_context(settings))
+    except OSError as error:
+        raise _listen_error("broker TLS", settings.bind, settings.broker_port_tls, error) from None
 
 
 async def _stop_broker(broker: Broker) -> None:
@@ -231,12 +260,16 @@ class _HttpListener:
 
 
 @contextlib.asynccontextmanager
-async def _http_listener(settings: Settings, broker: Broker) -> AsyncIterator[_HttpListener]:
-    sock = _listen(settings.bind, settings.http_port)
+async def _http_listener(settings: Settings, broker: Broker, *, tls: bool = False) -> AsyncIterator[_HttpListener]:
+    """The admin REST listener on ``http_port``, or (``tls``) the HTTPS one on ``http_port_tls``;
+    both refuse Host headers that are not this broker's (``api.auth.rest``)."""
+    sock = _listen(settings.bind, settings.http_port_tls if tls else settings.http_port)
+    app = HostAllowListMiddleware(create_app(settings, broker=broker), settings.bind, settings.http_allowed_hosts)
     config = uvicorn.Config(
-        create_app(settings, broker=broker), log_config=None, log_level="warning",
+        app, log_config=None, log_level="warning",
         access_log=False, lifespan="off", ws="none",
         timeout_graceful_shutdown=HTTP_GRACEFUL_SHUTDOWN_S, backlog=HTTP_LISTEN_BACKLOG,
+        **(https_options(settings) if tls else {}),
     )
     server = _HttpServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -7,6 +7,7 @@ Layout::
                             ``-wal``/``-shm`` beside it): every layer's tables in one file
     DATA_DIR/ledgers/       one file per ledger (``ledger.storage.file``)
 
+Everything is created owner-only: directories 0700, files 0600 (message data is private).
 ``DataDir.open`` takes the lock first and touches nothing else when it cannot; ``close``
 makes pending appends durable, closes the database and releases the lock.
 

@@ -9,7 +9,10 @@ one ``Database``, and brings them up to date with its own migrations:
 * ``cursor``: durable cursors and their properties (``cursor.store.CursorStore``);
 * ``policies``: policy values per scope (``api.broker.policies.PolicyStore``);
 * ``compaction``: the last compaction status of each topic
-  (``compactor.status.CompactionStatusStore``).
+  (``compactor.status.CompactionStatusStore``);
+* ``permissions``: produce/consume grants of roles (``api.broker.grants.GrantStore``).
+
+The file is created owner-only (0600); SQLite gives its ``-wal`` and ``-shm`` the same mode.
 
 **Versions.** ``Database.register(component, migrations, ...)`` applies the component's
 migrations it has not yet had, each in one transaction with its version row in
@@ -131,6 +134,7 @@ class Database:
             if read_only:
                 self._db = self._connect_read_only(path)
             else:
+                _create_owner_only(path)
                 self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
@@ -312,6 +316,17 @@ class Database:
                 )
                 positions.extend(Position(ledger_id, entry_id) for ledger_id, entry_id in rows)
         return positions
+
+
+def _create_owner_only(path: str) -> None:
+    """Create the database file at ``path`` (not ``:memory:``) readable by its owner only,
+    if it is missing; SQLite gives its ``-wal`` and ``-shm`` files the same mode."""
+    if path == ":memory:" or path.startswith("file:") or os.path.exists(path):
+        return
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError as error:
+        raise MetadataError(f"cannot create metadata store {path}: {error.strerror or error}") from error
 
 
 def _checked(identifier: str) -> str:

@@ -30,8 +30,8 @@ class DataDirLock:
     def acquire(cls, data_dir: str) -> DataDirLock:
         """Lock ``data_dir`` (created if missing) or raise ``DataDirLockedError`` at once."""
         data_dir = os.path.abspath(data_dir)
-        os.makedirs(data_dir, exist_ok=True)
-        fd = os.open(os.path.join(data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        os.makedirs(data_dir, mode=0o700, exist_ok=True)  # owner-only: message data is private
+        fd = os.open(os.path.join(data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -58,6 +58,7 @@ class ServeProcess:
             self.kill()
             pytest.fail(f"compactd serve did not start: {line!r}\n{log_path.read_text()}")
         self.broker_url, self.http_url = match.group(1), match.group(2)
+        self.ready_line = line  # the TLS URLs follow when the TLS ports are open (issue 15)
 
     @property
     def running(self) -> bool:

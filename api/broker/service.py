@@ -28,6 +28,7 @@ import logging
 import time
 from typing import Any
 
+from api.broker.access import AccessControl
 from api.broker.admin import Admin
 from api.broker.errors import TopicNotFoundError
 from api.broker.policies import PolicyStore
@@ -90,6 +91,7 @@ class BrokerService:
         self.cursors = CursorStore(data_dir.database,
                                    mark_delete_rate_limit=settings.managed_ledger_mark_delete_rate_limit)
         self.policies = PolicyStore(data_dir.database)
+        self.access = AccessControl.of_broker(settings, data_dir.database)  # api.auth: who may do what
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
         self.compactor = Compactor(compaction_config(settings))

@@ -3,7 +3,10 @@
 The connection only translates: frames in, calls on the broker core, frames out. Rules it
 keeps for the real ``pulsar-client`` (C++ core 4.2.0):
 
-* CONNECT must come first; anything else before it closes the connection.
+* CONNECT must come first; anything else before it closes the connection. With
+  authentication on, CONNECT must prove a role (``api.auth.wire.admit``: a token, or a
+  trusted client certificate's CN) or is answered ERROR AuthenticationError and closed;
+  PRODUCER, SUBSCRIBE and GET_TOPICS_OF_NAMESPACE check the role's grants (``api.broker.access``).
 * Every command that carries a request id gets an answer; what compactd does not support
   answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
 * PRODUCER, SEND and CLOSE_PRODUCER are ``api.wire.producing`` (ProducerBusy, receipts in
@@ -35,6 +38,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from api.auth.wire import admit
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
 from api.wire.codec import (
@@ -125,6 +129,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.producers: dict[int, WireProducer] = {}
         self.consumers: dict[int, WireConsumer] = {}
         self.service_url = ""
+        self.role: str | None = None  # proven at CONNECT (api.auth.wire); None: authentication off
         self.writing_paused = False  # the transport's write buffer is over its high-water mark
         self._loop = asyncio.get_event_loop()
         self._loop_thread = threading.get_ident()  # connections are made on the loop's thread
@@ -155,7 +160,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         host, port = transport.get_extra_info("sockname")[:2]
-        self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
+        scheme = "pulsar+ssl" if transport.get_extra_info("sslcontext") is not None else "pulsar"
+        self.service_url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
         self.connections.add(self)
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
         self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)
@@ -361,6 +367,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
     # -- handshake and lookup -----------------------------------------------------------
 
     def _connect(self, command: pb.BaseCommand, frame: Frame) -> None:
+        if not admit(self, self.broker.access, command.connect):  # refused: answered and closed
+            return
         version = min(command.connect.protocol_version or PROTOCOL_VERSION, PROTOCOL_VERSION)
         connected = pb.CommandConnected(server_version="compactd", protocol_version=version,
                                         max_message_size=MESSAGE_BYTES_MAX)
@@ -394,7 +402,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             return
         response = pb.CommandLookupTopicResponse(
             request_id=request.request_id, response=pb.CommandLookupTopicResponse.Connect,
-            brokerServiceUrl=self.service_url, authoritative=True, proxy_through_service_url=False)
+            brokerServiceUrl=self.service_url, brokerServiceUrlTls=self.service_url,
+            authoritative=True, proxy_through_service_url=False)
         self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
 
     def _lookup_failed(self, request_id: int, error: BrokerError) -> None:
@@ -405,6 +414,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def _topics_of_namespace(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.getTopicsOfNamespace
+        self.broker.access.check_namespace(self.role, request.namespace, "consume")  # api.auth: grants
         topics = self.broker.list_topics(request.namespace)
         response = pb.CommandGetTopicsOfNamespaceResponse(request_id=request.request_id, topics=topics)
         self.write(pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE, getTopicsOfNamespaceResponse=response))
@@ -418,6 +428,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         request = command.subscribe
         if request.subType not in (0, 1, 2):
             raise NotAllowedError("Key_Shared subscriptions are not supported by compactd")
+        self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
         topic = self.broker.get_topic(request.topic)
         consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)
         start = from_message_id(request.start_message_id) if request.HasField("start_message_id") else None

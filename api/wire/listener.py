@@ -6,14 +6,16 @@ plus what the Pulsar port needs, which the wire package owns: the listener and
 ``WireLimits`` and the partial-frame budget they share, built here from the ``wire_*``
 settings by ``wire_limits``). ``start(host, port)`` binds the Pulsar port
 (``api.listener``'s socket, which backs off when descriptors run out), accepts one
-``ServerConnection`` per client, and starts the core's periodic work; ``stop`` closes the
-listener and every connection (their consumers and producers go away), then stops the
+``ServerConnection`` per client, and starts the core's periodic work; ``start_tls`` adds the
+``pulsar+ssl://`` listener (same connections, an SSL context from ``api.auth.tls``); ``stop``
+closes the listeners and every connection (their consumers and producers go away), then stops the
 core, which seals every topic.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 from api.broker.service import BrokerService
 from api.config import Settings
@@ -44,6 +46,7 @@ class PulsarBroker(BrokerService):
         super().__init__(data_dir, settings)
         self.connections = Connections(wire_limits(settings))
         self._server: asyncio.Server | None = None
+        self._tls_server: asyncio.Server | None = None  # --broker-port-tls (api.auth.tls)
 
     async def start(self, host: str, port: int) -> int:
         """Listen for Pulsar clients on ``host:port`` (0: any free port); returns the port."""
@@ -59,12 +62,26 @@ class PulsarBroker(BrokerService):
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 
+    async def start_tls(self, host: str, port: int, context: ssl.SSLContext) -> int:
+        """Listen for ``pulsar+ssl://`` clients on ``host:port`` too; returns the port."""
+        sock = listening_socket(host, port, PULSAR_LISTEN_BACKLOG)
+        try:
+            self._tls_server = await asyncio.get_running_loop().create_server(
+                lambda: ServerConnection(self, self.connections), sock=sock, backlog=PULSAR_LISTEN_BACKLOG,
+                ssl=context)
+        except BaseException:
+            sock.close()
+            raise
+        bound: int = self._tls_server.sockets[0].getsockname()[1]
+        return bound
+
     async def stop(self) -> None:
         """Close the listener and connections, then stop the core (pending appends finish)."""
         self.stop_tasks()
-        if self._server is not None:
-            self._server.close()
+        servers = [server for server in (self._server, self._tls_server) if server is not None]
+        for server in servers:
+            server.close()
         self.connections.close_all()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in servers:
+            await server.wait_closed()
         await super().stop()

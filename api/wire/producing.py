@@ -73,6 +73,7 @@ class ProducerHandlers:
     broker: BrokerService
     producers: dict[int, WireProducer]
     service_url: str
+    role: str | None
     _loop: asyncio.AbstractEventLoop
     _loop_thread: int
 
@@ -96,6 +97,7 @@ class ProducerHandlers:
 
     def _producer(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.producer
+        self.broker.access.check_topic(self.role, request.topic, "produce")  # api.auth: grants
         topic = self.broker.get_topic(request.topic)
         name = request.producer_name or self.broker.new_producer_name()
         holder = topic.producers.get(name)

@@ -100,6 +100,9 @@ _TEXT_CHECKS: dict[tuple[str, str], Callable[[str], BrokerError | None]] = {
     (pb.CommandProducer.DESCRIPTOR.full_name, "producer_name"): _name("producer name"),
 }
 """Strings that name something, with the check each name must pass."""
+_SECRET_FIELDS = frozenset((message.DESCRIPTOR.full_name, "original_auth_data") for message in (
+    pb.CommandConnect, pb.CommandPartitionedTopicMetadata, pb.CommandLookupTopic))
+"""Strings that carry credentials: an error about one never shows its value."""
 _TOPIC_FIELDS = frozenset(key for key, check in _TEXT_CHECKS.items() if check in (_topic, _namespace))
 
 
@@ -135,7 +138,8 @@ def message_problem(message: ProtobufMessage) -> BrokerError | None:
 def _text_problem(key: tuple[str, str], value: object) -> BrokerError | None:
     if not isinstance(value, str):  # upb: a proto2 string that is not UTF-8 comes as bytes
         error_type = InvalidTopicNameError if key in _TOPIC_FIELDS else NotAllowedError
-        return error_type(f"{key[1]} {value!r} is not valid UTF-8")
+        shown = "(a secret, not shown)" if key in _SECRET_FIELDS else repr(value)  # api.auth: never logged
+        return error_type(f"{key[1]} {shown} is not valid UTF-8")
     check = _TEXT_CHECKS.get(key)
     return check(value) if check is not None else None
 

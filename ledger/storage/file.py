@@ -110,7 +110,7 @@ class FileLedgerStore:
         self.sync = sync
         self.read_only = read_only
         if not read_only:
-            os.makedirs(self.root, exist_ok=True)
+            os.makedirs(self.root, mode=0o700, exist_ok=True)  # owner-only, as every ledger file
         self._lock = threading.Lock()
         self._handles = FileHandles(max_open_files, flags=os.O_RDONLY if read_only else os.O_RDWR)
         self._next_id: int | None = None  # the next ledger id, once the first create read it
@@ -511,7 +511,7 @@ class FileLedgerStore:
             self._next_id = max(self._next_id, existing[-1] + 1 if existing else 1)
         next_id = self._next_id
         temporary = sequence_path + ".tmp"
-        with open(temporary, "w", encoding="ascii") as sequence:
+        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="ascii") as sequence:
             sequence.write(str(next_id + 1))
             sequence.flush()
             os.fsync(sequence.fileno())
@@ -563,7 +563,7 @@ def _create_file(path: str, header: bytes, ledger_id: int) -> int:
     """Create the ledger file holding ``header``, durably (file and directory); its fd.
     ``LedgerIOError`` (and no file left behind) when the disk refuses."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as error:
         raise LedgerIOError(f"ledger {ledger_id}: cannot create {path}: {error}", ledger_id=ledger_id) from error
     try:

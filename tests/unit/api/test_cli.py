@@ -141,8 +141,8 @@ def test_a_missing_config_file_is_a_settings_error(captured: Captured, tmp_path:
     (["--http-port", "70000"], "compactd: --http-port: '70000' is out of range (0..65535)"),
     (["--compaction-engine", "flink"], "compactd: --compaction-engine: 'flink' is not one of auto, local, spark"),
     (["--authentication-enabled", "--token-secret-key", "file:///k"],
-     "compactd: authentication (--authentication-enabled) is not supported yet"),
-    (["--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"], "compactd: TLS (--tls-cert-file) is not supported yet"),
+     "compactd: --token-secret-key: cannot read key file /k"),
+    (["--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"], "compactd: --tls-cert-file/--tls-key-file: cannot load c.pem"),
 ])
 def test_bad_settings_exit_2_naming_the_value(tmp_path: Path, args: list[str], message: str) -> None:
     result = subprocess.run([*COMPACTD, "serve", "--data-dir", str(tmp_path / "data"), *args],

@@ -32,6 +32,7 @@ NOT_YET_IN_INTERFACES = {
     "wire_connect_timeout_seconds", "wire_frame_timeout_seconds",
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
     "compaction_min_lag_ms", "compaction_max_bytes_per_second", "log_format", "log_level",
+    "authorization_enabled", "tls_trust_certs_file", "tls_require_trusted_client_cert", "http_allowed_hosts",
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -51,6 +52,8 @@ DOCUMENTED_DEFAULTS = {
     "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
     "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
     "compaction_min_lag_ms": 0, "compaction_max_bytes_per_second": 0, "log_format": "text", "log_level": "info",
+    "authorization_enabled": False, "tls_trust_certs_file": None, "tls_require_trusted_client_cert": False,
+    "http_allowed_hosts": (),
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -90,6 +93,11 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "tls_key_file": ("/etc/key.pem", '"/etc/key.pem"', "/etc/key.pem"),
     "broker_port_tls": ("7651", "7651", 7651),
     "http_port_tls": ("9443", "9443", 9443),
+    "authorization_enabled": ("true", "true", True),
+    "tls_trust_certs_file": ("/etc/ca.pem", '"/etc/ca.pem"', "/etc/ca.pem"),
+    "tls_require_trusted_client_cert": ("yes", "true", True),
+    "http_allowed_hosts": ("broker.example, admin.example", '["broker.example", "admin.example"]',
+                           ("broker.example", "admin.example")),
 }
 KEYS = [spec.key for spec in setting_specs()]
 # Settings that are only valid together with another one (checked across settings).
@@ -97,6 +105,9 @@ COMPANIONS = {
     "authentication_enabled": {"token_secret_key": "file:///k"},
     "tls_cert_file": {"tls_key_file": "/k.pem"},
     "tls_key_file": {"tls_cert_file": "/c.pem"},
+    "authorization_enabled": {"authentication_enabled": True, "token_secret_key": "file:///k"},
+    "tls_require_trusted_client_cert": {"tls_trust_certs_file": "/ca.pem", "tls_cert_file": "/c.pem",
+                                        "tls_key_file": "/k.pem"},
 }
 
 
@@ -236,7 +247,6 @@ BAD_TEXT = [
     ("topic_compaction_retain_null_key", "maybe", "is not a boolean"),
     ("data_dir", "  ", "is empty"),
     ("bind", "", "is empty"),
-    ("token_secret_key", "/etc/secret", "is not a key URL"),
     ("super_user_roles", ",", None),  # an empty list after the commas is fine
 ]
 
@@ -254,6 +264,17 @@ def test_a_bad_flag_or_env_value_is_named_with_its_source(key: str, value: str, 
     with pytest.raises(ConfigError) as from_env:
         load_settings({}, {env_name(key): value}, None)
     assert str(from_env.value).startswith(f"{env_name(key)}: {value!r} ")
+
+
+@pytest.mark.parametrize("key", ["token_secret_key", "token_public_key"])
+def test_a_bad_key_setting_is_named_without_its_value(key: str) -> None:
+    """Issue 15: a key setting's value may be the key itself (pasted without ``data:``),
+    so its error names the flag and the problem, never the value."""
+    for flags, env, label in (({key: "c2VjcmV0LWtleQ=="}, {}, flag_name(key)),
+                              ({}, {env_name(key): "c2VjcmV0LWtleQ=="}, env_name(key))):
+        with pytest.raises(ConfigError) as caught:
+            load_settings(flags, env, None)
+        assert str(caught.value) == f"{label}: (a key, not shown) is not a key URL (file:///PATH or data:...)"
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -299,6 +320,9 @@ def test_invalid_toml_is_an_error_naming_the_file() -> None:
     ({"tls_key_file": "/k.pem"}, "TLS needs both"),
     ({"token_secret_key": "file:///a", "token_public_key": "file:///b"}, "not both"),
     ({"authentication_enabled": True}, "needs --token-secret-key or --token-public-key"),
+    ({"authorization_enabled": True}, "--authorization-enabled needs --authentication-enabled"),
+    ({"tls_require_trusted_client_cert": True, "tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"},
+     "--tls-require-trusted-client-cert needs --tls-trust-certs-file and --tls-cert-file"),
 ])
 def test_settings_that_contradict_each_other(flags: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -310,15 +334,14 @@ def test_both_ports_may_be_zero() -> None:
     assert (settings.broker_port, settings.http_port) == (0, 0)
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    ({"authentication_enabled": True, "token_secret_key": "file:///k"},
-     "authentication (--authentication-enabled) is not supported yet"),
-    ({"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"}, "TLS (--tls-cert-file) is not supported yet"),
+@pytest.mark.parametrize("flags", [
+    {"authentication_enabled": True, "token_secret_key": "file:///k"},
+    {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"},
 ])
-def test_authentication_and_tls_are_accepted_but_not_served(flags: dict[str, object], message: str) -> None:
-    settings = load_settings(flags, {}, None)
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        require_supported(settings)
+def test_authentication_and_tls_are_served(flags: dict[str, object]) -> None:
+    """Issue 15 serves them: ``require_supported`` no longer refuses them (their files are
+    read by ``api.auth.tls.preflight``, tested in ``test_auth_settings``)."""
+    require_supported(load_settings(flags, {}, None))
 
 
 def test_token_settings_without_authentication_are_served() -> None:

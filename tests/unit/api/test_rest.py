@@ -104,7 +104,10 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/internalStats", "get"),
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}", "delete"),
             ("/metrics", "get"), (HEALTH_PATH, "get"),
-        } | {(f"{prefix}/{spec.name}", method)
+        } | {(f"{prefix}/permissions{tail}", method)  # issue 15: grants
+             for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
+                            "/admin/v2/namespaces/{tenant}/{namespace}")
+             for tail, method in (("", "get"), ("/{role}", "post"), ("/{role}", "delete"))} | {(f"{prefix}/{spec.name}", method)
              for spec in POLICIES for method in ("get", "post", "delete")
              for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
                             "/admin/v2/namespaces/{tenant}/{namespace}")}

@@ -1,0 +1,125 @@
+"""The admin port's guards, applied to every route (those added later included).
+
+``AccessMiddleware`` (added by ``api.http.create_app``), by path and method, before any
+route runs or any body is read:
+
+* ``/admin/v2/brokers/health`` is open to everyone (load balancers, probes);
+* everything else needs ``Authorization: Bearer <token>`` when authentication is on:
+  401 ``{"reason": …}`` with ``WWW-Authenticate: Bearer`` without one or with a bad one;
+* ``/metrics``, ``/docs`` and ``/openapi.json`` are then open to any authenticated role
+  (metrics name topics, so they are not public; like Pulsar's
+  ``authenticateMetricsEndpoint=true``);
+* every other route is an admin operation: with authorization on, super-users only (403
+  otherwise). compactd has no tenant admins, so reading and changing grants, policies,
+  topics and compaction are all super-user operations.
+
+``HostAllowListMiddleware`` (wrapped around the application by ``api.server``) refuses,
+with 403, a request whose ``Host`` header names no address the listener answers for, so
+a web page cannot reach the admin API by DNS rebinding: allowed are the bind address,
+``localhost``, the loopback literals, the names of ``--http-allowed-hosts`` (``*``: any),
+and — when the listener binds every interface — any IP literal (a rebinding attack needs
+a DNS name).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.broker.access import AccessControl, AuthenticationError, AuthorizationError
+from api.errors import reason_response
+
+__all__ = ["AUTHENTICATED_PATHS", "OPEN_PATHS", "AccessMiddleware", "HostAllowListMiddleware", "host_of"]
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/admin/v2/brokers/health"})
+AUTHENTICATED_PATHS = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+LOOPBACK_NAME = "localhost"
+WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+class AccessMiddleware:
+    """Authentication and admin authorization of every request; see the module docstring."""
+
+    def __init__(self, app: ASGIApp, access: AccessControl) -> None:
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            role = self.access.role_of_bearer(_header(scope, b"authorization"))
+        except AuthenticationError as error:
+            log.info("refusing %s %s: %s", scope["method"], scope["path"], error)
+            await reason_response(401, str(error), {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        if scope["path"] not in AUTHENTICATED_PATHS:
+            try:
+                self.access.check_admin(role)
+            except AuthorizationError as error:
+                log.info("refusing %s %s: %s", scope["method"], scope["path"], error)
+                await reason_response(403, str(error))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def host_of(header: str) -> str:
+    """The host part of a ``Host`` header (``[::1]:8080`` → ``::1``), lower-cased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    if header.count(":") == 1:
+        return header.partition(":")[0]
+    return header
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+class HostAllowListMiddleware:
+    """403 for a request whose ``Host`` is not an address this listener answers for."""
+
+    def __init__(self, app: ASGIApp, bind: str, allowed_hosts: tuple[str, ...]) -> None:
+        self.app = app
+        self.any_host = "*" in allowed_hosts
+        self.any_ip = bind in WILDCARD_BINDS
+        self.allowed = {LOOPBACK_NAME, bind.lower()} | {host.lower() for host in allowed_hosts}
+
+    def allows(self, header: str | None) -> bool:
+        """True when a request with this ``Host`` header may be served."""
+        if self.any_host:
+            return True
+        if header is None:
+            return False
+        host = host_of(header)
+        if host in self.allowed:
+            return True
+        address = _ip(host)
+        return address is not None and (address.is_loopback or self.any_ip)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = _header(scope, b"host")
+            if not self.allows(header):
+                log.info("refusing %s %s: Host %r is not allowed", scope["method"], scope["path"], header)
+                reason = (f"Host {header!r} is not an address of this broker; "
+                          "add it to --http-allowed-hosts to allow it")
+                await reason_response(403, reason)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
