@@ -30,6 +30,7 @@ from typing import Any
 from api.broker.admin import Admin
 from api.broker.errors import TopicNotFoundError
 from api.broker.policies import PolicyStore
+from api.broker.schemas import SchemaRegistry
 from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
@@ -89,6 +90,7 @@ class BrokerService:
         self.cursors = CursorStore(data_dir.database,
                                    mark_delete_rate_limit=settings.managed_ledger_mark_delete_rate_limit)
         self.policies = PolicyStore(data_dir.database)
+        self.schemas = SchemaRegistry(data_dir.database, self.policies, settings.schema_compatibility_strategy)
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
         self.compactor = Compactor(compaction_config(settings))

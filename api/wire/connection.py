@@ -56,6 +56,12 @@ from api.wire.frames import (
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
 from api.wire.producing import ProducerHandlers, WireProducer
+from api.wire.schema_commands import (
+    check_subscribe_schema,
+    get_or_create_schema_response,
+    get_schema_response,
+    refused_response,
+)
 from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
@@ -144,6 +150,9 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             T.CLOSE_PRODUCER: self._close_producer, T.CLOSE_CONSUMER: self._close_consumer,
             T.PING: self._ping, T.PONG: lambda command, frame: None,
             T.GET_TOPICS_OF_NAMESPACE: self._topics_of_namespace,
+            T.GET_SCHEMA: lambda command, frame: self.write(get_schema_response(self.broker, command.getSchema)),
+            T.GET_OR_CREATE_SCHEMA: lambda command, frame: self.write(
+                get_or_create_schema_response(self.broker, command.getOrCreateSchema)),
         }
 
     # -- transport ----------------------------------------------------------------------
@@ -327,6 +336,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             self._lookup_failed(command.lookupTopic.request_id, error)
         elif command.type == T.PARTITIONED_METADATA:
             self._partitioned_metadata_failed(command.partitionMetadata.request_id, error)
+        elif command.type in (T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA):
+            self.write(refused_response(command, error))
         elif command.type == T.CONNECT:
             log.warning("closing connection: %s", error)
             self.close()
@@ -417,6 +428,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         if request.subType not in (0, 1, 2):
             raise NotAllowedError("Key_Shared subscriptions are not supported by compactd")
         topic = self.broker.get_topic(request.topic)
+        check_subscribe_schema(self.broker, topic, request)  # IncompatibleSchema
         consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)
         start = from_message_id(request.start_message_id) if request.HasField("start_message_id") else None
         initial = InitialPosition.EARLIEST if request.initialPosition == 1 else InitialPosition.LATEST
