@@ -19,6 +19,7 @@ The connection calls in here (small hooks), so the rules live in one place:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from api.broker.errors import BrokerError
@@ -47,7 +48,8 @@ T = pb.BaseCommand
 
 def schema_data(schema: pb.Schema) -> SchemaData:
     """The registry's form of a wire ``Schema``."""
-    return SchemaData(int(schema.type), bytes(schema.schema_data), {p.key: p.value for p in schema.properties})
+    properties: Iterable[pb.KeyValue] = schema.properties
+    return SchemaData(int(schema.type), bytes(schema.schema_data), {p.key: p.value for p in properties})
 
 
 def wire_schema(schema: SchemaData) -> pb.Schema:

@@ -21,8 +21,8 @@ from tests.integration.wire.helpers import RECEIVE_MS, read_available, unique_to
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("fastavro")  # pulsar.schema.AvroSchema needs it
 
-import _pulsar  # noqa: E402 - the client's pybind module: SchemaType
-from pulsar.schema import AvroSchema, Float, Integer, JsonSchema, Record, String, StringSchema  # noqa: E402
+import _pulsar
+from pulsar.schema import AvroSchema, Float, Integer, JsonSchema, Record, String, StringSchema
 
 
 class Reading(Record):
