@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from api import admin_cli, offline
+from api import admin_cli, admin_cli_schemas, offline  # noqa: F401 - admin_cli_schemas registers its verbs
 from api.config import (
     CONFIG_ENV,
     ConfigError,
@@ -112,6 +112,8 @@ TlsCertFile = Annotated[str | None, _option("tls_cert_file", "--tls-cert-file", 
 TlsKeyFile = Annotated[str | None, _option("tls_key_file", "--tls-key-file", "PATH")]
 BrokerPortTls = Annotated[str | None, _option("broker_port_tls", "--broker-port-tls", _PORT)]
 HttpPortTls = Annotated[str | None, _option("http_port_tls", "--http-port-tls", _PORT)]
+SchemaStrategy = Annotated[str | None, _option(
+    "schema_compatibility_strategy", "--schema-compatibility-strategy", "STRATEGY")]
 ConfigFile = Annotated[str | None, typer.Option(
     "--config", metavar="FILE", show_default=False,
     help=f"TOML file of settings, keys as the flags with underscores. Env: {CONFIG_ENV}.")]
@@ -122,7 +124,7 @@ def _root() -> None:
     """compactd: a Pulsar-compatible broker whose reason to exist is topic compaction."""
 
 
-app.add_typer(admin_cli.app, name="admin")
+app.add_typer(admin_cli.app, name="admin")  # with admin_cli_schemas' verbs, registered on import
 app.command("compact-topic")(offline.compact_topic_command)
 
 
@@ -152,6 +154,7 @@ def serve(  # one parameter per setting, each named as its key
     super_user_roles: SuperUserRoles = None,
     tls_cert_file: TlsCertFile = None, tls_key_file: TlsKeyFile = None,
     broker_port_tls: BrokerPortTls = None, http_port_tls: HttpPortTls = None,
+    schema_compatibility_strategy: SchemaStrategy = None,
 ) -> None:
     """Run the broker: Pulsar protocol, admin REST API and compaction, on the data dir.
 

@@ -50,12 +50,14 @@ DOCUMENTED_DEFAULTS = {
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
     "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
     "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
+    "schema_compatibility_strategy": "FULL",
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
 SAMPLES: dict[str, tuple[str, str, object]] = {
     "data_dir": ("/srv/d", '"/srv/d"', "/srv/d"),
     "bind": ("0.0.0.0", '"0.0.0.0"', "0.0.0.0"),
+    "schema_compatibility_strategy": ("BACKWARD", '"BACKWARD"', "BACKWARD"),
     "broker_port": ("7650", "7650", 7650),
     "http_port": ("0", "0", 0),
     "compaction_monitor_interval_seconds": ("0.5", "0.5", 0.5),
