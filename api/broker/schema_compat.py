@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import fastavro
-
 __all__ = ["InvalidDefinitionError", "can_read", "parse_definition"]
 
 _PROMOTIONS = {
@@ -46,6 +44,8 @@ def parse_definition(data: bytes) -> Any:
         definition = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
         raise InvalidDefinitionError(f"the schema definition is not JSON: {error}") from None
+    import fastavro  # here: only AVRO and JSON schemas need it (a dependency of compactd)
+
     try:
         return fastavro.parse_schema(definition, _write_hint=False, _force=True)
     except Exception as error:  # noqa: BLE001 - fastavro raises several types for a bad schema

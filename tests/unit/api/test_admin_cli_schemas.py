@@ -78,6 +78,7 @@ def test_a_bad_strategy_or_version_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_the_verbs_work_against_the_real_application(tmp_path: Path) -> None:
     """upload, get, delete through the CLI, its requests served by the real application."""
+    pytest.importorskip("fastavro")  # the JSON schema is checked
     path = tmp_path / "schema.json"
     path.write_text(json.dumps({"type": "JSON", "schema": json.dumps(RECORD)}))
 

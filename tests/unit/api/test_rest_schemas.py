@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
+
+pytest.importorskip("fastavro")  # a dependency of compactd: AVRO and JSON schema checks
 
 from api.broker.service import BrokerService
 from tests.unit.api.test_rest import assert_reason, run
