@@ -11,12 +11,17 @@ GET_SCHEMA.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import pytest
 
+from api.broker.schemas import schema_base
+from api.wire.frames import make_command
+from compactor.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.helpers import RECEIVE_MS, read_available, unique_topic
+from tests.integration.wire.test_robustness import _Raw
 
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("fastavro")  # pulsar.schema.AvroSchema needs it
@@ -47,7 +52,6 @@ def _new_client(broker: Any) -> Any:
 def _versions(broker: Any, topic: str) -> list[int]:
     async def read() -> list[int]:
         name = broker.service.topic_name(topic)
-        from api.broker.schemas import schema_base
         return [each.version for each in broker.service.schemas.versions(schema_base(name))]
     result: list[int] = broker.call(read())
     return result
@@ -96,7 +100,6 @@ def test_avro_round_trips_through_a_fresh_client_that_fetches_the_writer_schema(
         values = [consumer.receive(RECEIVE_MS).value() for _ in range(5)]
         assert time.monotonic() - started < 5  # a GET_SCHEMA answered at once, not timed out
         assert [(v.sensor, v.value) for v in values] == [(f"s{i}", i) for i in range(5)]
-        import json
         info = fresh._client.get_schema_info(topic, 0)
         assert json.loads(info.schema()) == json.loads(AvroSchema(Reading).schema_info().schema())
     finally:
@@ -229,3 +232,31 @@ def test_an_avro_consumer_whose_writer_schema_is_gone_decodes_without_waiting(br
         assert time.monotonic() - started < 5
     finally:
         fresh.close()
+
+
+# -- the raw protocol: every schema request gets its own response -----------------------------
+
+
+def test_schema_requests_always_get_their_own_response_on_the_wire(broker: Any) -> None:
+    """GET_SCHEMA and GET_OR_CREATE_SCHEMA answer their response command, a failure as its
+    error code (never a bare ERROR the client would wait past), and keep the connection."""
+    topic = unique_topic("schema-raw")
+    string = pb.Schema(name="s", schema_data=b"null", type=pb.Schema.String)
+    raw = _Raw(broker.port)
+    try:
+        missing = raw.request(make_command(pb.CommandGetSchema(request_id=1, topic=topic)))
+        assert missing.getSchemaResponse.request_id == 1 and missing.getSchemaResponse.error_code == pb.TopicNotFound
+        created = raw.request(make_command(pb.CommandGetOrCreateSchema(request_id=2, topic=topic, schema=string)))
+        assert created.getOrCreateSchemaResponse.schema_version == b"\0" * 8
+        json_schema = pb.Schema(name="j", schema_data=JsonSchema(Reading).schema_info().schema().encode(),
+                                type=pb.Schema.Json)
+        refused = raw.request(make_command(pb.CommandGetOrCreateSchema(request_id=3, topic=topic, schema=json_schema)))
+        assert refused.getOrCreateSchemaResponse.error_code == pb.IncompatibleSchema
+        found = raw.request(make_command(pb.CommandGetSchema(request_id=4, topic=topic, schema_version=b"\0" * 8)))
+        assert (found.getSchemaResponse.schema.type, found.getSchemaResponse.schema_version) == \
+            (pb.Schema.String, b"\0" * 8)
+        bad = raw.request(make_command(pb.CommandGetSchema(request_id=5, topic="persistent://a/b/c\n")))
+        assert (bad.getSchemaResponse.request_id, bad.getSchemaResponse.error_code) == (5, pb.InvalidTopicName)
+        assert raw.request(make_command(pb.CommandPing())).type == pb.BaseCommand.PONG
+    finally:
+        raw.close()
