@@ -93,3 +93,17 @@ def test_a_deleted_schema_is_gone_and_the_next_one_starts_after_it(tmp_path: Pat
         assert (await client.post(SCHEMA_URL, json=upload(RECORD, "STRING"))).json() == {"version": 1}
 
     run(tmp_path, body)
+
+
+def test_deleting_a_topic_deletes_its_schema_and_strategy(tmp_path: Path) -> None:
+    async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
+        topic = "/admin/v2/persistent/public/default/orders"
+        assert (await client.put(topic)).status_code == 204
+        await client.post(SCHEMA_URL, json=upload(RECORD))
+        assert (await client.put(topic + "/schemaCompatibilityStrategy", json="BACKWARD")).status_code == 204
+        assert (await client.delete(topic)).status_code == 204
+        assert_reason(await client.get(SCHEMA_URL), 404)
+        assert (await client.get(topic + "/schemaCompatibilityStrategy")).status_code == 204
+        assert (await client.post(SCHEMA_URL, json=upload(RECORD, "STRING"))).json() == {"version": 0}
+
+    run(tmp_path, body)
