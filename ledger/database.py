@@ -9,7 +9,8 @@ one ``Database``, and brings them up to date with its own migrations:
 * ``cursor``: durable cursors and their properties (``cursor.store.CursorStore``);
 * ``policies``: policy values per scope (``api.broker.policies.PolicyStore``);
 * ``compaction``: the last compaction status of each topic
-  (``compactor.status.CompactionStatusStore``).
+  (``compactor.status.CompactionStatusStore``);
+* ``schemas``: schema versions per base topic (``api.broker.schemas.SchemaRegistry``).
 
 **Versions.** ``Database.register(component, migrations, ...)`` applies the component's
 migrations it has not yet had, each in one transaction with its version row in

@@ -8,6 +8,8 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
 * PRODUCER, SEND and CLOSE_PRODUCER are ``api.wire.producing`` (ProducerBusy, receipts in
   send order once durable, SEND_ERROR on a failed append).
+* Schemas are ``api.wire.schema_commands``: the schema of PRODUCER and SUBSCRIBE (refused
+  with IncompatibleSchema), GET_SCHEMA and GET_OR_CREATE_SCHEMA (always their own response).
 * SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
   client flushes its queue and subscribes again from the new position.
 * A malformed frame (``FrameError``) closes this connection only. A well-formed command
