@@ -19,7 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from api import admin_cli, offline
+from api import admin_cli, admin_cli_schemas, offline  # noqa: F401 - admin_cli_schemas registers its verbs
 from api.auth import tokens_cli
 from api.config import (
     CONFIG_ENV,
@@ -124,6 +124,8 @@ TlsRequireClientCert = Annotated[bool | None, _option(
     "tls_require_trusted_client_cert",
     "--tls-require-trusted-client-cert/--no-tls-require-trusted-client-cert")]
 HttpAllowedHosts = Annotated[str | None, _option("http_allowed_hosts", "--http-allowed-hosts", "a,b")]
+SchemaStrategy = Annotated[str | None, _option(
+    "schema_compatibility_strategy", "--schema-compatibility-strategy", "STRATEGY")]
 ConfigFile = Annotated[str | None, typer.Option(
     "--config", metavar="FILE", show_default=False,
     help=f"TOML file of settings, keys as the flags with underscores. Env: {CONFIG_ENV}.")]
@@ -170,6 +172,7 @@ def serve(  # one parameter per setting, each named as its key
     authorization_enabled: AuthorizationEnabled = None, tls_trust_certs_file: TlsTrustCertsFile = None,
     tls_require_trusted_client_cert: TlsRequireClientCert = None,
     http_allowed_hosts: HttpAllowedHosts = None,
+    schema_compatibility_strategy: SchemaStrategy = None,
 ) -> None:
     """Run the broker: Pulsar protocol, admin REST API and compaction, on the data dir.
 

@@ -78,6 +78,9 @@ BOOLEAN_WORDS = {
 FsyncPolicy = Literal["always", "group", "none"]  # the values of ledger.storage.base.SyncPolicy
 LogFormat = Literal["text", "json"]  # api.logs: readable lines, or JSON lines
 LogLevel = Literal["debug", "info", "warning", "error"]
+# Pulsar's SchemaCompatibilityStrategy names (api.broker.schemas.STRATEGIES).
+SchemaStrategy = Literal["ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
+                         "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE", "NONE"]
 
 # The default configs of the lower layers: the defaults of the settings they apply.
 _LEDGER = ManagedLedgerConfig()
@@ -142,6 +145,10 @@ class Settings:
     broker_deduplication_enabled: bool = _setting(
         False, "De-duplicate producers' re-sends on every topic (namespace and topic policy "
         "deduplicationEnabled win over it).")
+    schema_compatibility_strategy: SchemaStrategy = _setting(  # noqa: RUF009 - a str, immutable
+        "FULL", "Schema compatibility strategy of topics whose namespace and topic set none "
+        "(Pulsar's names: FULL, BACKWARD, FORWARD, their _TRANSITIVE forms, ALWAYS_COMPATIBLE, "
+        "ALWAYS_INCOMPATIBLE, NONE).")
     cluster_name: str = _setting(
         "standalone", "Cluster name: the first part of producer names the broker assigns, and a "
         "metrics label.")

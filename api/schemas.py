@@ -28,6 +28,11 @@ __all__ = [
     "InternalStats",
     "LedgerInternalInfo",
     "PolicySpec",
+    "SchemaInfo",
+    "SchemaStrategyName",
+    "SchemaTypeName",
+    "SchemaUpload",
+    "SchemaVersion",
     "SubscriptionStats",
     "TopicStats",
 ]
@@ -166,3 +171,45 @@ POLICIES = (
         "JSON true or false.",
     ),
 )
+
+
+# -- schemas (api.routers.schemas) ---------------------------------------------------------
+
+SchemaTypeName = Literal[
+    "NONE", "STRING", "JSON", "PROTOBUF", "AVRO", "BOOLEAN", "INT8", "INT16", "INT32", "INT64", "FLOAT",
+    "DOUBLE", "DATE", "TIME", "TIMESTAMP", "KEY_VALUE", "INSTANT", "LOCAL_DATE", "LOCAL_TIME",
+    "LOCAL_DATE_TIME", "PROTOBUF_NATIVE",
+]
+"""Pulsar's ``SchemaType`` names (``api.broker.schemas.TYPE_NAMES``)."""
+
+SchemaStrategyName = Literal[
+    "ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
+    "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE", "NONE",
+]
+"""Pulsar's ``SchemaCompatibilityStrategy`` names (``api.broker.schemas.STRATEGIES``)."""
+
+
+class SchemaInfo(BaseModel):
+    """Pulsar's ``GetSchemaResponse``: one version of a topic's schema."""
+
+    version: int = Field(description="The version, from 0.")
+    type: str = Field(description="Pulsar's schema type name, e.g. `JSON`.")
+    timestamp: int = Field(description="When the version was registered (ms since the epoch).")
+    data: str = Field(description="The schema definition (for AVRO and JSON, the Avro record as JSON).")
+    properties: dict[str, str] = Field(description="The schema's properties.")
+
+
+class SchemaUpload(BaseModel):
+    """Pulsar's ``PostSchemaPayload``: a schema to register."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: SchemaTypeName = Field(description="Pulsar's schema type name.")
+    schema_: str = Field(alias="schema", description="The schema definition (for AVRO and JSON, an Avro record).")
+    properties: dict[str, str] = Field(default_factory=dict, description="The schema's properties.")
+
+
+class SchemaVersion(BaseModel):
+    """The version an upload registered (or found), or the last one a delete marked."""
+
+    version: int = Field(description="The schema version.")

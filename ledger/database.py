@@ -13,6 +13,7 @@ one ``Database``, and brings them up to date with its own migrations:
 * ``permissions``: produce/consume grants of roles (``api.broker.grants.GrantStore``).
 
 The file is created owner-only (0600); SQLite gives its ``-wal`` and ``-shm`` the same mode.
+* ``schemas``: schema versions per base topic (``api.broker.schemas.SchemaRegistry``).
 
 **Versions.** ``Database.register(component, migrations, ...)`` applies the component's
 migrations it has not yet had, each in one transaction with its version row in

@@ -32,6 +32,7 @@ from api.broker.access import AccessControl
 from api.broker.admin import Admin
 from api.broker.errors import TopicNotFoundError
 from api.broker.policies import PolicyStore
+from api.broker.schemas import SchemaRegistry
 from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
@@ -92,6 +93,7 @@ class BrokerService:
                                    mark_delete_rate_limit=settings.managed_ledger_mark_delete_rate_limit)
         self.policies = PolicyStore(data_dir.database)
         self.access = AccessControl.of_broker(settings, data_dir.database)  # api.auth: who may do what
+        self.schemas = SchemaRegistry(data_dir.database, self.policies, settings.schema_compatibility_strategy)
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
         self.compactor = Compactor(compaction_config(settings))

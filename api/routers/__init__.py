@@ -5,6 +5,7 @@
 * ``policies`` — the compaction policies of topics and namespaces.
 * ``stats`` — topic stats, internal stats, Prometheus metrics.
 * ``permissions`` — produce/consume grants of roles on namespaces and topics.
+* ``schemas`` — topic schemas and the schema compatibility strategy.
 
 ``common`` holds what they share: the ``Admin`` dependency, path parameters and the
 documented error answers.
@@ -13,9 +14,11 @@ documented error answers.
 from api.routers.compaction import router as compaction_router
 from api.routers.permissions import router as permissions_router
 from api.routers.policies import router as policies_router
+from api.routers.schemas import router as schemas_router
 from api.routers.stats import router as stats_router
 from api.routers.topics import router as topics_router
 
 __all__ = ["ROUTERS"]
 
-ROUTERS = (topics_router, compaction_router, policies_router, stats_router, permissions_router)
+ROUTERS = (topics_router, compaction_router, policies_router, stats_router, permissions_router,
+           schemas_router)

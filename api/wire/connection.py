@@ -11,6 +11,8 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
 * PRODUCER, SEND and CLOSE_PRODUCER are ``api.wire.producing`` (ProducerBusy, receipts in
   send order once durable, SEND_ERROR on a failed append).
+* Schemas are ``api.wire.schema_commands``: the schema of PRODUCER and SUBSCRIBE (refused
+  with IncompatibleSchema), GET_SCHEMA and GET_OR_CREATE_SCHEMA (always their own response).
 * SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
   client flushes its queue and subscribes again from the new position.
 * A malformed frame (``FrameError``) closes this connection only. A well-formed command
@@ -60,6 +62,12 @@ from api.wire.frames import (
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
 from api.wire.producing import ProducerHandlers, WireProducer
+from api.wire.schema_commands import (
+    check_subscribe_schema,
+    get_or_create_schema_response,
+    get_schema_response,
+    refused_response,
+)
 from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
@@ -151,6 +159,9 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             T.CLOSE_PRODUCER: self._close_producer, T.CLOSE_CONSUMER: self._close_consumer,
             T.PING: self._ping, T.PONG: lambda command, frame: None,
             T.GET_TOPICS_OF_NAMESPACE: self._topics_of_namespace,
+            T.GET_SCHEMA: lambda command, frame: self.write(get_schema_response(self.broker, command.getSchema)),
+            T.GET_OR_CREATE_SCHEMA: lambda command, frame: self.write(
+                get_or_create_schema_response(self.broker, command.getOrCreateSchema)),
         }
 
     # -- transport ----------------------------------------------------------------------
@@ -335,6 +346,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             self._lookup_failed(command.lookupTopic.request_id, error)
         elif command.type == T.PARTITIONED_METADATA:
             self._partitioned_metadata_failed(command.partitionMetadata.request_id, error)
+        elif command.type in (T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA):
+            self.write(refused_response(command, error))
         elif command.type == T.CONNECT:
             log.warning("closing connection: %s", error)
             self.close()
@@ -430,6 +443,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             raise NotAllowedError("Key_Shared subscriptions are not supported by compactd")
         self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
         topic = self.broker.get_topic(request.topic)
+        check_subscribe_schema(self.broker, topic, request)  # IncompatibleSchema
         consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)
         start = from_message_id(request.start_message_id) if request.HasField("start_message_id") else None
         initial = InitialPosition.EARLIEST if request.initialPosition == 1 else InitialPosition.LATEST

@@ -28,6 +28,7 @@ from api.broker.dedup import ProducerSession
 from api.broker.errors import ProducerBusyError
 from api.wire.codec import server_error, to_message_id
 from api.wire.frames import Frame
+from api.wire.schema_commands import producer_schema_version
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
 from ledger.position import Position
@@ -130,6 +131,7 @@ class ProducerHandlers:
         another id) and answer PRODUCER_SUCCESS."""
         if not self.is_open():
             return
+        schema_version = producer_schema_version(self.broker, topic, request)  # IncompatibleSchema
         previous = self.producers.get(request.producer_id)
         producer = WireProducer(self, request.producer_id, name, topic)
         if previous is not None and previous.topic is topic and previous.name == name:
@@ -140,6 +142,8 @@ class ProducerHandlers:
         self.producers[request.producer_id] = producer
         success = pb.CommandProducerSuccess(request_id=request.request_id, producer_name=name,
                                             last_sequence_id=topic.last_sequence_id(name))
+        if schema_version is not None:
+            success.schema_version = schema_version
         self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=success))
 
     def _send(self, command: pb.BaseCommand, frame: Frame) -> None:

@@ -15,7 +15,7 @@ What each part shows, with the real pulsar-client (3.13.0) as the well-behaved n
 * **Per-request failures answer, and keep the connection.** A SEND with a wrong checksum,
   or one whose entry a real client could not decode, gets SEND_ERROR ChecksumError and
   stores nothing (a real reader reads on); unsupported requests carrying a
-  request_id (CONSUMER_STATS, GET_SCHEMA, GET_OR_CREATE_SCHEMA, NEW_TXN) get ERROR with
+  request_id (CONSUMER_STATS, NEW_TXN) get ERROR with
   that id; PING gets PONG, and the broker's own keep-alive closes only silent connections.
 * **A killed ``compactd serve`` loses no acknowledged message.** The real process is
   SIGKILLed while async sends (batched and not) are in flight, restarted on the same data
@@ -477,10 +477,6 @@ def test_checksum_mismatch_answers_send_error_and_stores_nothing(broker: Any, cl
 
 UNSUPPORTED_REQUESTS: dict[str, pb.BaseCommand] = {
     "CONSUMER_STATS": make_command(pb.CommandConsumerStats(request_id=11, consumer_id=0)),
-    "GET_SCHEMA": make_command(pb.CommandGetSchema(request_id=12, topic="persistent://public/default/s")),
-    "GET_OR_CREATE_SCHEMA": make_command(pb.CommandGetOrCreateSchema(
-        request_id=13, topic="persistent://public/default/s",
-        schema=pb.Schema(name="s", schema_data=b"", type=pb.Schema.String))),
     "NEW_TXN": make_command(pb.CommandNewTxn(request_id=14)),
 }
 

@@ -33,6 +33,7 @@ NOT_YET_IN_INTERFACES = {
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
     "compaction_min_lag_ms", "compaction_max_bytes_per_second", "log_format", "log_level",
     "authorization_enabled", "tls_trust_certs_file", "tls_require_trusted_client_cert", "http_allowed_hosts",
+    "schema_compatibility_strategy",
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -54,12 +55,14 @@ DOCUMENTED_DEFAULTS = {
     "compaction_min_lag_ms": 0, "compaction_max_bytes_per_second": 0, "log_format": "text", "log_level": "info",
     "authorization_enabled": False, "tls_trust_certs_file": None, "tls_require_trusted_client_cert": False,
     "http_allowed_hosts": (),
+    "schema_compatibility_strategy": "FULL",
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
 SAMPLES: dict[str, tuple[str, str, object]] = {
     "data_dir": ("/srv/d", '"/srv/d"', "/srv/d"),
     "bind": ("0.0.0.0", '"0.0.0.0"', "0.0.0.0"),
+    "schema_compatibility_strategy": ("BACKWARD", '"BACKWARD"', "BACKWARD"),
     "broker_port": ("7650", "7650", 7650),
     "http_port": ("0", "0", 0),
     "compaction_monitor_interval_seconds": ("0.5", "0.5", 0.5),

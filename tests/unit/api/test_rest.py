@@ -104,10 +104,17 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/internalStats", "get"),
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}", "delete"),
             ("/metrics", "get"), (HEALTH_PATH, "get"),
+            ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", "get"),
+            ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", "post"),
+            ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", "delete"),
+            ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema/{version}", "get"),
         } | {(f"{prefix}/permissions{tail}", method)  # issue 15: grants
              for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
                             "/admin/v2/namespaces/{tenant}/{namespace}")
-             for tail, method in (("", "get"), ("/{role}", "post"), ("/{role}", "delete"))} | {(f"{prefix}/{spec.name}", method)
+             for tail, method in (("", "get"), ("/{role}", "post"), ("/{role}", "delete"))} | {(f"{prefix}/schemaCompatibilityStrategy", method)
+             for method in ("get", "put", "post", "delete")
+             for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
+                            "/admin/v2/namespaces/{tenant}/{namespace}")} | {(f"{prefix}/{spec.name}", method)
              for spec in POLICIES for method in ("get", "post", "delete")
              for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
                             "/admin/v2/namespaces/{tenant}/{namespace}")}
