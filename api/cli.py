@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from api import admin_cli, offline
+from api import admin_cli, backup_cli, offline
 from api.config import (
     CONFIG_ENV,
     ConfigError,
@@ -124,6 +124,8 @@ def _root() -> None:
 
 app.add_typer(admin_cli.app, name="admin")
 app.command("compact-topic")(offline.compact_topic_command)
+app.command("backup")(backup_cli.backup_command)
+app.command("restore")(backup_cli.restore_command)
 
 
 @app.command()

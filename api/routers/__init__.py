@@ -4,11 +4,13 @@
 * ``compaction`` — trigger a run, read its status.
 * ``policies`` — the compaction policies of topics and namespaces.
 * ``stats`` — topic stats, internal stats, Prometheus metrics.
+* ``backup`` — a backup of the running broker's data dir.
 
 ``common`` holds what they share: the ``Admin`` dependency, path parameters and the
 documented error answers.
 """
 
+from api.routers.backup import router as backup_router
 from api.routers.compaction import router as compaction_router
 from api.routers.policies import router as policies_router
 from api.routers.stats import router as stats_router
@@ -16,4 +18,4 @@ from api.routers.topics import router as topics_router
 
 __all__ = ["ROUTERS"]
 
-ROUTERS = (topics_router, compaction_router, policies_router, stats_router)
+ROUTERS = (topics_router, compaction_router, policies_router, stats_router, backup_router)

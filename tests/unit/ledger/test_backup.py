@@ -1,0 +1,124 @@
+"""Backups of an open data dir (``ledger.backup``): what they keep, and what they refuse.
+
+The end-to-end test with a running ``compactd serve`` and a real producer is
+``tests/integration/api/test_backup_e2e.py``; these tests pin the storage rules: sealed
+ledgers linked, open ledgers cut at their confirmed entry, unreferenced ledgers being
+written left out, and a damaged backup refused naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ledger.backup import MANIFEST, BackupError, restore_backup, take_backup, verify_backup
+from ledger.data_dir import DataDir
+from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ledger.position import Position
+from ledger.storage import SyncPolicy
+
+TOPIC = "persistent://public/default/backed-up"
+
+
+def _open_topic(data_dir: DataDir) -> ManagedLedger:
+    return ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, ManagedLedgerConfig(max_entries_per_ledger=4))
+
+
+def _append(ledger: ManagedLedger, values: range) -> list[Position]:
+    return [ledger.append(b"v%d" % value).result(timeout=10) for value in values]
+
+
+def _all_entries(ledger: ManagedLedger) -> list[bytes]:
+    first = ledger.first_position()
+    return [entry.data for entry in ledger.read_entries(first, 1000)]
+
+
+def test_a_backup_of_an_open_data_dir_restores_every_confirmed_entry_and_nothing_written_after(
+        tmp_path: Path) -> None:
+    data_dir = DataDir.open(str(tmp_path / "data"), sync=SyncPolicy.ALWAYS)
+    ledger = _open_topic(data_dir)
+    _append(ledger, range(10))  # two sealed ledgers of 4, an open one holding 2
+    in_progress = data_dir.ledgers.create()  # a compaction run's ledger: unreferenced, open
+    data_dir.ledgers.append(in_progress, b"half-written").result(timeout=10)
+    summary = take_backup(data_dir, str(tmp_path / "backup"))
+    _append(ledger, range(10, 13))  # after the backup: not in it
+    assert list(summary.open_ledgers.values()) == [2]
+    names = os.listdir(tmp_path / "backup" / "ledgers")
+    assert f"{in_progress:020d}.ledger" not in names
+    ledger.close()
+    data_dir.close()
+
+    restore_backup(str(tmp_path / "backup"), str(tmp_path / "restored"))
+    restored = DataDir.open(str(tmp_path / "restored"))
+    try:
+        assert _all_entries(_open_topic(restored)) == [b"v%d" % value for value in range(10)]
+    finally:
+        restored.close()
+
+
+def test_a_backup_is_refused_when_a_file_was_changed(tmp_path: Path) -> None:
+    backup = _backed_up(tmp_path)
+    ledger_file = next((backup / "ledgers").glob("*.ledger"))
+    ledger_file.chmod(0o644)
+    data = bytearray(ledger_file.read_bytes())
+    data[-3] ^= 0xFF
+    ledger_file.unlink()  # a hard link to the live file: replace it, never write through it
+    ledger_file.write_bytes(bytes(data))
+    with pytest.raises(BackupError, match=f"{ledger_file.name} does not match its SHA-256"):
+        restore_backup(str(backup), str(tmp_path / "restored"))
+    assert not (tmp_path / "restored").exists()
+
+
+@pytest.mark.parametrize("damage", ["missing file", "extra file", "no manifest", "truncated", "foreign manifest"])
+def test_a_damaged_backup_is_refused_with_a_clear_error(tmp_path: Path, damage: str) -> None:
+    backup = _backed_up(tmp_path)
+    ledger_file = next((backup / "ledgers").glob("*.ledger"))
+    expected = {
+        "missing file": f"{ledger_file.name} is missing",
+        "extra file": "00000000000000099999.ledger is not in its manifest",
+        "no manifest": "not a complete compactd backup",
+        "truncated": "metadata.db has 10 bytes, its manifest says",
+        "foreign manifest": "is not a compactd backup manifest",
+    }[damage]
+    if damage == "missing file":
+        ledger_file.unlink()
+    elif damage == "extra file":
+        (backup / "ledgers" / "00000000000000099999.ledger").write_bytes(b"x")
+    elif damage == "no manifest":
+        (backup / MANIFEST).unlink()
+    elif damage == "truncated":
+        database = backup / "metadata.db"
+        database.write_bytes(database.read_bytes()[:10])
+    else:
+        (backup / MANIFEST).write_text(json.dumps({"format": "tarball"}))
+    with pytest.raises(BackupError, match=expected):
+        verify_backup(str(backup))
+
+
+def test_a_backup_never_goes_into_a_non_empty_directory_nor_restores_over_a_data_dir(tmp_path: Path) -> None:
+    backup = _backed_up(tmp_path)
+    data_dir = DataDir.open(str(tmp_path / "data"))
+    try:
+        with pytest.raises(BackupError, match="exists and is not empty"):
+            take_backup(data_dir, str(backup))
+        with pytest.raises(BackupError, match="inside the data dir"):
+            take_backup(data_dir, str(tmp_path / "data" / "backup"))
+    finally:
+        data_dir.close()
+    with pytest.raises(BackupError, match="exists and is not empty: restore into a new one"):
+        restore_backup(str(backup), str(tmp_path / "data"))
+
+
+def _backed_up(tmp_path: Path) -> Path:
+    data_dir = DataDir.open(str(tmp_path / "data"))
+    try:
+        ledger = _open_topic(data_dir)
+        _append(ledger, range(6))
+        take_backup(data_dir, str(tmp_path / "backup"))
+        ledger.close()
+    finally:
+        data_dir.close()
+    return tmp_path / "backup"
