@@ -21,7 +21,7 @@ import httpx
 import typer
 
 from ledger.backup import BackupError, opened_offline, restore_backup, take_backup
-from ledger.errors import CompactionServiceError
+from ledger.errors import CompactionServiceError, DataDirLockedError
 
 __all__ = ["backup_command", "restore_command"]
 
@@ -56,8 +56,12 @@ def backup_command(
             assert data_dir is not None
             with opened_offline(data_dir) as opened:
                 result = take_backup(opened, output).as_json()
+    except DataDirLockedError as error:
+        _fail(f"{error}; back a running broker up with --admin-url", EXIT_FAILURE)
     except CompactionServiceError as error:
         _fail(str(error), EXIT_FAILURE)
+    except OSError as error:
+        _fail(f"backup into {output} failed: {error}", EXIT_FAILURE)
     typer.echo(json.dumps(result))
 
 
