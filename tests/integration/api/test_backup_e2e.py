@@ -216,7 +216,7 @@ def test_a_corrupted_backup_is_refused_by_compactd_restore(
         client.close()
     assert compactd("backup", "--admin-url", serve.http_url, "--output", str(tmp_path / "backup")).returncode == 0
     assert serve.terminate() == 0
-    ledger_file = sorted((tmp_path / "backup" / "ledgers").glob("*.ledger"))[0]
+    ledger_file = min((tmp_path / "backup" / "ledgers").glob("*.ledger"))
     data = bytearray(ledger_file.read_bytes())
     data[len(data) // 2] ^= 0x01
     ledger_file.unlink()  # never write through a hard link into the broker's data dir
