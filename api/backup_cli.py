@@ -1,7 +1,8 @@
 """``compactd backup`` and ``compactd restore``: backups of a data dir, and their restore.
 
-``compactd backup --admin-url URL --output DIR`` asks the running broker to write a backup
-into ``DIR`` on its host (``POST /admin/v2/compactd/backup``): producers are not stopped.
+``compactd backup --admin-url URL --output DIR`` asks the running broker for a backup
+(``POST /admin/v2/compactd/backup``, a tar stream; producers are not stopped), writes it
+into ``DIR`` on this host and verifies every file against the manifest.
 ``compactd backup --data-dir PATH --output DIR`` backs up a stopped broker's data dir.
 ``compactd restore DIR --data-dir NEW`` checks every file of the backup against its
 manifest, then writes a new data dir that ``compactd serve --data-dir NEW`` opens.
@@ -15,12 +16,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
 
-from ledger.backup import BackupError, opened_offline, restore_backup, take_backup
+from ledger.backup import (
+    BackupError,
+    extract_backup,
+    opened_offline,
+    restore_backup,
+    take_backup,
+    verify_backup,
+)
 from ledger.errors import CompactionServiceError, DataDirLockedError
 
 __all__ = ["backup_command", "restore_command"]
@@ -34,7 +42,7 @@ BACKUP_TIMEOUT_S = 3600.0
 
 def backup_command(
     output: Annotated[str, typer.Option("--output", "-o", metavar="DIR",
-                                        help="New or empty directory for the backup (on the broker's host).")],
+                                        help="New or empty directory for the backup.")],
     admin_url: Annotated[str | None, typer.Option(
         "--admin-url", metavar="URL", show_default=False,
         help="Back up the running broker at this admin URL (online).")] = None,
@@ -55,7 +63,8 @@ def backup_command(
         else:
             assert data_dir is not None
             with opened_offline(data_dir) as opened:
-                result = take_backup(opened, output).as_json()
+                take_backup(opened, output)
+            result = _summary(output, verify_backup(output))
     except DataDirLockedError as error:
         _fail(f"{error}; back a running broker up with --admin-url", EXIT_FAILURE)
     except CompactionServiceError as error:
@@ -66,21 +75,32 @@ def backup_command(
 
 
 def _online(admin_url: str, output: str) -> dict[str, object]:
+    """Stream the running broker's backup into ``output`` and verify it; its summary."""
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
     url = admin_url.rstrip("/") + BACKUP_PATH
     try:
-        response = httpx.post(url, json={"output": output}, timeout=BACKUP_TIMEOUT_S)
+        with httpx.stream("POST", url, timeout=BACKUP_TIMEOUT_S) as response:
+            if response.status_code != 200:
+                response.read()
+                raise BackupError(f"{_reason(response)} (HTTP {response.status_code})")
+            manifest = extract_backup(response.iter_bytes(), output)
     except httpx.HTTPError as error:
-        raise BackupError(f"cannot reach the admin API at {admin_url}: {error}") from None
-    if response.status_code != 200:
-        try:
-            reason = response.json().get("reason", response.text)
-        except ValueError:
-            reason = response.text
-        raise BackupError(f"{reason} (HTTP {response.status_code})")
-    result: dict[str, object] = response.json()
-    return result
+        raise BackupError(f"the backup from the admin API at {admin_url} failed: {error}") from None
+    return _summary(output, manifest)
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("reason", response.text))
+    except (ValueError, AttributeError):
+        return response.text
+
+
+def _summary(output: str, manifest: dict[str, Any]) -> dict[str, object]:
+    return {"path": os.path.abspath(output), "files": len(manifest["files"]),
+            "sizeBytes": sum(entry["size"] for entry in manifest["files"]),
+            "openLedgers": manifest["open_ledgers"], "createdAtMs": manifest["created_at_ms"]}
 
 
 def restore_command(

@@ -28,6 +28,13 @@ Cursor positions are those persisted when the copy was taken (acknowledgements a
 persisted at ``managed_ledger_mark_delete_rate_limit``): a restored subscription may get
 redelivered what was acknowledged just before, never loses an unacknowledged message.
 
+**Streamed.** A running broker stages the backup inside its data dir (``stage_backup``:
+``DATA_DIR/backup-staging``, so sealed ledgers are hard links and cost no space) and
+streams it as a tar (``tar_chunks``); ``compactd backup --admin-url`` writes the stream
+into a directory on its own host (``extract_backup``), which then holds the same files
+and is verified against the manifest. The broker never writes outside its data dir on a
+request's behalf.
+
 ``verify_backup`` checks the manifest and every file against it; ``restore_backup``
 verifies, then copies the files into a new data dir (never over an existing one) and syncs
 them. A damaged, incomplete or foreign backup is refused with ``BackupError`` naming the
@@ -39,13 +46,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import logging
 import os
 import shutil
 import sqlite3
+import tarfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,11 +64,25 @@ from ledger.errors import CompactionServiceError
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.record import HEADER, RecordKind, encode_record
 
-__all__ = ["MANIFEST", "BackupError", "BackupSummary", "restore_backup", "take_backup", "verify_backup"]
+__all__ = [
+    "MANIFEST",
+    "STAGING",
+    "BackupError",
+    "BackupSummary",
+    "extract_backup",
+    "opened_offline",
+    "remove_staged",
+    "restore_backup",
+    "stage_backup",
+    "take_backup",
+    "tar_chunks",
+    "verify_backup",
+]
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+STAGING = "backup-staging"  # in the data dir: where the running broker stages a streamed backup
 FORMAT = "compactd-backup"
 FORMAT_VERSION = 1
 _DATABASE = "metadata.db"
@@ -92,14 +116,14 @@ class BackupSummary:
 # -- taking a backup ---------------------------------------------------------------------
 
 
-def take_backup(data_dir: DataDir, output: str) -> BackupSummary:
+def take_backup(data_dir: DataDir, output: str, *, _staged: bool = False) -> BackupSummary:
     """Write a backup of ``data_dir`` (open, possibly serving) into ``output``, which must
-    not exist or be an empty directory; see the module docstring."""
+    not exist or be an empty directory outside the data dir; see the module docstring."""
     store = data_dir.ledgers
     if not isinstance(store, FileLedgerStore):
         raise BackupError(f"the ledgers of {data_dir.path} are not files: nothing to back up")
     output = os.path.abspath(output)
-    _prepare_output(output, inside=data_dir.path)
+    _prepare_output(output, inside=None if _staged else data_dir.path)
     ledgers_out = os.path.join(output, _LEDGERS)
     os.mkdir(ledgers_out)
     started_ms = int(time.time() * 1000)
@@ -126,9 +150,9 @@ def take_backup(data_dir: DataDir, output: str) -> BackupSummary:
     return summary
 
 
-def _prepare_output(output: str, *, inside: str) -> None:
+def _prepare_output(output: str, *, inside: str | None) -> None:
     real = os.path.realpath(output)
-    if real == os.path.realpath(inside) or real.startswith(os.path.realpath(inside) + os.sep):
+    if inside is not None and (real == os.path.realpath(inside) or real.startswith(os.path.realpath(inside) + os.sep)):
         raise BackupError(f"the backup directory {output} lies inside the data dir {inside}")
     if os.path.exists(output):
         if not os.path.isdir(output) or os.listdir(output):
@@ -226,6 +250,85 @@ def _files_of(root: str) -> list[str]:
     found = [_DATABASE]
     found.extend(os.path.join(_LEDGERS, name) for name in sorted(os.listdir(os.path.join(root, _LEDGERS))))
     return found
+
+
+# -- a backup as a stream --------------------------------------------------------------------
+
+
+def stage_backup(data_dir: DataDir) -> str:
+    """Take a backup into a staging directory of the data dir (``DATA_DIR/backup-staging``,
+    same file system: every sealed ledger is a hard link) and return its path; the caller
+    streams it (``tar_chunks``) and removes it (``remove_staged``). A staging directory
+    left by a backup cut short is removed first."""
+    root = os.path.join(data_dir.path, STAGING)
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    output = os.path.join(root, uuid.uuid4().hex)
+    take_backup(data_dir, output, _staged=True)
+    return output
+
+
+def remove_staged(path: str) -> None:
+    """Remove a staged backup (its links cost nothing once gone)."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def tar_chunks(backup: str) -> Iterator[bytes]:
+    """The backup at ``backup`` as an uncompressed tar stream (POSIX pax), manifest first,
+    in chunks of at most 1 MiB; ``extract_backup`` reads it back."""
+    manifest = _read_manifest(backup)
+    for relative in [MANIFEST, *(entry["path"] for entry in manifest["files"])]:
+        path = os.path.join(backup, relative)
+        info = tarfile.TarInfo(relative)
+        info.size, info.mode, info.mtime = os.path.getsize(path), 0o644, int(time.time())
+        yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        with open(path, "rb") as file:
+            remaining = info.size
+            while remaining:
+                chunk = file.read(min(_CHUNK, remaining))
+                if not chunk:
+                    raise BackupError(f"{path} shrank while it was streamed")
+                remaining -= len(chunk)
+                yield chunk
+        if info.size % tarfile.BLOCKSIZE:
+            yield bytes(tarfile.BLOCKSIZE - info.size % tarfile.BLOCKSIZE)
+    yield bytes(2 * tarfile.BLOCKSIZE)
+
+
+def extract_backup(chunks: Iterable[bytes], output: str) -> dict[str, Any]:
+    """Write the tar stream ``chunks`` (``tar_chunks``) into the new or empty directory
+    ``output`` and verify it; returns its manifest. ``BackupError`` when the stream is
+    cut short, is not a tar of a backup, or a file does not match the manifest."""
+    output = os.path.abspath(output)
+    _prepare_output(output, inside=None)
+    try:
+        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+            archive.extractall(output, filter="data")
+    except (tarfile.TarError, EOFError) as error:
+        raise BackupError(f"the backup stream into {output} is damaged or cut short: {error}") from None
+    return verify_backup(output)
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterable of byte chunks."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            chunk = next(self._chunks, b"")
+            if not chunk:
+                return 0
+            self._buffer = memoryview(chunk)
+        count = min(len(target), len(self._buffer))
+        target[:count] = self._buffer[:count]
+        self._buffer = self._buffer[count:]
+        return count
 
 
 # -- verifying and restoring -------------------------------------------------------------

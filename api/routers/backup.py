@@ -1,54 +1,60 @@
 """Backups of the running broker's data dir (compactd's own path; Pulsar has none).
 
-``POST /admin/v2/compactd/backup`` with ``{"output": "/path"}`` writes a backup
-(``ledger.backup.take_backup``) into a directory on the broker's host, while producers
-and consumers go on. It runs in a worker thread; one backup at a time (409 otherwise).
+``POST /admin/v2/compactd/backup`` takes a backup (``ledger.backup.stage_backup``, in a
+worker thread; producers and consumers go on) and answers it as a tar stream
+(``application/x-tar``) that ``compactd backup --admin-url URL --output DIR`` writes into
+``DIR`` and verifies. The staged copy is removed once streamed. One backup at a time: a
+second answers 409.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from collections.abc import Iterator
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import StreamingResponse
 
 from api.routers.common import AdminDependency, errors
-from ledger.backup import BackupError, take_backup
+from ledger.backup import BackupError, remove_staged, stage_backup, tar_chunks
 
 __all__ = ["BACKUP_PATH", "router"]
 
 BACKUP_PATH = "/admin/v2/compactd/backup"
+TAR = "application/x-tar"
 
 router = APIRouter(tags=["backup"])
-_running = asyncio.Lock()
-
-
-class BackupRequest(BaseModel):
-    """Where the backup goes: a new or empty directory on the broker's host."""
-
-    model_config = ConfigDict(extra="forbid")
-    output: str = Field(min_length=1, description="Absolute path of a new or empty directory.")
+_running = threading.Lock()  # held from the staging until the stream ends
 
 
 @router.post(
-    BACKUP_PATH, summary="Back up the data dir",
-    responses={200: {"description": "The backup is complete: its path, files, bytes and the "
-                                    "confirmed position of each open ledger."},
-               **errors(409, 412, c409="Another backup is running.",
-                        c412="The output directory is not usable (exists and not empty, inside the data dir).")},
+    BACKUP_PATH, response_class=StreamingResponse, summary="Back up the data dir",
+    responses={200: {"description": "The backup as a tar stream: `manifest.json`, `metadata.db`, `ledgers/`.",
+                     "content": {TAR: {"schema": {"type": "string", "format": "binary"}}}},
+               **errors(409, 503, c409="Another backup is running.")},
 )
-async def backup(request: Request, _admin: AdminDependency, body: BackupRequest) -> dict[str, Any]:
+async def backup(request: Request, _admin: AdminDependency) -> StreamingResponse:
     """Take a consistent backup of the data dir without stopping producers: the metadata
-    database (SQLite's online backup), sealed ledgers (hard links), open ledgers up to
-    their confirmed entry, and a manifest of checksums."""
-    if _running.locked():
+    database (SQLite's online backup), sealed ledgers, open ledgers up to their confirmed
+    entry, and a manifest of SHA-256 checksums; answered as a tar stream."""
+    if not _running.acquire(blocking=False):
         raise HTTPException(409, "Another backup is running")
-    async with _running:
-        try:
-            summary = await asyncio.to_thread(take_backup, request.app.state.broker.data_dir, body.output)
-        except BackupError as error:
-            raise HTTPException(412, str(error)) from None
-        except OSError as error:
-            raise HTTPException(412, f"backup into {body.output} failed: {error}") from None
-    return summary.as_json()
+    try:
+        staged = await asyncio.to_thread(stage_backup, request.app.state.broker.data_dir)
+    except (BackupError, OSError) as error:
+        _running.release()
+        raise HTTPException(503, f"the backup failed: {error}") from None
+    except BaseException:
+        _running.release()
+        raise
+    return StreamingResponse(_streamed(staged), media_type=TAR,
+                             headers={"Content-Disposition": 'attachment; filename="compactd-backup.tar"'})
+
+
+def _streamed(staged: str) -> Iterator[bytes]:
+    try:
+        yield from tar_chunks(staged)
+    finally:
+        remove_staged(staged)
+        _running.release()

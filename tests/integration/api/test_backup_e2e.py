@@ -7,7 +7,7 @@ pulsar-client producer that never stops, ``compactd backup`` and ``compactd rest
   serves every message acknowledged before the backup began, the subscription's cursor
   (its first delivery follows the last acknowledged message) and the compacted view
   (read-compacted reader and TableView, tombstones applied). The producer's sends during
-  the backup all succeeded.
+  the backup all succeeded; the broker's staged copy is removed once streamed.
 * ``test_a_corrupted_backup_is_refused_by_compactd_restore`` — one flipped byte in a
   ledger file: ``compactd restore`` exits 1 naming the file; no data dir is written.
 * ``test_an_offline_backup_of_a_stopped_broker_restores`` — ``--data-dir``; and a backup
@@ -177,6 +177,7 @@ def test_an_online_backup_taken_under_a_running_producer_restores_every_acknowle
         assert result.returncode == 0, result.stderr
         summary = json.loads(result.stdout)
         assert summary["openLedgers"], "the live topic's current ledger was open during the backup"
+        assert list((tmp_path / "data" / "backup-staging").iterdir()) == []  # the staged copy is gone
     finally:
         http.close()
         client.close()

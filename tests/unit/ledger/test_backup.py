@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from ledger.backup import MANIFEST, BackupError, restore_backup, take_backup, verify_backup
+from ledger.backup import (
+    MANIFEST,
+    BackupError,
+    extract_backup,
+    remove_staged,
+    restore_backup,
+    stage_backup,
+    take_backup,
+    tar_chunks,
+    verify_backup,
+)
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
@@ -122,3 +132,24 @@ def _backed_up(tmp_path: Path) -> Path:
     finally:
         data_dir.close()
     return tmp_path / "backup"
+
+
+def test_a_staged_backup_streams_as_a_tar_that_extracts_to_the_same_verified_files(tmp_path: Path) -> None:
+    data_dir = DataDir.open(str(tmp_path / "data"))
+    try:
+        ledger = _open_topic(data_dir)
+        _append(ledger, range(9))
+        staged = stage_backup(data_dir)
+        assert staged.startswith(str(tmp_path / "data" / "backup-staging"))
+        chunks = list(tar_chunks(staged))
+        manifest = extract_backup(iter(chunks), str(tmp_path / "copy"))
+        assert [entry["path"] for entry in manifest["files"]] == [
+            entry["path"] for entry in verify_backup(staged)["files"]]
+        remove_staged(staged)
+        assert not os.path.exists(staged)
+        ledger.close()
+    finally:
+        data_dir.close()
+    cut = b"".join(chunks)[: len(b"".join(chunks)) // 2]
+    with pytest.raises(BackupError, match="is damaged or cut short: unexpected end of data"):
+        extract_backup(iter([cut]), str(tmp_path / "cut"))
