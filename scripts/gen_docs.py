@@ -187,8 +187,8 @@ def readme_with_tables(text: str) -> str:
         pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.DOTALL)
         if not pattern.search(text):
             raise SystemExit(f"README.md has no {begin} … {end} section")
-        body = GENERATORS[section]()
-        text = pattern.sub(lambda _match, b=begin, t=body, e=end: f"{b}\n{t}\n{e}", text)
+        replacement = f"{begin}\n{GENERATORS[section]()}\n{end}"
+        text = pattern.sub(replacement.replace("\\", "\\\\"), text)
     return text
 
 
