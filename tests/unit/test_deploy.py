@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no stubs
 
 from api import metrics
 from api.config import ENV_PREFIX, Settings, load_settings
@@ -63,7 +63,9 @@ def _env(stage: list[tuple[str, str]]) -> dict[str, str]:
     env: dict[str, str] = {}
     for instruction, arguments in stage:
         if instruction == "ENV":
-            env.update(item.split("=", 1) for item in shlex.split(arguments))
+            for item in shlex.split(arguments):
+                key, _, value = item.partition("=")
+                env[key] = value
     return env
 
 
