@@ -45,6 +45,10 @@ README = ROOT / "README.md"
 CONFIG_SAMPLE = ROOT / "deploy" / "compactd.toml"
 SECTIONS = ("settings", "commands", "routes")
 METHODS = ("GET", "PUT", "POST", "DELETE", "PATCH")
+DEPLOYED_DATA_DIR = "/var/lib/compactd"
+# The sample's values that differ from the defaults: where a deployment keeps its data
+# (the systemd unit's and the container image's data dir too).
+SAMPLE_OVERRIDES: dict[str, object] = {"data_dir": DEPLOYED_DATA_DIR}
 
 
 # -- what the code defines ---------------------------------------------------------------
@@ -134,7 +138,10 @@ def config_sample() -> str:
     for spec in setting_specs():
         lines.append("")
         lines.append(f"# {spec.help}")
-        if spec.default is None:
+        if spec.key in SAMPLE_OVERRIDES:
+            lines.append(f"# (default: {_toml_value(spec.default)}; set here as the deployments in deploy/ use it)")
+            lines.append(f"{spec.key} = {_toml_value(SAMPLE_OVERRIDES[spec.key])}")
+        elif spec.default is None:
             lines.append(f"# {spec.key} = ...  (default: none)")
         else:
             lines.append(f"{spec.key} = {_toml_value(spec.default)}")

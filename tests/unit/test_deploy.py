@@ -161,8 +161,16 @@ def test_the_systemd_unit_runs_compactd_serve_and_stops_it_with_sigterm() -> Non
     arguments = shlex.split(exec_start.group(1))
     assert Path(arguments[0]).name == "compactd" and arguments[1] == "serve"
     flags = dict(zip(arguments[2::2], arguments[3::2], strict=True))
-    load_settings({key.lstrip("-").replace("-", "_"): value for key, value in flags.items()}, {}, None)
+    settings = load_settings({key.lstrip("-").replace("-", "_"): value for key, value in flags.items()}, {}, None)
+    assert settings.data_dir == gen_docs.DEPLOYED_DATA_DIR
     assert re.search(r"^KillSignal=SIGTERM$", unit, re.MULTILINE)
+
+
+def test_every_deployment_keeps_its_data_in_the_same_place() -> None:
+    sample = tomllib.loads((DEPLOY / "compactd.toml").read_text(encoding="utf-8"))
+    images = {name: _env(stage)[ENV_PREFIX + "DATA_DIR"] for name, stage in _runtime_stages().items()}
+    compose = _compose()["services"]["compactd"]["environment"][ENV_PREFIX + "DATA_DIR"]
+    assert {sample["data_dir"], compose, *images.values()} == {gen_docs.DEPLOYED_DATA_DIR}
 
 
 # -- the Grafana dashboard --------------------------------------------------------------------
