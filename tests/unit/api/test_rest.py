@@ -104,6 +104,7 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/internalStats", "get"),
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}", "delete"),
             ("/metrics", "get"), (HEALTH_PATH, "get"),
+            ("/admin/v2/compactd/backup", "post"),  # issue 16: backups of the running broker
         } | {(f"{prefix}/{spec.name}", method)
              for spec in POLICIES for method in ("get", "post", "delete")
              for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
