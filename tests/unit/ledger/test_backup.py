@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ledger.backup import (
     MANIFEST,
@@ -153,3 +156,39 @@ def test_a_staged_backup_streams_as_a_tar_that_extracts_to_the_same_verified_fil
     cut = b"".join(chunks)[: len(b"".join(chunks)) // 2]
     with pytest.raises(BackupError, match="is damaged or cut short: unexpected end of data"):
         extract_backup(iter([cut]), str(tmp_path / "cut"))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=st.integers(0, 30), after=st.integers(0, 10), per_ledger=st.integers(1, 8),
+       topics=st.integers(1, 3), restart=st.booleans())
+def test_a_restored_backup_holds_exactly_the_entries_confirmed_when_it_was_taken(
+        tmp_path: Path, before: int, after: int, per_ledger: int, topics: int, restart: bool) -> None:
+    """Whatever the roll-overs, the number of topics, and whether the data dir was reopened
+    (leaving ledgers open in the metadata that the store has not loaded): a restored
+    backup reads back exactly what was confirmed before it, in order, nothing after."""
+    with tempfile.TemporaryDirectory(dir=tmp_path) as scratch:
+        root = Path(scratch)
+        config = ManagedLedgerConfig(max_entries_per_ledger=per_ledger)
+        names = [f"persistent://public/default/t{index}" for index in range(topics)]
+        data_dir = DataDir.open(str(root / "data"), sync=SyncPolicy.NONE)
+        ledgers = [ManagedLedger.open(name, data_dir.ledgers, data_dir.metadata, config) for name in names]
+        for number in range(before):
+            ledgers[number % topics].append(b"b%d" % number).result(timeout=10)
+        if restart:  # the current ledgers stay open in the metadata; reopened, nothing is loaded
+            data_dir.close()
+            data_dir = DataDir.open(str(root / "data"), sync=SyncPolicy.NONE)
+        take_backup(data_dir, str(root / "backup"))
+        if not restart:
+            for number in range(after):
+                ledgers[number % topics].append(b"a%d" % number).result(timeout=10)
+        data_dir.close()
+        restore_backup(str(root / "backup"), str(root / "restored"))
+        restored = DataDir.open(str(root / "restored"))
+        try:
+            for index, name in enumerate(names):
+                ledger = ManagedLedger.open(name, restored.ledgers, restored.metadata, config)
+                read = [entry.data for entry in ledger.read_entries(ledger.first_position(), 1000)] \
+                    if ledger.number_of_entries else []
+                assert read == [b"b%d" % number for number in range(before) if number % topics == index]
+        finally:
+            restored.close()
