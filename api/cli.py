@@ -19,7 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from api import admin_cli, admin_cli_schemas, offline  # noqa: F401 - admin_cli_schemas registers its verbs
+from api import admin_cli, admin_cli_schemas, backup_cli, offline  # noqa: F401 - admin_cli_schemas registers its verbs
 from api.auth import tokens_cli
 from api.config import (
     CONFIG_ENV,
@@ -139,6 +139,8 @@ def _root() -> None:
 app.add_typer(admin_cli.app, name="admin")
 app.add_typer(tokens_cli.app, name="tokens")
 app.command("compact-topic")(offline.compact_topic_command)
+app.command("backup")(backup_cli.backup_command)
+app.command("restore")(backup_cli.restore_command)
 
 
 @app.command()

@@ -288,6 +288,22 @@ class Database:
         with self._lock:
             yield
 
+    @contextmanager
+    def backed_up_to(self, path: str) -> Iterator[None]:
+        """Copy the database to the new file ``path`` with SQLite's online backup API, and
+        hold every write of this process off until the block ends: what the block does
+        (linking the files the copy references) sees the state the copy holds."""
+        with self._lock:
+            try:
+                target = sqlite3.connect(path)
+                try:
+                    self._db.backup(target)
+                finally:
+                    target.close()
+            except sqlite3.Error as error:
+                raise _metadata_error(self.path, error) from error
+            yield
+
     def close(self) -> None:
         """Close the connection; the database is unusable afterwards."""
         with self._lock:

@@ -6,11 +6,13 @@
 * ``stats`` — topic stats, internal stats, Prometheus metrics.
 * ``permissions`` — produce/consume grants of roles on namespaces and topics.
 * ``schemas`` — topic schemas and the schema compatibility strategy.
+* ``backup`` — a backup of the running broker's data dir.
 
 ``common`` holds what they share: the ``Admin`` dependency, path parameters and the
 documented error answers.
 """
 
+from api.routers.backup import router as backup_router
 from api.routers.compaction import router as compaction_router
 from api.routers.permissions import router as permissions_router
 from api.routers.policies import router as policies_router
@@ -21,4 +23,4 @@ from api.routers.topics import router as topics_router
 __all__ = ["ROUTERS"]
 
 ROUTERS = (topics_router, compaction_router, policies_router, stats_router, permissions_router,
-           schemas_router)
+           schemas_router, backup_router)

@@ -190,6 +190,17 @@ class FileLedgerStore:
             ledger = self._load(ledger_id, refresh=self.read_only)
             return ledger.last_add_confirmed
 
+    def confirmed_length(self, ledger_id: int) -> tuple[int, int]:
+        """``(entries, bytes)``: the ledger's durable entries and the length of the file
+        prefix that holds them (header included). Those bytes never change again: a
+        copy of them is the ledger up to ``last_add_confirmed`` (backups)."""
+        with self._lock:
+            ledger = self._load(ledger_id, refresh=self.read_only)
+            lac = ledger.last_add_confirmed
+            if lac < 0:
+                return 0, ledger.scanned.entry_offsets[0] if ledger.scanned.entry_offsets else ledger.scanned.intact_end
+            return lac + 1, ledger.scanned.entry_offsets[lac] + HEADER.size + ledger.scanned.entry_lengths[lac]
+
     def read(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> Sequence[bytes]:
         with self._lock:
             ledger = self._load(ledger_id, refresh=self.read_only)

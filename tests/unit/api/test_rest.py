@@ -104,6 +104,7 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/internalStats", "get"),
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}", "delete"),
             ("/metrics", "get"), (HEALTH_PATH, "get"),
+            ("/admin/v2/compactd/backup", "post"),  # issue 16: backups of the running broker
             ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", "get"),
             ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", "post"),
             ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", "delete"),
