@@ -340,14 +340,17 @@ class ManagedLedger:
             sealed = self._ledgers[-1]
             self._seal_current()
             self._create_ledger()
-            log.debug("topic %s: ledger %d rolled over at %d entries, %d bytes; ledger %d is current",
-                      self.name, sealed.ledger_id, sealed.entries, sealed.size_bytes, self._ledgers[-1].ledger_id,
-                      extra={"event": "ledger-roll-over", "topic": self.name, "sealed_ledger_id": sealed.ledger_id,
-                             "ledger_id": self._ledgers[-1].ledger_id})
+            self._log_roll_over(sealed, self._ledgers[-1])
         except (LedgerError, MetadataError) as error:
             log.warning("topic %s: roll-over failed, the next append retries it: %s", self.name, error)
             if not self._ledgers[-1].closed_at_ms:
                 self._ledgers[-1].failed = True
+
+    def _log_roll_over(self, sealed: _Ledger, current: _Ledger) -> None:
+        log.debug("topic %s: ledger %d rolled over at %d entries, %d bytes; ledger %d is current",
+                  self.name, sealed.ledger_id, sealed.entries, sealed.size_bytes, current.ledger_id,
+                  extra={"event": "ledger-roll-over", "topic": self.name, "sealed_ledger_id": sealed.ledger_id,
+                         "ledger_id": current.ledger_id})
 
     def _roll_over_in_background(self) -> None:
         """Seal the full current ledger and create the next one without the lock (no
@@ -369,6 +372,7 @@ class ManagedLedger:
                 full.failed = True
             if new is not None:
                 self._add_current(new)
+                self._log_roll_over(full, new)
             self._rolling = False
             while self._queued and not self._rolling:
                 data, outer = self._queued.pop(0)
