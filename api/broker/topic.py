@@ -165,7 +165,7 @@ class Topic:
         """Attach ``consumer`` to ``subscription_name`` (created when missing)."""
         if subscription_name in (COMPACTION_SUBSCRIPTION, DEDUP_CURSOR):
             raise NotAllowedError(f"the {subscription_name} subscription is internal to the broker")
-        if read_compacted and sub_type is SubType.SHARED:
+        if read_compacted and sub_type in (SubType.SHARED, SubType.KEY_SHARED):
             raise NotAllowedError("readCompacted only allowed on failover or exclusive subscriptions")
         subscription = self.subscriptions.get(subscription_name)
         if subscription is None:
