@@ -113,7 +113,8 @@ class DelayedDeliveryTracker:
             return
         self._cancel()
         self._timer_at = first
-        self._timer = loop.call_later(max(0.0, (first - self.now_ms()) / 1000), self._fire)
+        # a millisecond late rather than early: the loop's timers may fire a little ahead
+        self._timer = loop.call_later(max(0.0, (first - self.now_ms() + 1) / 1000), self._fire)
 
     def _fire(self) -> None:
         self._timer = None
