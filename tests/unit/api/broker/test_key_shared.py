@@ -188,7 +188,7 @@ def test_a_key_is_never_ahead_of_its_unacknowledged_past_nor_on_two_consumers(
                 subscription.acknowledge(positions, cumulative=False)
                 subscription.flow(consumer, len(positions))
             elif action == "nack" and mine:
-                position = sorted(mine)[-1]
+                position = max(mine)
                 del mine[position]
                 delivered.discard(position)
                 subscription.redeliver(consumer, [position])
