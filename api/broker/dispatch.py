@@ -87,6 +87,11 @@ class SubType(enum.Enum):
     FAILOVER = 2
     KEY_SHARED = 3
 
+    @property
+    def pulsar_name(self) -> str:
+        """The name Pulsar's stats show (``Key_Shared``, ``Shared``...)."""
+        return "Key_Shared" if self is SubType.KEY_SHARED else self.name.capitalize()
+
 
 # Several consumers at once, each entry to one of them; delayed delivery applies.
 _MULTI = (SubType.SHARED, SubType.KEY_SHARED)
@@ -197,6 +202,11 @@ class Subscription:
         self._stalled_on: str | None = None  # the read error dispatch stopped at, logged once
         self._key_shared: KeySharedDispatcher | None = None
         self._delayed = DelayedDeliveryTracker(self.dispatch)
+
+    @property
+    def delayed_count(self) -> int:
+        """Entries waiting in the delay index (Pulsar's ``msgDelayed``)."""
+        return len(self._delayed)
 
     @property
     def read_compacted(self) -> bool:

@@ -36,7 +36,7 @@ def _received_at(consumer: Any) -> tuple[bytes, float]:
 
 @pytest.mark.parametrize("consumer_type", [pulsar.ConsumerType.Shared, pulsar.ConsumerType.KeyShared])
 def test_a_delayed_message_waits_for_its_time_without_holding_back_the_others(
-        client: Any, consumer_type: Any) -> None:
+        broker: Any, client: Any, consumer_type: Any) -> None:
     topic = _topic("delayed")
     consumer = _subscribe(client, topic, consumer_type)
     producer = client.create_producer(topic)
@@ -48,6 +48,9 @@ def test_a_delayed_message_waits_for_its_time_without_holding_back_the_others(
 
     first = _received_at(consumer)
     assert first[0] == b"now"
+    stats = broker.service.admin.stats(topic)["subscriptions"]["sub"]
+    assert stats["type"] == {pulsar.ConsumerType.Shared: "Shared"}.get(consumer_type, "Key_Shared")
+    assert stats["msgDelayed"] == 2
     at = _received_at(consumer)
     assert at[0] == b"at" and at[1] * 1000 >= deliver_at_ms
     later = _received_at(consumer)
