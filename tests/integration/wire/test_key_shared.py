@@ -18,7 +18,7 @@ import pulsar
 import pytest
 
 from api.broker.key_shared import key_hash
-from tests.integration.wire.helpers import SILENCE_MS, drain
+from tests.integration.wire.helpers import RECEIVE_MS, SILENCE_MS, drain
 from tests.integration.wire.helpers import unique_topic as _topic
 
 pytestmark = pytest.mark.integration
@@ -205,3 +205,21 @@ def test_read_compacted_key_shared_is_refused_by_the_client(client: Any) -> None
     topic = _topic("ks-compacted")
     with pytest.raises(pulsar.InvalidConfiguration):
         client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.KeyShared, is_read_compacted=True)
+
+
+def test_a_negatively_acknowledged_message_comes_back_to_the_consumer_of_its_key(client: Any) -> None:
+    topic = _topic("ks-nack")
+    consumers = [client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name=name,
+                                  negative_ack_redelivery_delay_ms=100) for name in "ab"]
+    _send(client, topic, [(f"key-{n % 4}", n) for n in range(20)])
+    got = _receive_all(consumers, 20, ack=False)
+    owner = 0 if got[0] else 1
+    nacked = got[owner][0]
+    consumers[owner].negative_acknowledge(nacked)
+    for i, messages in enumerate(got):
+        for message in messages:
+            if message is not nacked:
+                consumers[i].acknowledge(message)
+    again = consumers[owner].receive(RECEIVE_MS)
+    assert again.data() == nacked.data() and again.redelivery_count() == 1
+    assert drain(consumers[1 - owner], SILENCE_MS) == []
