@@ -102,3 +102,15 @@ def test_exclusive_with_fencing_takes_over_and_the_fenced_producer_fails(client:
 
     wait_until(fenced, "the fenced producer's send fails with ProducerFenced")
     assert [m.data() for m in drain(consumer)] == [b"old", b"new"]
+
+
+def test_an_exclusive_producer_keeps_the_topic_across_a_broker_restart(broker: Any, client: Any) -> None:
+    topic = _topic("exclusive-restart")
+    consumer = client.subscribe(topic, "sub")
+    holder = _producer(client, topic, Mode.Exclusive)
+    holder.send(b"before")
+    broker.restart()
+    holder.send(b"after")  # reconnects with its topic epoch and is granted again
+    with pytest.raises(pulsar.ProducerFenced):
+        _producer(client, topic, Mode.Exclusive)
+    assert [m.data() for m in drain(consumer)] == [b"before", b"after"]
