@@ -231,6 +231,8 @@ class Subscription:
             if first or self._key_shared is None:
                 self._key_shared = KeySharedDispatcher(policy, self._reread)
             self._key_shared.add_consumer(consumer, policy)
+        elif first:
+            self._key_shared = None
         self.sub_type = sub_type
         self.consumers.append(consumer)
         if self.sub_type not in _MULTI:
