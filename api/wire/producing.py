@@ -12,6 +12,8 @@ supplies the transport, the loop and the answers. Rules it keeps:
   append answers SEND_ERROR ``PersistenceError``, and so does every later send of that
   producer session (``ProducerSession.failed``), so that the client, which reconnects,
   sends them all again in order.
+* Access modes (Exclusive, WaitForExclusive, ExclusiveWithFencing) are decided before a
+  producer is attached (``api.wire.producer_access``, ``api.broker.access_mode``).
 """
 
 from __future__ import annotations
