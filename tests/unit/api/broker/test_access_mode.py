@@ -24,10 +24,14 @@ class _World:
         grant = self.access.admit(owner, mode, None, list(self.attached), fence=self.detach)
         if grant.queued:
             self.queued.append(owner)
-            self.access.wait(owner, lambda epoch: self._ready(owner), lambda error: self.refused.append(owner))
+            self.access.wait(owner, lambda epoch: self._ready(owner), lambda error: self._refused(owner))
         else:
             self.attached.append(owner)
         return owner
+
+    def _refused(self, owner: object) -> None:
+        self.queued.remove(owner)
+        self.refused.append(owner)
 
     def _ready(self, owner: object) -> None:
         self.queued.remove(owner)
