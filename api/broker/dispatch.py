@@ -202,6 +202,7 @@ class Subscription:
         self._stalled_on: str | None = None  # the read error dispatch stopped at, logged once
         self._key_shared: KeySharedDispatcher | None = None
         self._delayed = DelayedDeliveryTracker(self.dispatch)
+        self._scan_more = False  # a read passed over a round's worth of delayed entries only
 
     @property
     def delayed_count(self) -> int:
@@ -315,6 +316,10 @@ class Subscription:
 
     def _dispatch_round(self, budget: _Round) -> bool:
         """One round; True when it ended with permits and entries left."""
+        self._scan_more = False
+        return self._dispatch_by_type(budget) or self._scan_more
+
+    def _dispatch_by_type(self, budget: _Round) -> bool:
         if self.sub_type is SubType.KEY_SHARED and self._key_shared is not None:
             self._key_shared.hold(self._delayed.pop_due())
             return self._key_shared.dispatch_round(self.consumers, budget, self._read,
@@ -389,15 +394,26 @@ class Subscription:
 
     def _read(self, max_entries: int) -> list[Delivery]:
         """The next entries of the reader; on Shared and Key_Shared, entries not yet due
-        go into the delay index instead (see "Delayed delivery")."""
+        go into the delay index instead (see "Delayed delivery") and the read goes on past
+        them, up to ``DISPATCH_ROUND_ENTRIES_MAX`` entries; when that many were all
+        delayed, the round asks for a next one (``_scan_more``)."""
         reader = self.reader
-        deliveries = [Delivery(e.position, e.data, e.batch_size or _message_count(e.data), reader.ack_set(e.position))
-                      for e in reader.read(max_entries)]
-        if deliveries:
+        scanned = 0
+        while True:
+            deliveries = [Delivery(e.position, e.data, e.batch_size or _message_count(e.data),
+                                   reader.ack_set(e.position)) for e in reader.read(max_entries)]
+            if not deliveries:
+                return []
             self._entry_bytes = max(len(d.data) for d in deliveries)
-        if self.sub_type in _MULTI:
-            deliveries = [d for d in deliveries if not self._delayed.defer(d.position, deliver_at_ms(d.data) or 0)]
-        return deliveries
+            if self.sub_type not in _MULTI:
+                return deliveries
+            scanned += len(deliveries)
+            due = [d for d in deliveries if not self._delayed.defer(d.position, deliver_at_ms(d.data) or 0)]
+            if due:
+                return due
+            if scanned >= DISPATCH_ROUND_ENTRIES_MAX:
+                self._scan_more = True
+                return []
 
     # -- acknowledgements and redelivery --------------------------------------------------
 

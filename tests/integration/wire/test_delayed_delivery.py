@@ -85,3 +85,15 @@ def test_a_delayed_message_survives_a_restart_and_still_waits(broker: Any, clien
     consumer = _subscribe(client, topic, pulsar.ConsumerType.Shared)
     data, received_at = _received_at(consumer)
     assert data == b"later" and received_at * 1000 >= deliver_at_ms
+
+
+@pytest.mark.parametrize("consumer_type", [pulsar.ConsumerType.Shared, pulsar.ConsumerType.KeyShared])
+def test_a_long_run_of_delayed_messages_does_not_hide_the_message_after_it(client: Any, consumer_type: Any) -> None:
+    topic = _topic("delayed-run")
+    producer = client.create_producer(topic)
+    for n in range(250):
+        producer.send_async(b"later %d" % n, None, deliver_after=timedelta(seconds=60))
+    producer.send_async(b"now", None)
+    producer.flush()
+    consumer = _subscribe(client, topic, consumer_type)  # the backlog is there before the first read
+    assert _received_at(consumer)[0] == b"now"

@@ -1,14 +1,27 @@
-"""The delay index: each deferred position comes out once, when due, in position order."""
+"""The delay index: each deferred position comes out once, when due, in position order;
+and a subscription reads on past delayed entries, however many there are."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from api.broker import dispatch
 from api.broker.delayed import DelayedDeliveryTracker
-from ledger.position import Position
+from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
+from compactor.encoder import encode_entry
+from compactor.proto import pulsar_api_pb2 as pb
+from compactor.topic import CompactedTopic
+from cursor.cursor import ManagedCursor
+from cursor.store import CursorStore
+from ledger import DataDir, ManagedLedger
+from ledger.position import EARLIEST, Position
+from ledger.storage.base import SyncPolicy
 
 
 class _Clock:
@@ -62,3 +75,47 @@ def test_the_timer_calls_back_when_the_earliest_is_due() -> None:
         assert tracker.pop_due() == [Position(1, 2)]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("sub_type", [SubType.SHARED, SubType.KEY_SHARED])
+def test_more_delayed_entries_than_a_round_scans_never_hide_the_entry_after_them(
+        tmp_path: Path, sub_type: SubType) -> None:
+    data_dir = DataDir.open(str(tmp_path), sync=SyncPolicy.NONE)
+    try:
+        ledger = ManagedLedger.open("persistent://public/default/delayed", data_dir.ledgers, data_dir.metadata)
+        later = int((time.time() + 3600) * 1000)
+        count = dispatch.DISPATCH_ROUND_ENTRIES_MAX * 2 + 5
+        futures = [ledger.append(encode_entry(pb.MessageMetadata(
+            producer_name="p", sequence_id=n, publish_time=1, deliver_at_time=later), b"later", with_checksum=False))
+            for n in range(count)]
+        futures.append(ledger.append(encode_entry(
+            pb.MessageMetadata(producer_name="p", sequence_id=count, publish_time=1), b"now", with_checksum=False)))
+        for future in futures:
+            future.result(timeout=30)
+        cursor = ManagedCursor.open_non_durable(ledger, "sub", EARLIEST)
+        subscription = Subscription("sub", cursor, CompactedTopic.restore(ledger, CursorStore(data_dir.database)),
+                                    sub_type)
+
+        async def main() -> list[Delivery]:
+            consumer = _Consumer()
+            subscription.add_consumer(consumer, sub_type)
+            subscription.flow(consumer, 10)
+            async with asyncio.timeout(30):
+                while not consumer.received:
+                    await asyncio.sleep(0)
+            return consumer.received
+
+        received = asyncio.run(main())
+        assert [d.data.endswith(b"now") for d in received] == [True]
+        assert subscription.delayed_count == count
+    finally:
+        data_dir.close()
+
+
+class _Consumer(Consumer):
+    def __init__(self) -> None:
+        super().__init__(1, "c")
+        self.received: list[Delivery] = []
+
+    def send(self, delivery: Delivery) -> None:
+        self.received.append(delivery)
