@@ -169,7 +169,8 @@ class Admin:
             subscriptions[_shown(name)] = {
                 "msgBacklog": cursor.backlog_entries(),
                 "backlogSize": cursor.estimated_backlog_bytes(),
-                "type": live.sub_type.name.capitalize() if live else "Exclusive",
+                "type": live.sub_type.pulsar_name if live else "Exclusive",
+                "msgDelayed": live.delayed_count if live else 0,
                 "isDurable": True,
                 "consumers": [{"consumerName": c.name} for c in (live.consumers if live else [])],
             }

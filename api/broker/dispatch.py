@@ -14,6 +14,11 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
   on its consumer until acknowledged; a consumer that leaves has its pending positions
   replayed to the others, before any new entry; when the last one has left, the next
   consumer starts again from the mark-delete position.
+* **Key_Shared**: Shared's rules, with the consumer of each entry chosen by its key and
+  per-key order kept across joins and leaves (``api.broker.key_shared``, which owns its
+  pending and held entries). Cumulative acks are refused.
+* **Delayed delivery** (Shared and Key_Shared): an entry not yet due is indexed and
+  skipped, and delivered like a replayed entry once due (``api.broker.delayed``).
 * **Bounded rounds.** Whatever permits a consumer grants (up to 2**32 - 1), one call of
   ``dispatch`` sends at most ``DISPATCH_ROUND_ENTRIES_MAX`` entries and about
   ``DISPATCH_ROUND_BYTES_MAX`` bytes, reading in slices sized from the entries seen so
@@ -47,7 +52,9 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from api.broker.delayed import DelayedDeliveryTracker, deliver_at_ms
 from api.broker.errors import ConsumerBusyError, NotAllowedError
+from api.broker.key_shared import KeySharedDispatcher, KeySharedPolicy
 from compactor.errors import MalformedEntryError
 from compactor.message import is_batch, parse_entry
 from compactor.reader import CompactedReader
@@ -73,11 +80,21 @@ ENTRY_BYTES_ASSUMED = 5 * 1024 * 1024
 
 
 class SubType(enum.Enum):
-    """Subscription types compactd dispatches (Key_Shared is refused)."""
+    """Subscription types compactd dispatches (the wire's ``CommandSubscribe.SubType``)."""
 
     EXCLUSIVE = 0
     SHARED = 1
     FAILOVER = 2
+    KEY_SHARED = 3
+
+    @property
+    def pulsar_name(self) -> str:
+        """The name Pulsar's stats show (``Key_Shared``, ``Shared``...)."""
+        return "Key_Shared" if self is SubType.KEY_SHARED else self.name.capitalize()
+
+
+# Several consumers at once, each entry to one of them; delayed delivery applies.
+_MULTI = (SubType.SHARED, SubType.KEY_SHARED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +118,10 @@ class Delivery:
 
 
 class Consumer(abc.ABC):
-    """The core's view of a consumer; ``permits`` is changed by the subscription only."""
+    """The core's view of a consumer; ``permits`` is changed by the subscription only.
+    ``key_shared_policy`` is what a Key_Shared consumer asked for (None: the default)."""
+
+    key_shared_policy: KeySharedPolicy | None = None
 
     def __init__(self, consumer_id: int, name: str, priority_level: int = 0) -> None:
         self.consumer_id = consumer_id
@@ -164,7 +184,7 @@ class Subscription:
         self, name: str, cursor: ManagedCursor, compacted: CompactedTopic, sub_type: SubType,
         *, read_compacted: bool = False, first_read_from_earliest: bool = False,
     ) -> None:
-        if read_compacted and sub_type is SubType.SHARED:
+        if read_compacted and sub_type in _MULTI:
             raise NotAllowedError("readCompacted only allowed on failover or exclusive subscriptions")
         self.name = name
         self.cursor = cursor
@@ -180,6 +200,14 @@ class Subscription:
         self._entry_bytes = ENTRY_BYTES_ASSUMED  # largest entry of the last read
         self._next_round: asyncio.Handle | None = None
         self._stalled_on: str | None = None  # the read error dispatch stopped at, logged once
+        self._key_shared: KeySharedDispatcher | None = None
+        self._delayed = DelayedDeliveryTracker(self.dispatch)
+        self._scan_more = False  # a read passed over a round's worth of delayed entries only
+
+    @property
+    def delayed_count(self) -> int:
+        """Entries waiting in the delay index (Pulsar's ``msgDelayed``)."""
+        return len(self._delayed)
 
     @property
     def read_compacted(self) -> bool:
@@ -199,9 +227,16 @@ class Subscription:
         if self.sub_type is SubType.EXCLUSIVE and self.consumers:
             raise ConsumerBusyError("Exclusive consumer is already connected")
         first = not self.consumers
+        if sub_type is SubType.KEY_SHARED:  # may refuse: before anything changes
+            policy = consumer.key_shared_policy or KeySharedPolicy()
+            if first or self._key_shared is None:
+                self._key_shared = KeySharedDispatcher(policy, self._reread)
+            self._key_shared.add_consumer(consumer, policy)
+        elif first:
+            self._key_shared = None
         self.sub_type = sub_type
         self.consumers.append(consumer)
-        if self.sub_type is not SubType.SHARED:
+        if self.sub_type not in _MULTI:
             self._choose_active()
         elif first:  # what the last consumer left unacknowledged comes again (as in Pulsar)
             self.rewind()
@@ -212,6 +247,8 @@ class Subscription:
         if consumer not in self.consumers:
             return
         self.consumers.remove(consumer)
+        if self._key_shared is not None:
+            self._key_shared.remove_consumer(consumer)
         for position, owner in list(self._pending.items()):
             if owner is consumer:
                 del self._pending[position]
@@ -219,7 +256,9 @@ class Subscription:
         if not self.consumers:
             self._replay.clear()
             self._active = None
-        elif self.sub_type is not SubType.SHARED:
+            if self._key_shared is not None:
+                self._key_shared.clear()
+        elif self.sub_type not in _MULTI:
             self._choose_active()
 
     def _choose_active(self) -> None:
@@ -235,6 +274,9 @@ class Subscription:
     def rewind(self) -> None:
         """Deliver everything unacknowledged again, from the mark-delete position on."""
         self.reader.rewind()  # after a seek: from the sought position
+        self._delayed.clear()  # delayed and held entries are read again
+        if self._key_shared is not None:
+            self._key_shared.clear()
 
     def last_message_id(self) -> Position:
         """``get_last_message_id`` for this subscription's consumers (compacted or raw)."""
@@ -274,7 +316,16 @@ class Subscription:
 
     def _dispatch_round(self, budget: _Round) -> bool:
         """One round; True when it ended with permits and entries left."""
+        self._scan_more = False
+        return self._dispatch_by_type(budget) or self._scan_more
+
+    def _dispatch_by_type(self, budget: _Round) -> bool:
+        if self.sub_type is SubType.KEY_SHARED and self._key_shared is not None:
+            self._key_shared.hold(self._delayed.pop_due())
+            return self._key_shared.dispatch_round(self.consumers, budget, self._read,
+                                                   lambda permits: self._read_size(permits, budget))
         if self.sub_type is SubType.SHARED:
+            self._replay.update(self._delayed.pop_due())
             return self._dispatch_shared(budget)
         return self._dispatch_active(budget)
 
@@ -326,22 +377,43 @@ class Subscription:
         out: list[Delivery] = []
         for position in sorted(self._replay)[:max_entries]:
             self._replay.discard(position)
-            if self.cursor.is_acknowledged(position):
-                continue
-            entries = self.cursor.ledger.read_entries(position, 1, end=position)
-            if entries:
-                count = self._redeliveries.get(position, 0)
-                data = entries[0].data
-                out.append(Delivery(position, data, _message_count(data), redelivery_count=count))
+            delivery = self._reread(position, self._redeliveries.get(position, 0))
+            if delivery is not None:
+                out.append(delivery)
         return out
 
+    def _reread(self, position: Position, redelivery_count: int) -> Delivery | None:
+        """Entry ``position`` read again (replay); None when acknowledged or gone."""
+        if self.cursor.is_acknowledged(position):
+            return None
+        entries = self.cursor.ledger.read_entries(position, 1, end=position)
+        if not entries:
+            return None
+        data = entries[0].data
+        return Delivery(position, data, _message_count(data), redelivery_count=redelivery_count)
+
     def _read(self, max_entries: int) -> list[Delivery]:
+        """The next entries of the reader; on Shared and Key_Shared, entries not yet due
+        go into the delay index instead (see "Delayed delivery") and the read goes on past
+        them, up to ``DISPATCH_ROUND_ENTRIES_MAX`` entries; when that many were all
+        delayed, the round asks for a next one (``_scan_more``)."""
         reader = self.reader
-        deliveries = [Delivery(e.position, e.data, e.batch_size or _message_count(e.data), reader.ack_set(e.position))
-                      for e in reader.read(max_entries)]
-        if deliveries:
+        scanned = 0
+        while True:
+            deliveries = [Delivery(e.position, e.data, e.batch_size or _message_count(e.data),
+                                   reader.ack_set(e.position)) for e in reader.read(max_entries)]
+            if not deliveries:
+                return []
             self._entry_bytes = max(len(d.data) for d in deliveries)
-        return deliveries
+            if self.sub_type not in _MULTI:
+                return deliveries
+            scanned += len(deliveries)
+            due = [d for d in deliveries if not self._delayed.defer(d.position, deliver_at_ms(d.data) or 0)]
+            if due:
+                return due
+            if scanned >= DISPATCH_ROUND_ENTRIES_MAX:
+                self._scan_more = True
+                return []
 
     # -- acknowledgements and redelivery --------------------------------------------------
 
@@ -349,7 +421,10 @@ class Subscription:
                                 cumulative: bool) -> None:
         """Apply an ACK of ``(position, ack_set)`` message ids: what each acknowledges is
         the reader's to say (``CompactedReader.acknowledged_entry``: a batch-index ack
-        still naming slots the consumer was sent is partial)."""
+        still naming slots the consumer was sent is partial). Key_Shared refuses cumulative
+        acks (the client refuses them first)."""
+        if cumulative and self.sub_type is SubType.KEY_SHARED:
+            raise NotAllowedError("Cumulative acknowledgement is not allowed on a Key_Shared subscription")
         positions = [entry for position, ack_set in message_ids
                      if (entry := self.reader.acknowledged_entry(position, ack_set, cumulative=cumulative)) is not None]
         if positions:
@@ -369,14 +444,21 @@ class Subscription:
             self._pending.pop(entry, None)
             self._redeliveries.pop(entry, None)
         self.reader.acknowledged(entries, cumulative=cumulative)
+        self._delayed.discard(entries)
         if cumulative:
             for position in [p for p in self._pending if p <= max(entries)]:
                 del self._pending[position]
+        if self._key_shared is not None:
+            self._key_shared.acknowledged(entries)
+            if self._key_shared.held_count:  # a key may be free to move on
+                self.dispatch()
 
     def redeliver(self, consumer: Consumer, positions: Iterable[Position] | None) -> None:
         """REDELIVER_UNACKNOWLEDGED_MESSAGES: the given positions (Shared) or everything
         unacknowledged (no positions, or Exclusive/Failover)."""
-        if self.sub_type is SubType.SHARED:
+        if self.sub_type is SubType.KEY_SHARED and self._key_shared is not None:
+            self._key_shared.redeliver(consumer, positions)
+        elif self.sub_type is SubType.SHARED:
             wanted = None if positions is None else {p.entry_position() for p in positions}
             for position, owner in list(self._pending.items()):
                 if owner is consumer and (wanted is None or position in wanted):
@@ -393,6 +475,9 @@ class Subscription:
         self.reader.seek(position)
         self._pending.clear()
         self._replay.clear()
+        self._delayed.clear()
+        if self._key_shared is not None:
+            self._key_shared.clear()
         for consumer in list(self.consumers):
             consumer.disconnect()
         self.consumers.clear()

@@ -30,6 +30,7 @@ import asyncio
 import logging
 from concurrent.futures import Future
 
+from api.broker.access_mode import TopicAccess
 from api.broker.dedup import DEDUP_CURSOR, Deduplication, ProducerSession, Send, describe_send
 from api.broker.dispatch import Consumer, Subscription, SubType
 from api.broker.errors import NotAllowedError, ProducerBusyError, SubscriptionNotFoundError
@@ -56,6 +57,7 @@ class Topic:
         self.compacted = CompactedTopic.restore(ledger, cursors, create_cursor=True)
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}  # producer name -> its owner (a wire producer)
+        self.access = TopicAccess()  # producer access modes (api.broker.access_mode)
         self._loop = loop
         self._dispatch_scheduled = False
         self.dedup: Deduplication | None = None
@@ -76,6 +78,7 @@ class Topic:
         """Forget producer ``name`` if ``owner`` still holds it."""
         if self.producers.get(name) is owner:
             del self.producers[name]
+        self.access.detached(owner, producers_left=bool(self.producers))
 
     def producers_connected(self) -> bool:
         """True while a producer is attached."""
@@ -165,7 +168,7 @@ class Topic:
         """Attach ``consumer`` to ``subscription_name`` (created when missing)."""
         if subscription_name in (COMPACTION_SUBSCRIPTION, DEDUP_CURSOR):
             raise NotAllowedError(f"the {subscription_name} subscription is internal to the broker")
-        if read_compacted and sub_type is SubType.SHARED:
+        if read_compacted and sub_type in (SubType.SHARED, SubType.KEY_SHARED):
             raise NotAllowedError("readCompacted only allowed on failover or exclusive subscriptions")
         subscription = self.subscriptions.get(subscription_name)
         if subscription is None:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 from api.auth.wire import admit
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
+from api.broker.key_shared import KeySharedPolicy
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
@@ -439,12 +440,13 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def _subscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.subscribe
-        if request.subType not in (0, 1, 2):
-            raise NotAllowedError("Key_Shared subscriptions are not supported by compactd")
         self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
         topic = self.broker.get_topic(request.topic)
         check_subscribe_schema(self.broker, topic, request)  # IncompatibleSchema
         consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)
+        if request.subType == pb.CommandSubscribe.Key_Shared:
+            consumer.key_shared_policy = KeySharedPolicy.from_wire(
+                request.keySharedMeta if request.HasField("keySharedMeta") else None)
         start = from_message_id(request.start_message_id) if request.HasField("start_message_id") else None
         initial = InitialPosition.EARLIEST if request.initialPosition == 1 else InitialPosition.LATEST
         subscription = topic.subscribe(

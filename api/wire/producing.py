@@ -12,6 +12,8 @@ supplies the transport, the loop and the answers. Rules it keeps:
   append answers SEND_ERROR ``PersistenceError``, and so does every later send of that
   producer session (``ProducerSession.failed``), so that the client, which reconnects,
   sends them all again in order.
+* Access modes (Exclusive, WaitForExclusive, ExclusiveWithFencing) are decided before a
+  producer is attached (``api.wire.producer_access``, ``api.broker.access_mode``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from api.broker.dedup import ProducerSession
 from api.broker.errors import ProducerBusyError
 from api.wire.codec import server_error, to_message_id
 from api.wire.frames import Frame
+from api.wire.producer_access import admit_producer, fence_producer, with_epoch
 from api.wire.schema_commands import producer_schema_version
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
@@ -53,6 +56,7 @@ class _Peer(Protocol):
     def is_open(self) -> bool: ...
     async def is_alive(self, timeout_s: float) -> bool: ...
     def close(self) -> None: ...
+    def fence(self, producer: WireProducer) -> None: ...
 
 
 class WireProducer:
@@ -136,7 +140,14 @@ class ProducerHandlers:
         producer = WireProducer(self, request.producer_id, name, topic)
         if previous is not None and previous.topic is topic and previous.name == name:
             topic.detach_producer(name, previous)  # the same producer created again
-        topic.attach_producer(name, producer)  # ProducerBusy leaves everything as it was
+        grant = admit_producer(self, request, topic, producer, schema_version)  # access mode: refuse, queue or grant
+        if grant.queued:
+            return
+        try:
+            topic.attach_producer(name, producer)  # ProducerBusy leaves everything as it was
+        except ProducerBusyError:
+            topic.access.detached(producer, producers_left=True)
+            raise
         if previous is not None:
             previous.topic.detach_producer(previous.name, previous)
         self.producers[request.producer_id] = producer
@@ -144,7 +155,11 @@ class ProducerHandlers:
                                             last_sequence_id=topic.last_sequence_id(name))
         if schema_version is not None:
             success.schema_version = schema_version
-        self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=success))
+        self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=with_epoch(success, grant)))
+
+    def fence(self, producer: WireProducer) -> None:
+        """An ExclusiveWithFencing producer took the topic: close ``producer`` (``api.wire.producer_access``)."""
+        fence_producer(self, producer)
 
     def _send(self, command: pb.BaseCommand, frame: Frame) -> None:
         send = command.send

@@ -291,13 +291,17 @@ def test_shared_read_compacted_is_refused(broker: Any, client: Any) -> None:
     client.subscribe(topic, "b", consumer_type=pulsar.ConsumerType.Failover, is_read_compacted=True).close()
 
 
-def test_key_shared_is_refused_cleanly(client: Any) -> None:
-    """An unsupported request is answered with an ERROR the client can map (NotAllowed),
-    not by dropping the connection (which would make the client retry until its timeout)."""
+def test_a_refused_subscribe_is_answered_cleanly(client: Any) -> None:
+    """A refused request is answered with an ERROR the client can map (here ConsumerBusy:
+    a STICKY Key_Shared consumer on an AUTO_SPLIT subscription), not by dropping the
+    connection (which would make the client retry until its timeout)."""
     topic = _topic("key-shared")
+    client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.KeyShared)
     started = time.monotonic()
-    with pytest.raises(pulsar.NotAllowedError):
-        client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.KeyShared)
+    with pytest.raises(pulsar.ConsumerBusy):
+        client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.KeyShared,
+                         key_shared_policy=pulsar.ConsumerKeySharedPolicy(
+                             key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=[(0, 100)]))
     assert time.monotonic() - started < 5
     # The connection is still good for everything else.
     consumer = client.subscribe(topic, "sub2")
