@@ -4,6 +4,7 @@
 * ``compaction`` — trigger a run, read its status.
 * ``policies`` — the compaction policies of topics and namespaces.
 * ``stats`` — topic stats, internal stats, Prometheus metrics.
+* ``subscriptions`` — list, peek, reset, clear the backlog; unload; last message id.
 
 ``common`` holds what they share: the ``Admin`` dependency, path parameters and the
 documented error answers.
@@ -12,8 +13,9 @@ documented error answers.
 from api.routers.compaction import router as compaction_router
 from api.routers.policies import router as policies_router
 from api.routers.stats import router as stats_router
+from api.routers.subscriptions import router as subscriptions_router
 from api.routers.topics import router as topics_router
 
 __all__ = ["ROUTERS"]
 
-ROUTERS = (topics_router, compaction_router, policies_router, stats_router)
+ROUTERS = (topics_router, compaction_router, policies_router, stats_router, subscriptions_router)
