@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from api.broker.admin_topics import TopicOperations
 from api.broker.dedup import DEDUP_CURSOR
 from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
 from api.broker.topic import Topic
@@ -160,8 +161,6 @@ class Admin:
     def stats(self, text: str) -> dict[str, Any]:
         """Pulsar's topic stats (the fields compactd keeps), with the compaction section:
         ``api.broker.admin_topics.TopicOperations.stats``."""
-        from api.broker.admin_topics import TopicOperations  # it imports this module
-
         return TopicOperations(self).stats(text)
 
     def internal_stats(self, text: str) -> dict[str, Any]:

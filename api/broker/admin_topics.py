@@ -38,10 +38,10 @@ from cursor.errors import CursorError
 from ledger.position import Position
 
 if TYPE_CHECKING:
-    from api.broker.admin import Admin
     from api.broker.topic import Topic
+    from compactor.runs import CompactionRuns
 
-__all__ = ["PeekedEntry", "TopicOperations"]
+__all__ = ["AdminCore", "PeekedEntry", "TopicOperations"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,22 @@ PEEK_READ_ENTRIES = 100  # entries read at once while looking for the n-th unack
 
 class _Described(Protocol):
     def describe(self) -> dict[str, object]: ...
+
+
+class _Broker(Protocol):
+    topics: dict[str, Topic]
+    runs: CompactionRuns
+
+
+class AdminCore(Protocol):
+    """What these operations need of ``api.broker.admin.Admin`` (named here so that this
+    module does not import it: ``Admin.stats`` calls this module)."""
+
+    @property
+    def broker(self) -> _Broker: ...
+
+    def topic(self, text: str) -> Topic:
+        """The existing topic ``text`` (loaded if needed); ``TopicNotFoundError`` otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +85,7 @@ class PeekedEntry:
 class TopicOperations:
     """Subscription and load operations over one ``Admin``; call on the broker's loop."""
 
-    def __init__(self, admin: Admin) -> None:
+    def __init__(self, admin: AdminCore) -> None:
         self.admin = admin
 
     # -- stats ----------------------------------------------------------------------------

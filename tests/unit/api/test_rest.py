@@ -88,6 +88,9 @@ async def wait_for_status(client: httpx.AsyncClient, url: str, wanted: str) -> d
 
 # -- health, documentation, generic errors ----------------------------------------------------
 
+SUBSCRIPTION = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}"
+
+
 def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
     async def body(_broker: BrokerService, client: httpx.AsyncClient) -> None:
         assert (await client.get(HEALTH_PATH)).text == "ok"
@@ -107,12 +110,10 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
             ("/metrics", "get"), (HEALTH_PATH, "get"),
             # issue 16: subscriptions, peek, reset, clear the backlog, unload, last message id
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscriptions", "get"),
-            ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}"
-             "/position/{messagePosition}", "get"),
-            ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}"
-             "/resetcursor/{timestamp}", "post"),
-            ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/resetcursor", "post"),
-            ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/skip_all", "post"),
+            (SUBSCRIPTION + "/position/{messagePosition}", "get"),
+            (SUBSCRIPTION + "/resetcursor/{timestamp}", "post"),
+            (SUBSCRIPTION + "/resetcursor", "post"),
+            (SUBSCRIPTION + "/skip_all", "post"),
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/unload", "put"),
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/lastMessageId", "get"),
         } | {(f"{prefix}/{spec.name}", method)
