@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from api import admin_cli, offline
+from api import admin_cli, admin_cli_topics, offline  # noqa: F401 - admin_cli_topics registers its verbs
 from api.config import (
     CONFIG_ENV,
     ConfigError,
