@@ -68,6 +68,7 @@ DataDirOption = Annotated[str | None, _option("data_dir", "--data-dir", "PATH")]
 Bind = Annotated[str | None, _option("bind", "--bind", "ADDR")]
 BrokerPort = Annotated[str | None, _option("broker_port", "--broker-port", _PORT)]
 HttpPort = Annotated[str | None, _option("http_port", "--http-port", _PORT)]
+AdvertisedAddress = Annotated[str | None, _option("advertised_address", "--advertised-address", "HOST")]
 MonitorInterval = Annotated[str | None, _option(
     "compaction_monitor_interval_seconds", "--compaction-monitor-interval-seconds", "N")]
 ThresholdBytes = Annotated[str | None, _option(
@@ -130,7 +131,7 @@ app.command("compact-topic")(offline.compact_topic_command)
 def serve(  # one parameter per setting, each named as its key
     ctx: typer.Context,
     data_dir: DataDirOption = None, bind: Bind = None, broker_port: BrokerPort = None,
-    http_port: HttpPort = None, config: ConfigFile = None,
+    http_port: HttpPort = None, config: ConfigFile = None, advertised_address: AdvertisedAddress = None,
     compaction_monitor_interval_seconds: MonitorInterval = None,
     compaction_threshold_bytes: ThresholdBytes = None,
     compaction_phase_one_loop_timeout_seconds: PhaseOneTimeout = None,

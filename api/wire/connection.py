@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from api.broker.advertised import broker_service_url
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
 from api.broker.topic_stats import RateCounter, connected_since
@@ -173,7 +174,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         host, port = transport.get_extra_info("sockname")[:2]
-        self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
+        self.service_url = broker_service_url(self.broker.settings, host, port)  # what LOOKUP answers
         self.connections.add(self)
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
         self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)

@@ -31,6 +31,7 @@ NOT_YET_IN_INTERFACES = {
     "max_open_ledger_files", "managed_ledger_mark_delete_rate_limit",
     "wire_connect_timeout_seconds", "wire_frame_timeout_seconds",
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
+    "advertised_address",  # issue 16
 }
 
 # INTERFACES §1 and §4, column "default".
