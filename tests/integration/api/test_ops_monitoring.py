@@ -9,6 +9,8 @@ command line.
 * ``test_metrics_carry_topic_subscription_broker_and_process_families`` — ``/metrics``
   agrees with stats on ``pulsar_in_messages_total``, backlog and storage size, and carries
   connections, broker totals and ``process_*``.
+* ``test_docs_pages_load_every_asset_from_compactd_itself`` — ``/docs`` and ``/redoc``
+  reference only paths on compactd, and each one answers (no CDN: works offline).
 * ``test_admin_topic_verbs_move_subscriptions_as_asked`` — ``compactd admin topics``
   subscriptions, peek-messages, last-message-id, clear-backlog, reset-cursor (message id
   and time) and unload, each checked through stats or a consumer; ``--admin-url`` given
@@ -18,11 +20,13 @@ command line.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +205,32 @@ def test_admin_url_after_the_sub_command_in_a_real_process(serve: ServeProcess, 
                             capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["msgInCounter"] == 0
+
+
+class _References(HTMLParser):
+    """Every ``src`` and ``href`` of a page, and the spec URL its inline script names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.urls.extend(value for name, value in attrs if name in ("src", "href", "spec-url") and value)
+
+    def handle_data(self, data: str) -> None:
+        self.urls.extend(re.findall(r"url: '([^']+)'", data))
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_docs_pages_load_every_asset_from_compactd_itself(serve: ServeProcess, page: str) -> None:
+    response = httpx.get(serve.http_url + page, timeout=10)
+    assert response.status_code == 200
+    parser = _References()
+    parser.feed(response.text)
+    scripts = [url for url in parser.urls if url.endswith(".js")]
+    assert scripts and "/openapi.json" in parser.urls
+    for url in parser.urls:
+        assert url.startswith("/"), f"{page} references {url} outside compactd"
+        asset = httpx.get(serve.http_url + url, timeout=10)
+        assert asset.status_code == 200 and len(asset.content) > 0, url
+    assert "validator.swagger.io" not in response.text
