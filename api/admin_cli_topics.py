@@ -23,7 +23,7 @@ import re
 import string
 import time
 from typing import Annotated
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import httpx
 import typer
@@ -61,8 +61,7 @@ def subscription_path(topic_path: str, subscription: str) -> str:
     """The REST path of ``subscription`` of the topic at ``topic_path`` (name quoted)."""
     if not subscription:
         raise ValueError("the subscription name is empty")
-    quoted = httpx.URL(f"/{subscription}").raw_path.decode("ascii").lstrip("/")
-    return f"{topic_path}/subscription/{quoted}"
+    return f"{topic_path}/subscription/{quote(subscription, safe='')}"
 
 
 def format_peeked(index: int, response: httpx.Response) -> str:

@@ -18,9 +18,9 @@ import sys
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.markup import escape
 
 from api import admin_cli, admin_cli_topics, offline  # noqa: F401 - admin_cli_topics registers its verbs
+from api.cli_help import PlainHelpCommand
 from api.config import (
     CONFIG_ENV,
     ConfigError,
@@ -50,7 +50,7 @@ def _option(key: str, flag: str, metavar: str | None = None) -> Any:
     """The option of setting ``key``, its help ending with the default."""
     spec = _SPEC_BY_KEY[key]
     help_text = f"{spec.help} Default: {_shown(spec.default)}."
-    return typer.Option(flag, metavar=metavar, help=escape(help_text), show_default=False)
+    return typer.Option(flag, metavar=metavar, help=help_text, show_default=False)  # plain help: no markup
 
 
 def _shown(default: object) -> str:
@@ -127,7 +127,7 @@ app.add_typer(admin_cli.app, name="admin")
 app.command("compact-topic")(offline.compact_topic_command)
 
 
-@app.command()
+@app.command(cls=PlainHelpCommand)  # readable at 80 columns: flags in full, help wrapped at words
 def serve(  # one parameter per setting, each named as its key
     ctx: typer.Context,
     data_dir: DataDirOption = None, bind: Bind = None, broker_port: BrokerPort = None,

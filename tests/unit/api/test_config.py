@@ -50,6 +50,7 @@ DOCUMENTED_DEFAULTS = {
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
     "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
     "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
+    "advertised_address": None,  # issue 16
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -85,6 +86,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "tls_key_file": ("/etc/key.pem", '"/etc/key.pem"', "/etc/key.pem"),
     "broker_port_tls": ("7651", "7651", 7651),
     "http_port_tls": ("9443", "9443", 9443),
+    "advertised_address": ("broker.example.com", '"broker.example.com"', "broker.example.com"),  # issue 16
 }
 KEYS = [spec.key for spec in setting_specs()]
 # Settings that are only valid together with another one (checked across settings).
