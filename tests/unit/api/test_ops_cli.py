@@ -4,6 +4,7 @@ URLs, the ready line, and the rate counters of stats (with a fake clock)."""
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import subprocess
@@ -124,3 +125,20 @@ def test_a_rate_is_what_the_window_holds_over_its_span(events: list[tuple[float,
     assert rate == pytest.approx(sum(m for m, _ in in_window) / span)
     assert throughput == pytest.approx(sum(s for _, s in in_window) / span)
     assert counter.messages == sum(m for _, m, _ in events)
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_systemd_unit_raises_the_descriptor_limit() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]  # systemd keys are case-sensitive
+    unit.read(ROOT / "deploy" / "compactd.service")
+    limit = unit["Service"]["LimitNOFILE"]
+    assert limit.isdigit() and int(limit) >= 65536, limit  # connections + ledger files + SQLite
+
+
+def test_the_readme_warns_about_the_table_view_stack_overflow() -> None:
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "TableView overflows the stack on topics of about 100 k keys" in text
+    assert "ulimit -s" in text
