@@ -153,8 +153,8 @@ class MessageIdData(_Open):
 class ResetCursorData(BaseModel):
     """Pulsar's ``ResetCursorData``: where ``resetcursor`` moves a subscription."""
 
-    ledgerId: int = Field(description="Ledger of the message to reset to.")
-    entryId: int = Field(description="Entry of the message to reset to.")
+    ledgerId: int = Field(ge=-1, le=JAVA_LONG_MAX, description="Ledger of the message to reset to.")
+    entryId: int = Field(ge=-1, le=JAVA_LONG_MAX, description="Entry of the message to reset to.")
     isExcluded: bool = Field(False, description="Start just after that message rather than at it.")
     partitionIndex: int = Field(-1, description="-1: compactd has no partitioned topics here.")
     batchIndex: int = Field(-1, description="Ignored: a reset starts at the entry.")
