@@ -52,8 +52,8 @@ async def list_subscriptions(admin: AdminDependency, tenant: Tenant, namespace: 
     summary="Peek the n-th unacknowledged message of a subscription",
     responses={200: {"description": "The entry's payload; its id and metadata are in `X-Pulsar-*` headers.",
                      "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-               **errors(404, 412, c404="The topic or subscription does not exist, or there are not that "
-                                       "many unacknowledged messages.")},
+               **errors(400, 404, 412, c404="The topic or subscription does not exist, or there are not "
+                                            "that many unacknowledged messages.")},
 )
 async def peek_message(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
                        subscription: Subscription,
@@ -80,7 +80,7 @@ async def peek_message(admin: AdminDependency, tenant: Tenant, namespace: Namesp
 @router.post(
     SUBSCRIPTION_PATH + "/resetcursor/{timestamp}", status_code=204, response_class=Response,
     summary="Reset a subscription to a publish time",
-    responses={204: {"description": "Reset."}, **errors(404, 412)},
+    responses={204: {"description": "Reset."}, **errors(400, 404, 412)},
 )
 async def reset_cursor_to_time(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
                                subscription: Subscription,
