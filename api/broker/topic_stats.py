@@ -4,9 +4,10 @@ A ``RateCounter`` counts messages and bytes since it was made (Pulsar's ``msgInC
 ``bytesInCounter``, ``msgOutCounter``, ``bytesOutCounter``: since the topic was loaded, as
 in Pulsar) and derives their rates (``msgRateIn``, ``msgThroughputIn``, …) from what was
 recorded over the last ``RATE_WINDOW_S`` seconds, in one-second buckets; a counter younger
-than the window divides by its age (at least one second). It is thread-safe: a topic's
-messages in are counted as their appends become durable (on the ledger's flusher thread),
-messages out as they are handed to consumers (on the event loop).
+than the window divides by its age (at least one second). It is used on the event loop
+(messages out are counted as they are handed to consumers); ``ThreadSafeRateCounter``
+takes a lock for a topic's messages in, counted as their appends become durable (on the
+ledger's flusher thread).
 
 ``TopicCounters`` is what a ``Topic`` keeps: messages in, messages out, and messages out
 per subscription (a subscription's counters outlive its consumers, as Pulsar's do).
@@ -25,18 +26,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RATE_WINDOW_S", "RateCounter", "TopicCounters", "connected_since"]
+__all__ = ["RATE_WINDOW_S", "RateCounter", "ThreadSafeRateCounter", "TopicCounters", "connected_since"]
 
 # Rates are averaged over this many seconds (Pulsar averages over its stats period).
 RATE_WINDOW_S = 10
 
 
 class RateCounter:
-    """Messages and bytes counted, and their rates over the last ``RATE_WINDOW_S``."""
+    """Messages and bytes counted, and their rates over the last ``RATE_WINDOW_S``; for
+    one thread (the event loop)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._lock = threading.Lock()
         self._started = clock()
         self.messages = 0
         self.bytes = 0
@@ -45,31 +46,47 @@ class RateCounter:
     def record(self, messages: int, size: int) -> None:
         """Count ``messages`` messages of ``size`` bytes in all, now."""
         second = int(self._clock())
-        with self._lock:
-            self.messages += messages
-            self.bytes += size
-            buckets = self._buckets
-            if buckets and buckets[-1][0] == second:
-                bucket = buckets[-1]
-                bucket[1] += messages
-                bucket[2] += size
-            else:
-                buckets.append([second, messages, size])
-                while buckets[0][0] <= second - RATE_WINDOW_S:
-                    buckets.popleft()
+        self.messages += messages
+        self.bytes += size
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == second:
+            bucket = buckets[-1]
+            bucket[1] += messages
+            bucket[2] += size
+        else:
+            buckets.append([second, messages, size])
+            while buckets[0][0] <= second - RATE_WINDOW_S:
+                buckets.popleft()
 
     def rates(self) -> tuple[float, float]:
         """Messages per second and bytes per second over the last ``RATE_WINDOW_S``."""
         now = self._clock()
-        first = int(now) - RATE_WINDOW_S + 1  # the window's oldest bucket
-        with self._lock:
-            recent = [bucket for bucket in self._buckets if bucket[0] >= first]
+        recent = self._recent(int(now) - RATE_WINDOW_S + 1)  # from the window's oldest bucket
         span = min(float(RATE_WINDOW_S), max(1.0, now - self._started))
         return sum(b[1] for b in recent) / span, sum(b[2] for b in recent) / span
+
+    def _recent(self, first: int) -> list[list[int]]:
+        return [list(bucket) for bucket in self._buckets if bucket[0] >= first]
 
     def average_size(self) -> float:
         """Bytes a message, over every message counted (0.0 before any)."""
         return self.bytes / self.messages if self.messages else 0.0
+
+
+class ThreadSafeRateCounter(RateCounter):
+    """A ``RateCounter`` recorded from one thread and read from another."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(clock)
+        self._lock = threading.Lock()
+
+    def record(self, messages: int, size: int) -> None:
+        with self._lock:
+            super().record(messages, size)
+
+    def _recent(self, first: int) -> list[list[int]]:
+        with self._lock:
+            return super()._recent(first)
 
 
 class TopicCounters:
@@ -77,7 +94,7 @@ class TopicCounters:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self.message_in = RateCounter(clock)
+        self.message_in = ThreadSafeRateCounter(clock)  # counted on the ledger's flusher thread
         self.message_out = RateCounter(clock)
         self._subscriptions: dict[str, RateCounter] = {}
 

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from api.admin_cli import hoist_admin_options
 from api.admin_cli_topics import parse_message_id, subscription_path
 from api.broker.advertised import broker_service_url, web_service_url
-from api.broker.topic_stats import RATE_WINDOW_S, RateCounter
+from api.broker.topic_stats import RATE_WINDOW_S, RateCounter, ThreadSafeRateCounter
 from api.config import ConfigError, Settings, flag_name, load_settings, setting_specs
 from api.server import ready_line
 
@@ -142,3 +143,16 @@ def test_the_readme_warns_about_the_table_view_stack_overflow() -> None:
     text = " ".join((ROOT / "README.md").read_text().split())
     assert "TableView overflows the stack on topics of about 100 k keys" in text
     assert "ulimit -s" in text
+
+
+def test_the_thread_safe_counter_loses_no_count_recorded_from_several_threads() -> None:
+    counter = ThreadSafeRateCounter()
+    threads = [threading.Thread(target=lambda: [counter.record(1, 3) for _ in range(2000)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        counter.rates()  # read while they write
+    for thread in threads:
+        thread.join()
+    assert (counter.messages, counter.bytes) == (8000, 24000)
+    assert counter.rates()[0] > 0
