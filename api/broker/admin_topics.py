@@ -6,7 +6,8 @@ broker's typed errors; the REST router ``api.routers.subscriptions`` only parses
 
 * ``stats``: Pulsar's ``TopicStats`` — counters and rates in and out (messages, not
   entries: ``api.broker.topic_stats``), the connected publishers and each subscription's
-  consumers with their figures, backlog, storage size and the compaction section.
+  consumers with their figures (readers' non-durable subscriptions too, ``isDurable``
+  false), backlog, storage size and the compaction section.
 * ``subscriptions``: the topic's subscription names (``__compaction`` among them, the
   de-duplication cursor not).
 * ``peek``: the ``n``-th entry (1-based) a subscription has not acknowledged, after its
@@ -94,7 +95,9 @@ class TopicOperations:
         """Pulsar's ``TopicStats`` of the existing topic ``text``."""
         topic = self.admin.topic(text)
         counters = topic.counters
-        subscriptions = {name: self._subscription_stats(topic, name) for name in self.subscription_names(topic)}
+        readers = sorted(name for name, s in topic.subscriptions.items() if not s.cursor.durable)
+        subscriptions = {name: self._subscription_stats(topic, name)
+                         for name in [*self.subscription_names(topic), *readers]}
         record = topic.compacted.record
         return {
             **counters.in_fields(), **counters.out_fields(counters.message_out),
@@ -123,7 +126,7 @@ class TopicOperations:
             "msgBacklog": cursor.backlog_entries(),
             "backlogSize": cursor.estimated_backlog_bytes(),
             "type": live.sub_type.name.capitalize() if live else "Exclusive",
-            "isDurable": True,
+            "isDurable": live.cursor.durable if live else True,
             "isReplicated": False,
             "consumers": consumers,
         }

@@ -5,7 +5,8 @@ command line.
 * ``test_stats_report_connected_clients_and_count_messages_not_entries`` — a batching
   producer and a consumer: stats list the publisher and the consumer with their figures;
   ``msgInCounter`` counts the messages of the batches (more than the entries), in/out
-  rates and throughput are positive; a closed producer leaves ``publishers``.
+  rates and throughput are positive; a closed producer leaves ``publishers``; a reader
+  shows as a non-durable subscription.
 * ``test_metrics_carry_topic_subscription_broker_and_process_families`` — ``/metrics``
   agrees with stats on ``pulsar_in_messages_total``, backlog and storage size, and carries
   connections, broker totals and ``process_*``.
@@ -124,6 +125,14 @@ def test_stats_report_connected_clients_and_count_messages_not_entries(serve: Se
     wait_for("the closed producer leaving the stats",
              lambda: get_json(serve, rest(topic) + "/stats")["publishers"] == [])
     consumer.close()
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    for _ in range(20):
+        reader.read_next(int(WAIT_S * 1000))
+    readers = wait_for("the reader's messages counted", lambda: [
+        s for s in get_json(serve, rest(topic) + "/stats")["subscriptions"].values()
+        if not s["isDurable"] and s["msgOutCounter"] == 20])
+    assert len(readers) == 1 and len(readers[0]["consumers"]) == 1  # a reader's non-durable subscription
+    reader.close()
 
 
 def scrape(serve: ServeProcess) -> dict[tuple[str, str, str], float]:
