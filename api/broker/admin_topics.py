@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from api.broker.topic import Topic
     from compactor.runs import CompactionRuns
 
-__all__ = ["AdminCore", "PeekedEntry", "TopicOperations"]
+__all__ = ["AdminCore", "PeekedEntry", "TopicOperations", "shown_name"]
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class TopicOperations:
         topic = self.admin.topic(text)
         counters = topic.counters
         readers = sorted(name for name, s in topic.subscriptions.items() if not s.cursor.durable)
-        subscriptions = {name: self._subscription_stats(topic, name)
+        subscriptions = {shown_name(name): self._subscription_stats(topic, name)
                          for name in [*self.subscription_names(topic), *readers]}
         record = topic.compacted.record
         return {
@@ -134,21 +134,25 @@ class TopicOperations:
     # -- subscriptions ------------------------------------------------------------------
 
     def subscriptions(self, text: str) -> list[str]:
-        """The topic's subscription names (``__compaction`` included)."""
-        return self.subscription_names(self.admin.topic(text))
+        """The topic's subscription names (``__compaction`` included), as ``shown_name``."""
+        return [shown_name(name) for name in self.subscription_names(self.admin.topic(text))]
 
     @staticmethod
     def subscription_names(topic: Topic) -> list[str]:
+        """The durable subscriptions' names as stored (one stored by an old broker may be
+        bytes), in the order of their shown names."""
         names = set(topic.cursors.list(str(topic.name)))
         names |= {name for name, s in topic.subscriptions.items() if s.cursor.durable}
         names.discard(DEDUP_CURSOR)
-        return sorted(names)
+        return sorted(names, key=shown_name)
 
     def _existing(self, text: str, subscription: str) -> tuple[Topic, ManagedCursor]:
+        """The topic and the cursor of the subscription shown as ``subscription``."""
         topic = self.admin.topic(text)
-        if subscription == DEDUP_CURSOR or subscription not in self.subscription_names(topic):
+        stored = {shown_name(name): name for name in self.subscription_names(topic)}
+        if subscription not in stored:
             raise SubscriptionNotFoundError(f"Subscription {subscription} not found on {topic.name}")
-        return topic, self._cursor(topic, subscription)
+        return topic, self._cursor(topic, stored[subscription])
 
     @staticmethod
     def _cursor(topic: Topic, name: str) -> ManagedCursor:
@@ -246,6 +250,13 @@ class TopicOperations:
             if size is not None:
                 answer["batchIndex"] = size - 1
         return answer
+
+
+def shown_name(name: object) -> str:
+    """A stored name as stats show it: text as is, bytes decoded with bad bytes escaped."""
+    if isinstance(name, bytes):
+        return name.decode("utf-8", "backslashreplace")
+    return str(name)
 
 
 def _describe(owner: object) -> dict[str, object]:
