@@ -104,7 +104,9 @@ class TopicOperations:
             "storageSize": topic.ledger.total_size,
             "backlogSize": max((s["backlogSize"] for s in subscriptions.values()), default=0),
             "offloadedStorageSize": 0,
-            "publishers": [_describe(owner) for owner in topic.producers.values()],
+            "publishers": [_describe(owner) or {"producerName": name, "producerId": -1, "msgRateIn": 0.0,
+                                                "msgThroughputIn": 0.0}
+                           for name, owner in topic.producers.items()],
             "waitingPublishers": 0,
             "subscriptions": subscriptions,
             "replication": {},
@@ -120,7 +122,7 @@ class TopicOperations:
     def _subscription_stats(self, topic: Topic, name: str) -> dict[str, Any]:
         cursor = self._cursor(topic, name)
         live = topic.subscriptions.get(name)
-        consumers = [_describe(c) for c in (live.consumers if live else [])]
+        consumers = [_describe(c) or {"consumerName": c.name} for c in (live.consumers if live else [])]
         return {
             **TopicCounters.out_fields(topic.counters.subscription(name)),
             "msgBacklog": cursor.backlog_entries(),

@@ -123,3 +123,13 @@ def test_unload_drops_the_topic_and_the_next_use_loads_it_again(tmp_path: Path) 
         assert broker.topics[TOPIC] is not loaded
 
     run(tmp_path, body)
+
+
+def test_stats_name_a_producer_attached_by_a_door_that_does_not_describe_it(tmp_path: Path) -> None:
+    async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
+        broker.get_topic(TOPIC).attach_producer("plain", object())
+        stats = await client.get(URL + "/stats")
+        assert stats.status_code == 200, stats.text
+        assert [p["producerName"] for p in stats.json()["publishers"]] == ["plain"]
+
+    run(tmp_path, body)
