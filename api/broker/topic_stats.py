@@ -131,7 +131,7 @@ class TopicCounters:
                 "bytesOutCounter": counter.bytes}
 
 
-def connected_since() -> str:
-    """Now, as Pulsar's ``connectedSince`` writes it (ISO 8601, UTC, with milliseconds)."""
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+def connected_since(since: float) -> str:
+    """``since`` (``time.time()``) as Pulsar's ``connectedSince`` writes it (ISO 8601, UTC,
+    with milliseconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since)) + f".{int(since * 1000) % 1000:03d}Z"

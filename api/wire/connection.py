@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -89,13 +90,13 @@ class WireConsumer(Consumer):
         self.topic: Topic | None = None
         self.subscription: Subscription | None = None
         self.counter = RateCounter()  # messages handed to this consumer
-        self.connected_since = connected_since()
+        self.connected_at = time.time()  # shown by describe()
 
     def describe(self) -> dict[str, object]:
         """Pulsar's ``ConsumerStats`` of this consumer."""
         return {
             "consumerName": self.name, **self.counter_fields(), "availablePermits": max(0, self.permits),
-            "address": self.connection.peer_address(), "connectedSince": self.connected_since,
+            "address": self.connection.peer_address(), "connectedSince": connected_since(self.connected_at),
             "clientVersion": self.connection.client_version, "metadata": {},
         }
 

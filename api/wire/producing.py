@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -69,7 +70,7 @@ class WireProducer:
         self.session = ProducerSession()
         self.receipts: deque[tuple[int, int, Future[Position]]] = deque()
         self.counter = RateCounter()  # messages stored for this producer
-        self.connected_since = connected_since()
+        self.connected_at = time.time()  # shown by describe()
 
     def disconnect(self) -> None:
         """The broker drops the producer (topic unload): the client re-creates it."""
@@ -81,7 +82,7 @@ class WireProducer:
         return {
             "producerId": self.producer_id, "producerName": self.name, "accessMode": "Shared",
             "msgRateIn": rate, "msgThroughputIn": throughput, "averageMsgSize": self.counter.average_size(),
-            "address": self.connection.peer_address(), "connectedSince": self.connected_since,
+            "address": self.connection.peer_address(), "connectedSince": connected_since(self.connected_at),
             "clientVersion": self.connection.client_version, "metadata": {},
         }
 
