@@ -131,9 +131,15 @@ def test_a_rate_is_what_the_window_holds_over_its_span(events: list[tuple[float,
 ROOT = Path(__file__).resolve().parents[3]
 
 
+class _SystemdUnit(configparser.ConfigParser):
+    """An INI reader keeping keys as written (systemd's are case-sensitive)."""
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def test_the_systemd_unit_raises_the_descriptor_limit() -> None:
-    unit = configparser.ConfigParser(strict=False, interpolation=None)
-    unit.optionxform = str  # type: ignore[assignment,method-assign]  # systemd keys are case-sensitive
+    unit = _SystemdUnit(strict=False, interpolation=None)
     unit.read(ROOT / "deploy" / "compactd.service")
     limit = unit["Service"]["LimitNOFILE"]
     assert limit.isdigit() and int(limit) >= 65536, limit  # connections + ledger files + SQLite
