@@ -38,6 +38,7 @@ from typing import Annotated, Any, NoReturn
 import httpx
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 __all__ = [
     "ADMIN_URL_ENV",
@@ -47,6 +48,7 @@ __all__ = [
     "AdminError",
     "PolicySpec",
     "app",
+    "hoist_admin_options",
     "namespace_path",
     "parse_duration_ms",
     "parse_ratio",
@@ -167,6 +169,16 @@ class AdminClient:
 
     def request(self, method: str, path: str, *, body: object = None, has_body: bool = False) -> Any:
         """Send one request; the decoded JSON answer, or None for an empty one (204)."""
+        response = self.response(method, path, body=body, has_body=has_body)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    def response(self, method: str, path: str, *, body: object = None, has_body: bool = False) -> httpx.Response:
+        """Send one request; its successful answer as it came (peek reads headers and bytes)."""
         content = json.dumps(body).encode() if has_body else None
         headers = {"Content-Type": "application/json"} if has_body else None
         try:
@@ -181,12 +193,7 @@ class AdminClient:
         if response.status_code >= 400:
             raise AdminError(f"{_reason(response)} (HTTP {response.status_code})",
                              status=response.status_code)
-        if response.status_code == 204 or not response.content:
-            return None
-        try:
-            return response.json()
-        except ValueError:
-            return response.text
+        return response
 
 
 def _cause(error: Exception) -> str:
@@ -258,7 +265,39 @@ def _namespace(text: str) -> str:
 
 # -- the commands ------------------------------------------------------------------------
 
-app = typer.Typer(name="admin", no_args_is_help=True, add_completion=False,
+# The admin group's own options, also accepted after the sub-command
+# (``compactd admin topics stats T --admin-url URL``): moved in front before parsing.
+_HOISTED_OPTIONS = ("--admin-url", "--auth-token")
+
+
+def hoist_admin_options(args: list[str]) -> list[str]:
+    """``args`` with every ``--admin-url``/``--auth-token`` (and its value) moved to the
+    front, in order; nothing after ``--`` moves."""
+    front: list[str] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            rest.extend(args[index:])
+            break
+        if arg in _HOISTED_OPTIONS and index + 1 < len(args):
+            front.extend(args[index:index + 2])
+            index += 2
+            continue
+        (front if arg.startswith(tuple(f"{o}=" for o in _HOISTED_OPTIONS)) else rest).append(arg)
+        index += 1
+    return front + rest
+
+
+class _AdminGroup(TyperGroup):
+    """The ``admin`` group: its options may also come after the sub-command."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own copy of click.Context
+        return super().parse_args(ctx, hoist_admin_options(args))
+
+
+app = typer.Typer(name="admin", no_args_is_help=True, add_completion=False, cls=_AdminGroup,
                   help="Administer a running compactd through its REST API (like pulsar-admin).")
 topics = typer.Typer(name="topics", no_args_is_help=True, help="Operations on topics.")
 namespaces = typer.Typer(name="namespaces", no_args_is_help=True, help="Operations on namespaces.")

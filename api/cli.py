@@ -17,10 +17,10 @@ import sys
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.markup import escape
 
-from api import admin_cli, admin_cli_schemas, backup_cli, offline  # noqa: F401 - admin_cli_schemas registers its verbs
+from api import admin_cli, admin_cli_schemas, admin_cli_topics, backup_cli, offline  # noqa: F401 - admin_cli_schemas, admin_cli_topics register their verbs
 from api.auth import tokens_cli
+from api.cli_help import PlainHelpCommand
 from api.config import (
     CONFIG_ENV,
     ConfigError,
@@ -50,7 +50,7 @@ def _option(key: str, flag: str, metavar: str | None = None) -> Any:
     """The option of setting ``key``, its help ending with the default."""
     spec = _SPEC_BY_KEY[key]
     help_text = f"{spec.help} Default: {_shown(spec.default)}."
-    return typer.Option(flag, metavar=metavar, help=escape(help_text), show_default=False)
+    return typer.Option(flag, metavar=metavar, help=help_text, show_default=False)  # plain help: no markup
 
 
 def _shown(default: object) -> str:
@@ -68,6 +68,7 @@ DataDirOption = Annotated[str | None, _option("data_dir", "--data-dir", "PATH")]
 Bind = Annotated[str | None, _option("bind", "--bind", "ADDR")]
 BrokerPort = Annotated[str | None, _option("broker_port", "--broker-port", _PORT)]
 HttpPort = Annotated[str | None, _option("http_port", "--http-port", _PORT)]
+AdvertisedAddress = Annotated[str | None, _option("advertised_address", "--advertised-address", "HOST")]
 MonitorInterval = Annotated[str | None, _option(
     "compaction_monitor_interval_seconds", "--compaction-monitor-interval-seconds", "N")]
 ThresholdBytes = Annotated[str | None, _option(
@@ -143,11 +144,11 @@ app.command("backup")(backup_cli.backup_command)
 app.command("restore")(backup_cli.restore_command)
 
 
-@app.command()
+@app.command(cls=PlainHelpCommand)  # readable at 80 columns: flags in full, help wrapped at words
 def serve(  # one parameter per setting, each named as its key
     ctx: typer.Context,
     data_dir: DataDirOption = None, bind: Bind = None, broker_port: BrokerPort = None,
-    http_port: HttpPort = None, config: ConfigFile = None,
+    http_port: HttpPort = None, config: ConfigFile = None, advertised_address: AdvertisedAddress = None,
     compaction_monitor_interval_seconds: MonitorInterval = None,
     compaction_threshold_bytes: ThresholdBytes = None,
     compaction_phase_one_loop_timeout_seconds: PhaseOneTimeout = None,

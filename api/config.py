@@ -118,6 +118,9 @@ class Settings:
     broker_port: int = _setting(6650, "Pulsar binary protocol port; 0 picks a free port.",
                                 minimum=0, maximum=PORT_MAX)
     http_port: int = _setting(8080, "Admin REST port; 0 picks a free port.", minimum=0, maximum=PORT_MAX)
+    advertised_address: str | None = _setting(
+        None, "Host name or IP that lookups give clients (behind NAT, in a container); none: the "
+        "address the client reached.")
     compaction_monitor_interval_seconds: float = _setting(
         60.0, "How often the scheduler checks compaction thresholds; 0 or less disables it.")
     compaction_threshold_bytes: int = _setting(
@@ -397,6 +400,8 @@ def _check_text(spec: SettingSpec, label: str, given: object, value: str) -> Non
         raise _bad(spec, label, given, "is empty")
     if spec.key in ("token_secret_key", "token_public_key") and not value.startswith(TOKEN_KEY_PREFIXES):
         raise _bad(spec, label, given, "is not a key URL (file:///PATH or data:...)")
+    if spec.key == "advertised_address" and (any(c.isspace() or c in "/@?#" for c in value) or value.count(":") == 1):
+        raise _bad(spec, label, given, "is not a host name or IP address (no scheme, port or path)")
 
 
 def _check_together(settings: Settings) -> None:

@@ -5,7 +5,8 @@ the broker service, both owned by ``api.server`` (which also starts and stops th
 listener, so the application has no lifespan of its own). It adds the health check, the
 routers of ``api.routers`` (one per resource) and the error handlers of ``api.errors``
 (every failure answers Pulsar's ``{"reason": "…"}``). ``/docs`` and ``/openapi.json``
-describe every route.
+describe every route; ``/docs`` (Swagger UI) and ``/redoc`` load their scripts, styles and
+icon from this application (``fastapi-offline`` ships them), so they work without internet.
 
 With authentication on, ``api.auth.rest.AccessMiddleware`` guards every route but the
 health check (Bearer tokens; admin routes super-user only with authorization on).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,11 +47,12 @@ persistent topic as `/admin/v2/persistent/{tenant}/{namespace}/{topic}`.
 
 def create_app(settings: Settings | None = None, *, broker: object | None = None) -> FastAPI:
     """The admin application; ``settings`` and ``broker`` are kept on ``app.state``."""
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc with their assets served from here, not a CDN
         title="compactd admin API",
         summary="Pulsar admin v2 paths served by compactd.",
         description=DESCRIPTION,
         version="0.1.0",
+        swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from validator.swagger.io
     )
     app.state.settings = settings
     app.state.broker = broker

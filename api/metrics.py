@@ -1,5 +1,9 @@
 """Prometheus metrics of compaction, what ``GET /metrics`` serves.
 
+``render`` also serves Pulsar's topic, subscription and broker families
+(``api.metrics_topics.TopicCollector``) and the process's own (``process_*``:
+prometheus-client's ``ProcessCollector``: CPU seconds, resident memory, open descriptors).
+
 ``render(broker)`` collects at scrape time from the broker's loaded topics (call it on the
 broker's loop): nothing is copied into ``prometheus-client`` metric objects in between, so
 the figures cannot drift from the stats and status the REST API answers.
@@ -32,10 +36,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from api.metrics_topics import TopicCollector
 from compactor.record import LATENCY_BUCKETS_MS
 
 if TYPE_CHECKING:
@@ -128,4 +138,6 @@ def render(broker: BrokerService) -> tuple[bytes, str]:
     """The Prometheus text exposition of ``broker``'s compaction metrics, and its media type."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CompactionCollector(broker))
+    registry.register(TopicCollector(broker))
+    ProcessCollector(registry=registry)
     return generate_latest(registry), CONTENT_TYPE_LATEST

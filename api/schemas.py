@@ -13,7 +13,7 @@ by ``PolicySpec.kind``); the core stores what it is given.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +27,10 @@ __all__ = [
     "ErrorBody",
     "InternalStats",
     "LedgerInternalInfo",
+    "MessageIdData",
     "PolicySpec",
+    "PublisherStats",
+    "ResetCursorData",
     "SchemaInfo",
     "SchemaStrategyName",
     "SchemaTypeName",
@@ -72,9 +75,24 @@ class CompactionSection(_Open):
 
 class ConsumerStats(_Open):
     consumerName: str
+    msgRateOut: float = Field(0.0, description="Messages a second sent to it, over the last 10 s.")
+    msgThroughputOut: float = Field(0.0, description="Bytes a second sent to it, over the last 10 s.")
+    msgOutCounter: int = Field(0, description="Messages sent to it since it connected.")
+    bytesOutCounter: int = Field(0, description="Bytes sent to it since it connected.")
+
+
+class PublisherStats(_Open):
+    producerName: str
+    producerId: int
+    msgRateIn: float = Field(description="Messages a second it stored, over the last 10 s.")
+    msgThroughputIn: float = Field(description="Bytes a second it stored, over the last 10 s.")
 
 
 class SubscriptionStats(_Open):
+    msgRateOut: float = Field(0.0, description="Messages a second dispatched, over the last 10 s.")
+    msgThroughputOut: float = Field(0.0, description="Bytes a second dispatched, over the last 10 s.")
+    msgOutCounter: int = Field(0, description="Messages dispatched since the topic was loaded.")
+    bytesOutCounter: int = Field(0, description="Bytes dispatched since the topic was loaded.")
     msgBacklog: int = Field(description="Entries not yet acknowledged.")
     backlogSize: int = Field(description="Estimated bytes not yet acknowledged.")
     type: str = Field(description="Exclusive, Shared or Failover.")
@@ -85,9 +103,17 @@ class SubscriptionStats(_Open):
 class TopicStats(_Open):
     """Pulsar's ``TopicStats``, with the compaction section."""
 
-    msgInCounter: int = Field(description="Entries ever added to the topic.")
+    msgInCounter: int = Field(description="Messages stored since the topic was loaded (a batch counts "
+                              "its messages).")
+    bytesInCounter: int = Field(0, description="Bytes stored since the topic was loaded.")
+    msgRateIn: float = Field(0.0, description="Messages a second stored, over the last 10 s.")
+    msgThroughputIn: float = Field(0.0, description="Bytes a second stored, over the last 10 s.")
+    msgOutCounter: int = Field(0, description="Messages dispatched since the topic was loaded.")
+    bytesOutCounter: int = Field(0, description="Bytes dispatched since the topic was loaded.")
+    msgRateOut: float = Field(0.0, description="Messages a second dispatched, over the last 10 s.")
+    msgThroughputOut: float = Field(0.0, description="Bytes a second dispatched, over the last 10 s.")
     storageSize: int = Field(description="Bytes stored for the topic.")
-    publishers: list[dict[str, Any]]
+    publishers: list[PublisherStats] = Field(description="The connected producers.")
     subscriptions: dict[str, SubscriptionStats]
     compaction: CompactionSection
 
@@ -119,6 +145,24 @@ class InternalStats(_Open):
     ledgers: list[LedgerInternalInfo]
     cursors: dict[str, CursorInternalStats]
     compactedLedger: CompactedLedgerInfo
+
+
+class MessageIdData(_Open):
+    """Pulsar's ``MessageIdImpl`` (``batchIndex`` for a message of a batch)."""
+
+    ledgerId: int
+    entryId: int
+    partitionIndex: int = -1
+
+
+class ResetCursorData(BaseModel):
+    """Pulsar's ``ResetCursorData``: where ``resetcursor`` moves a subscription."""
+
+    ledgerId: int = Field(ge=-1, le=JAVA_LONG_MAX, description="Ledger of the message to reset to.")
+    entryId: int = Field(ge=-1, le=JAVA_LONG_MAX, description="Entry of the message to reset to.")
+    isExcluded: bool = Field(False, description="Start just after that message rather than at it.")
+    partitionIndex: int = Field(-1, description="-1: compactd has no partitioned topics here.")
+    batchIndex: int = Field(-1, description="Ignored: a reset starts at the entry.")
 
 
 class PolicySpec(NamedTuple):

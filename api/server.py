@@ -150,9 +150,12 @@ def print_ready(line: str) -> None:
     print(line, flush=True)
 
 
-def ready_line(host: str, broker_port: int, http_port: int) -> str:
-    """``compactd ready broker=pulsar://HOST:PORT http=http://HOST:PORT``."""
-    return f"compactd ready broker={_url('pulsar', host, broker_port)} http={_url('http', host, http_port)}"
+def ready_line(host: str, broker_port: int, http_port: int, *, advertised: str | None = None) -> str:
+    """``compactd ready broker=pulsar://HOST:PORT http=http://HOST:PORT``, the bound
+    addresses, then `` advertised=pulsar://ADVERTISED:PORT`` when an advertised address is
+    set (what lookups tell clients)."""
+    line = f"compactd ready broker={_url('pulsar', host, broker_port)} http={_url('http', host, http_port)}"
+    return line if advertised is None else f"{line} advertised={_url('pulsar', advertised, broker_port)}"
 
 
 def _url(scheme: str, host: str, port: int) -> str:
@@ -179,7 +182,7 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
         stack.push_async_callback(_stop_broker, broker)
         broker_port = await _start_broker(broker, settings)
         http = await stack.enter_async_context(_http_listener(settings, broker))
-        line = ready_line(settings.bind, broker_port, http.port)
+        line = ready_line(settings.bind, broker_port, http.port, advertised=settings.advertised_address)
         if tls_enabled(settings):  # api.auth.tls: pulsar+ssl:// and https:// beside them
             broker_tls_port = await _start_broker_tls(broker, settings)
             https = await stack.enter_async_context(_http_listener(settings, broker, tls=True))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from api.broker.admin_topics import TopicOperations
 from api.broker.dedup import DEDUP_CURSOR
 from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
 from api.broker.topic import Topic
@@ -159,33 +160,9 @@ class Admin:
     # -- stats ------------------------------------------------------------------------
 
     def stats(self, text: str) -> dict[str, Any]:
-        """Pulsar's topic stats (the fields compactd keeps), with the compaction section."""
-        topic = self.topic(text)
-        record = topic.compacted.record
-        subscriptions = {}
-        for name in self._subscription_names(topic):
-            cursor = self._cursor(topic, name)
-            live = topic.subscriptions.get(name)
-            subscriptions[_shown(name)] = {
-                "msgBacklog": cursor.backlog_entries(),
-                "backlogSize": cursor.estimated_backlog_bytes(),
-                "type": live.sub_type.pulsar_name if live else "Exclusive",
-                "msgDelayed": live.delayed_count if live else 0,
-                "isDurable": True,
-                "consumers": [{"consumerName": c.name} for c in (live.consumers if live else [])],
-            }
-        return {
-            "msgInCounter": topic.ledger.entries_added_counter,
-            "storageSize": topic.ledger.total_size,
-            "publishers": [],
-            "subscriptions": subscriptions,
-            "compaction": {
-                "lastCompactionRemovedEventCount": record.last_removed_events,
-                "lastCompactionSucceedTimestamp": record.last_success_ms,
-                "lastCompactionFailedTimestamp": record.last_failure_ms,
-                "lastCompactionDurationTimeInMills": record.last_duration_ms,
-            },
-        }
+        """Pulsar's topic stats (the fields compactd keeps), with the compaction section:
+        ``api.broker.admin_topics.TopicOperations.stats``."""
+        return TopicOperations(self).stats(text)
 
     def internal_stats(self, text: str) -> dict[str, Any]:
         """Pulsar's internal stats: ledgers, cursors with properties, the compacted ledger."""

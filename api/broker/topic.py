@@ -35,6 +35,7 @@ from api.broker.dedup import DEDUP_CURSOR, Deduplication, ProducerSession, Send,
 from api.broker.dispatch import Consumer, Subscription, SubType
 from api.broker.errors import NotAllowedError, ProducerBusyError, SubscriptionNotFoundError
 from api.broker.topic_name import TopicName
+from api.broker.topic_stats import TopicCounters
 from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
@@ -63,6 +64,7 @@ class Topic:
         self.dedup: Deduplication | None = None
         self.set_deduplication(deduplication)
         self.closed = False
+        self.counters = TopicCounters()  # messages in and out since the topic was loaded
         ledger.add_listener(self._on_durable)
 
     # -- producers ----------------------------------------------------------------------
@@ -104,18 +106,19 @@ class Topic:
         return self.dedup.last_sequence_id(producer_name) if self.dedup is not None else -1
 
     def publish(self, session: ProducerSession, producer_name: str, sequence_id: int, highest_sequence_id: int,
-                entry: bytes) -> Future[Position]:
-        """Append ``entry`` sent by ``producer_name`` in ``session``; the future resolves
-        to where it is stored (for a re-send that de-duplication recognises: where the
-        original is) or fails."""
+                entry: bytes, *, messages: int = 1) -> Future[Position]:
+        """Append ``entry`` (``messages`` messages: a batch's count) sent by ``producer_name``
+        in ``session``; the future resolves to where it is stored (for a re-send that
+        de-duplication recognises: where the original is) or fails. Stored messages count
+        in ``counters`` once durable."""
         dedup = self.dedup
         if dedup is None:
-            return self._append(entry)
+            return self._counted(self._append(entry), messages, len(entry))
         send = describe_send(producer_name, sequence_id, highest_sequence_id, entry)
         duplicate = dedup.find_duplicate(session, send)
         if duplicate is not None:
             return duplicate
-        appended = self._append(entry)
+        appended = self._counted(self._append(entry), messages, len(entry))
         future: Future[Position] = Future()  # resolved on the loop, after the bookkeeping
         dedup.pushed_send(send, future)
         if appended.done():  # refused at once: settle now, before the next send is taken
@@ -132,6 +135,15 @@ class Topic:
             failed: Future[Position] = Future()
             failed.set_exception(error)
             return failed
+
+    def _counted(self, appended: Future[Position], messages: int, size: int) -> Future[Position]:
+        """``appended``, whose messages count in once it succeeds."""
+        def count(done: Future[Position]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                self.counters.record_in(messages, size)
+
+        appended.add_done_callback(count)
+        return appended
 
     def _appended(self, dedup: Deduplication, done: Future[Position], send: Send, future: Future[Position]) -> None:
         """On the loop: a durable entry enters the de-duplication state; a failed one is
@@ -226,6 +238,7 @@ class Topic:
         for consumer in list(subscription.consumers if subscription else []):
             consumer.disconnect()
         self.cursors.delete(str(self.name), name)
+        self.counters.forget(name)
 
     def close(self) -> None:
         """Seal the current ledger; the topic takes no more appends; the queued cursor

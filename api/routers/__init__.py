@@ -7,6 +7,7 @@
 * ``permissions`` — produce/consume grants of roles on namespaces and topics.
 * ``schemas`` — topic schemas and the schema compatibility strategy.
 * ``backup`` — a backup of the running broker's data dir.
+* ``subscriptions`` — list, peek, reset, clear the backlog; unload; last message id.
 
 ``common`` holds what they share: the ``Admin`` dependency, path parameters and the
 documented error answers.
@@ -18,9 +19,10 @@ from api.routers.permissions import router as permissions_router
 from api.routers.policies import router as policies_router
 from api.routers.schemas import router as schemas_router
 from api.routers.stats import router as stats_router
+from api.routers.subscriptions import router as subscriptions_router
 from api.routers.topics import router as topics_router
 
 __all__ = ["ROUTERS"]
 
 ROUTERS = (topics_router, compaction_router, policies_router, stats_router, permissions_router,
-           schemas_router, backup_router)
+           schemas_router, backup_router, subscriptions_router)

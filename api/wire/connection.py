@@ -37,13 +37,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from api.auth.wire import admit
+from api.broker.advertised import broker_service_url
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
 from api.broker.key_shared import KeySharedPolicy
+from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
@@ -99,6 +102,21 @@ class WireConsumer(Consumer):
         self.connection = connection
         self.topic: Topic | None = None
         self.subscription: Subscription | None = None
+        self.counter = RateCounter()  # messages handed to this consumer
+        self.connected_at = time.time()  # shown by describe()
+
+    def describe(self) -> dict[str, object]:
+        """Pulsar's ``ConsumerStats`` of this consumer."""
+        return {
+            "consumerName": self.name, **self.counter_fields(), "availablePermits": max(0, self.permits),
+            "address": self.connection.peer_address(), "connectedSince": connected_since(self.connected_at),
+            "clientVersion": self.connection.client_version, "metadata": {},
+        }
+
+    def counter_fields(self) -> dict[str, object]:
+        rate, throughput = self.counter.rates()
+        return {"msgRateOut": rate, "msgThroughputOut": throughput, "msgOutCounter": self.counter.messages,
+                "bytesOutCounter": self.counter.bytes}
 
     @property
     def writable(self) -> bool:
@@ -113,6 +131,9 @@ class WireConsumer(Consumer):
         )
         message.ack_set.extend(delivery.ack_set)
         self.connection.write_payload(pb.BaseCommand(type=T.MESSAGE, message=message), delivery.data)
+        self.counter.record(delivery.messages, len(delivery.data))
+        if self.topic is not None and self.subscription is not None:
+            self.topic.counters.record_out(self.subscription.name, delivery.messages, len(delivery.data))
 
     def set_active(self, active: bool) -> None:
         if self.subscription is not None and self.subscription.sub_type is SubType.FAILOVER:
@@ -139,6 +160,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.consumers: dict[int, WireConsumer] = {}
         self.service_url = ""
         self.role: str | None = None  # proven at CONNECT (api.auth.wire); None: authentication off
+        self.client_version = ""  # what the client's CONNECT said it is
         self.writing_paused = False  # the transport's write buffer is over its high-water mark
         self._loop = asyncio.get_event_loop()
         self._loop_thread = threading.get_ident()  # connections are made on the loop's thread
@@ -172,8 +194,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         host, port = transport.get_extra_info("sockname")[:2]
-        scheme = "pulsar+ssl" if transport.get_extra_info("sslcontext") is not None else "pulsar"
-        self.service_url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+        tls = transport.get_extra_info("sslcontext") is not None
+        self.service_url = broker_service_url(self.broker.settings, host, port, tls=tls)  # what LOOKUP answers
         self.connections.add(self)
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
         self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)
@@ -299,6 +321,10 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             log.warning("closing connection %s: no CONNECT within %.1f s", self._peer(), self.limits.connect_timeout_s)
             self.close()
 
+    def peer_address(self) -> str:
+        """The client's address as Pulsar's stats write it: ``/host:port``."""
+        return f"/{self._peer()}"
+
     def _peer(self) -> str:
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         return f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -387,6 +413,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         connected = pb.CommandConnected(server_version="compactd", protocol_version=version,
                                         max_message_size=MESSAGE_BYTES_MAX)
         self.connected = True
+        self.client_version = command.connect.client_version
         self.write(pb.BaseCommand(type=T.CONNECTED, connected=connected))
 
     def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -28,7 +29,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from api.broker.dedup import ProducerSession
 from api.broker.errors import ProducerBusyError
-from api.wire.codec import server_error, to_message_id
+from api.broker.topic_stats import RateCounter, connected_since
+from api.wire.codec import U64_MAX, server_error, to_message_id
 from api.wire.frames import Frame
 from api.wire.producer_access import admit_producer, fence_producer, with_epoch
 from api.wire.schema_commands import producer_schema_version
@@ -52,7 +54,10 @@ class _Peer(Protocol):
     """What a producer needs of the connection it came over."""
 
     service_url: str
+    client_version: str
 
+    def peer_address(self) -> str: ...
+    def disconnect_producer(self, producer: WireProducer) -> None: ...
     def is_open(self) -> bool: ...
     async def is_alive(self, timeout_s: float) -> bool: ...
     def close(self) -> None: ...
@@ -69,6 +74,22 @@ class WireProducer:
         self.topic = topic
         self.session = ProducerSession()
         self.receipts: deque[tuple[int, int, Future[Position]]] = deque()
+        self.counter = RateCounter()  # messages stored for this producer
+        self.connected_at = time.time()  # shown by describe()
+
+    def disconnect(self) -> None:
+        """The broker drops the producer (topic unload): the client re-creates it."""
+        self.connection.disconnect_producer(self)
+
+    def describe(self) -> dict[str, object]:
+        """Pulsar's ``PublisherStats`` of this producer."""
+        rate, throughput = self.counter.rates()
+        return {
+            "producerId": self.producer_id, "producerName": self.name, "accessMode": "Shared",
+            "msgRateIn": rate, "msgThroughputIn": throughput, "averageMsgSize": self.counter.average_size(),
+            "address": self.connection.peer_address(), "connectedSince": connected_since(self.connected_at),
+            "clientVersion": self.connection.client_version, "metadata": {},
+        }
 
 
 class ProducerHandlers:
@@ -79,8 +100,12 @@ class ProducerHandlers:
     producers: dict[int, WireProducer]
     service_url: str
     role: str | None
+    client_version: str
     _loop: asyncio.AbstractEventLoop
     _loop_thread: int
+
+    def peer_address(self) -> str:
+        raise NotImplementedError
 
     def write(self, command: pb.BaseCommand) -> None:
         raise NotImplementedError
@@ -175,9 +200,11 @@ class ProducerHandlers:
             future: Future[Position] = Future()
             future.set_exception(LedgerError("an earlier send of this producer failed; send again"))
         else:
-            future = producer.topic.publish(producer.session, producer.name, send.sequence_id, highest, frame.entry)
+            future = producer.topic.publish(producer.session, producer.name, send.sequence_id, highest, frame.entry,
+                                            messages=send.num_messages)
         producer.receipts.append((send.sequence_id, highest, future))
-        future.add_done_callback(lambda done: self._on_loop(self._send_done, producer, done))
+        future.add_done_callback(lambda done: self._on_loop(self._send_done, producer, done,
+                                                            send.num_messages, len(frame.entry or b"")))
 
     def _on_loop(self, callback: Callable[..., None], *args: object) -> None:
         """Run ``callback(*args)`` on the event loop: now when called there, else scheduled."""
@@ -186,11 +213,13 @@ class ProducerHandlers:
         else:
             self._loop.call_soon_threadsafe(callback, *args)
 
-    def _send_done(self, producer: WireProducer, done: Future[Position]) -> None:
+    def _send_done(self, producer: WireProducer, done: Future[Position], messages: int = 1, size: int = 0) -> None:
         """A send ended: a failure refuses the producer session's later sends (Pulsar closes
-        the producer), then receipts go out in order."""
+        the producer), then receipts go out in order; a stored one counts for the producer."""
         if done.exception() is not None:
             producer.session.failed = True
+        else:
+            producer.counter.record(messages, size)
         self._drain_receipts(producer)
 
     def _drain_receipts(self, producer: WireProducer) -> None:
@@ -209,6 +238,14 @@ class ProducerHandlers:
         error = pb.CommandSendError(producer_id=producer_id, sequence_id=sequence_id,
                                     error=server_error(code), message=message)
         self.write(pb.BaseCommand(type=T.SEND_ERROR, send_error=error))
+
+    def disconnect_producer(self, producer: WireProducer) -> None:
+        """Detach ``producer`` and tell its client with CLOSE_PRODUCER (it reconnects)."""
+        if self.producers.get(producer.producer_id) is producer:
+            del self.producers[producer.producer_id]
+        producer.topic.detach_producer(producer.name, producer)
+        close = pb.CommandCloseProducer(producer_id=producer.producer_id, request_id=U64_MAX)
+        self.write(pb.BaseCommand(type=T.CLOSE_PRODUCER, close_producer=close))
 
     def _close_producer(self, command: pb.BaseCommand, frame: Frame) -> None:
         producer = self.producers.pop(command.close_producer.producer_id, None)

@@ -34,6 +34,7 @@ NOT_YET_IN_INTERFACES = {
     "compaction_min_lag_ms", "compaction_max_bytes_per_second", "log_format", "log_level",
     "authorization_enabled", "tls_trust_certs_file", "tls_require_trusted_client_cert", "http_allowed_hosts",
     "schema_compatibility_strategy",
+    "advertised_address",  # issue 16
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -56,6 +57,7 @@ DOCUMENTED_DEFAULTS = {
     "authorization_enabled": False, "tls_trust_certs_file": None, "tls_require_trusted_client_cert": False,
     "http_allowed_hosts": (),
     "schema_compatibility_strategy": "FULL",
+    "advertised_address": None,  # issue 16
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -101,6 +103,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "tls_require_trusted_client_cert": ("yes", "true", True),
     "http_allowed_hosts": ("broker.example, admin.example", '["broker.example", "admin.example"]',
                            ("broker.example", "admin.example")),
+    "advertised_address": ("broker.example.com", '"broker.example.com"', "broker.example.com"),  # issue 16
 }
 KEYS = [spec.key for spec in setting_specs()]
 # Settings that are only valid together with another one (checked across settings).

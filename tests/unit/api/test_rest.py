@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from api.broker.dedup import ProducerSession
 from api.broker.service import BrokerService
 from api.config import Settings
 from api.http import HEALTH_PATH, create_app
@@ -87,6 +88,9 @@ async def wait_for_status(client: httpx.AsyncClient, url: str, wanted: str) -> d
 
 # -- health, documentation, generic errors ----------------------------------------------------
 
+SUBSCRIPTION = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}"
+
+
 def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
     async def body(_broker: BrokerService, client: httpx.AsyncClient) -> None:
         assert (await client.get(HEALTH_PATH)).text == "ok"
@@ -104,6 +108,14 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/internalStats", "get"),
             ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}", "delete"),
             ("/metrics", "get"), (HEALTH_PATH, "get"),
+            # issue 16: subscriptions, peek, reset, clear the backlog, unload, last message id
+            ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscriptions", "get"),
+            (SUBSCRIPTION + "/position/{messagePosition}", "get"),
+            (SUBSCRIPTION + "/resetcursor/{timestamp}", "post"),
+            (SUBSCRIPTION + "/resetcursor", "post"),
+            (SUBSCRIPTION + "/skip_all", "post"),
+            ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/unload", "put"),
+            ("/admin/v2/persistent/{tenant}/{namespace}/{topic}/lastMessageId", "get"),
             ("/admin/v2/compactd/backup", "post"),  # issue 16: backups of the running broker
             ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", "get"),
             ("/admin/v2/schemas/{tenant}/{namespace}/{topic}/schema", "post"),
@@ -416,7 +428,12 @@ def test_policy_body_missing_or_not_json_answers_400(tmp_path: Path, raw: bytes)
 def test_stats_and_internal_stats_shapes(tmp_path: Path) -> None:
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
         await client.put(TOPIC_URL)
-        publish(broker, TOPIC, ("a", b"1"), ("b", b"22"))
+        # issue 16: msgInCounter counts messages published through the topic (not entries
+        # appended to its ledger), so they go through Topic.publish here
+        topic, session = broker.get_topic(TOPIC), ProducerSession()
+        for sequence_id, (key, value) in enumerate((("a", b"1"), ("b", b"22"))):
+            # awaited through a callback: the topic's counting callback, registered first, ran
+            await asyncio.wrap_future(topic.publish(session, "p", sequence_id, sequence_id, entry(key, value)))
         stats = (await client.get(TOPIC_URL + "/stats")).json()
         assert stats["msgInCounter"] == 2 and stats["storageSize"] > 0
         assert stats["compaction"] == {
