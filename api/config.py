@@ -133,6 +133,9 @@ class Settings:
     broker_deduplication_enabled: bool = _setting(
         False, "De-duplicate producers' re-sends on every topic (namespace and topic policy "
         "deduplicationEnabled win over it).")
+    max_num_partitions_per_partitioned_topic: int = _setting(
+        1024, "Most partitions a partitioned topic may have (its partitions are created at once).",
+        minimum=1)
     cluster_name: str = _setting(
         "standalone", "Cluster name: the first part of producer names the broker assigns, and a "
         "metrics label.")

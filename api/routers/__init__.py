@@ -4,16 +4,21 @@
 * ``compaction`` — trigger a run, read its status.
 * ``policies`` — the compaction policies of topics and namespaces.
 * ``stats`` — topic stats, internal stats, Prometheus metrics.
+* ``partitions`` — partitioned topics: create, metadata, grow, delete, list, stats.
+* ``tenants`` — clusters, tenants, namespaces, and the HTTP lookup.
 
 ``common`` holds what they share: the ``Admin`` dependency, path parameters and the
 documented error answers.
 """
 
 from api.routers.compaction import router as compaction_router
+from api.routers.partitions import router as partitions_router
 from api.routers.policies import router as policies_router
 from api.routers.stats import router as stats_router
+from api.routers.tenants import router as tenants_router
 from api.routers.topics import router as topics_router
 
 __all__ = ["ROUTERS"]
 
-ROUTERS = (topics_router, compaction_router, policies_router, stats_router)
+ROUTERS = (topics_router, compaction_router, policies_router, stats_router,
+           partitions_router, tenants_router)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
+from api.broker.lookup import broker_service_url
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
@@ -153,7 +154,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         host, port = transport.get_extra_info("sockname")[:2]
-        self.service_url = f"pulsar://{f'[{host}]' if ':' in host else host}:{port}"
+        self.service_url = broker_service_url(host, port)
         self.connections.add(self)
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
         self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)
@@ -368,12 +369,12 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
     def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.partitionMetadata
         try:
-            self.broker.topic_name(request.topic)
+            name = self.broker.topic_name(request.topic)
         except BrokerError as error:
             self._partitioned_metadata_failed(request.request_id, error)
             return
         response = pb.CommandPartitionedTopicMetadataResponse(
-            request_id=request.request_id, partitions=0,
+            request_id=request.request_id, partitions=self.broker.partitioned.partitions(name),
             response=pb.CommandPartitionedTopicMetadataResponse.Success)
         self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
 

@@ -44,6 +44,7 @@ class PulsarBroker(BrokerService):
         super().__init__(data_dir, settings)
         self.connections = Connections(wire_limits(settings))
         self._server: asyncio.Server | None = None
+        self.port = 0  # the bound Pulsar port, once started
 
     async def start(self, host: str, port: int) -> int:
         """Listen for Pulsar clients on ``host:port`` (0: any free port); returns the port."""
@@ -57,6 +58,7 @@ class PulsarBroker(BrokerService):
             raise
         self.start_tasks()
         bound: int = self._server.sockets[0].getsockname()[1]
+        self.port = bound  # what an HTTP lookup answers (``api.routers.tenants``)
         return bound
 
     async def stop(self) -> None:

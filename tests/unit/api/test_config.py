@@ -31,6 +31,7 @@ NOT_YET_IN_INTERFACES = {
     "max_open_ledger_files", "managed_ledger_mark_delete_rate_limit",
     "wire_connect_timeout_seconds", "wire_frame_timeout_seconds",
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
+    "max_num_partitions_per_partitioned_topic",
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -49,6 +50,7 @@ DOCUMENTED_DEFAULTS = {
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
     "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
     "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
+    "max_num_partitions_per_partitioned_topic": 1024,
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -76,6 +78,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "wire_frame_timeout_seconds": ("2", "2", 2.0),
     "wire_partial_frames_budget_bytes": ("1048576", "1048576", 1048576),
     "http_max_request_body_bytes": ("4096", "4096", 4096),
+    "max_num_partitions_per_partitioned_topic": ("16", "16", 16),
     "authentication_enabled": ("yes", "true", True),
     "token_secret_key": ("file:///etc/secret", '"file:///etc/secret"', "file:///etc/secret"),
     "token_public_key": ("data:;base64,AAAA", '"data:;base64,AAAA"', "data:;base64,AAAA"),
