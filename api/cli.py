@@ -103,6 +103,8 @@ PartialFramesBudget = Annotated[str | None, _option(
     "wire_partial_frames_budget_bytes", "--wire-partial-frames-budget-bytes", "BYTES")]
 HttpMaxBody = Annotated[str | None, _option(
     "http_max_request_body_bytes", "--http-max-request-body-bytes", "BYTES")]
+MaxPartitions = Annotated[str | None, _option(
+    "max_num_partitions_per_partitioned_topic", "--max-num-partitions-per-partitioned-topic", "N")]
 AuthenticationEnabled = Annotated[bool | None, _option(
     "authentication_enabled", "--authentication-enabled/--no-authentication-enabled")]
 TokenSecretKey = Annotated[str | None, _option("token_secret_key", "--token-secret-key", "file:///PATH")]
@@ -147,6 +149,7 @@ def serve(  # one parameter per setting, each named as its key
     wire_connect_timeout_seconds: ConnectTimeout = None, wire_frame_timeout_seconds: FrameTimeout = None,
     wire_partial_frames_budget_bytes: PartialFramesBudget = None,
     http_max_request_body_bytes: HttpMaxBody = None,
+    max_num_partitions_per_partitioned_topic: MaxPartitions = None,
     authentication_enabled: AuthenticationEnabled = None,
     token_secret_key: TokenSecretKey = None, token_public_key: TokenPublicKey = None,
     super_user_roles: SuperUserRoles = None,
