@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
 from api.broker.lookup import broker_service_url
+from api.broker.partitions import partition_index
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
@@ -87,6 +88,7 @@ class WireConsumer(Consumer):
         self.connection = connection
         self.topic: Topic | None = None
         self.subscription: Subscription | None = None
+        self.partition = -1  # a partition topic's index, stamped on message ids (as Java's broker does)
 
     @property
     def writable(self) -> bool:
@@ -98,6 +100,8 @@ class WireConsumer(Consumer):
             redelivery_count=delivery.redelivery_count,
         )
         message.ack_set.extend(delivery.ack_set)
+        if self.partition >= 0:
+            message.message_id.partition = self.partition
         self.connection.write_payload(pb.BaseCommand(type=T.MESSAGE, message=message), delivery.data)
 
     def set_active(self, active: bool) -> None:
@@ -427,6 +431,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             initial_position=initial, start=start, read_compacted=request.read_compacted,
         )
         consumer.topic, consumer.subscription = topic, subscription
+        consumer.partition = -1 if (index := partition_index(topic.name)) is None else index
         self.consumers[request.consumer_id] = consumer
         self._success(request.request_id)
 
@@ -479,6 +484,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             request_id=request.request_id, last_message_id=to_message_id(last),
             consumer_mark_delete_position=to_message_id(consumer.subscription.cursor.mark_delete_position),
         )
+        if consumer.partition >= 0:  # the ids it delivered carry the index; the client compares them whole
+            response.last_message_id.partition = response.consumer_mark_delete_position.partition = consumer.partition
         self.write(pb.BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE, getLastMessageIdResponse=response))
 
     def _unsubscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
