@@ -42,21 +42,25 @@ class TenantInfo(BaseModel):
                                        description="Clusters the tenant may use (default: this cluster).")
 
 
-@router.get("/admin/v2/clusters", tags=["clusters"], response_model=list[str], summary="List the clusters")
+@router.get("/admin/v2/clusters", tags=["clusters"], response_model=list[str], summary="List the clusters",
+            responses=errors())
 async def list_clusters(request: Request) -> list[str]:
     """The one cluster this broker is (`cluster_name`)."""
     settings = request.app.state.settings
     return [settings.cluster_name if settings is not None else "standalone"]
 
 
-@router.get("/admin/v2/tenants", tags=["tenants"], response_model=list[str], summary="List the tenants")
+@router.get("/admin/v2/tenants", tags=["tenants"], response_model=list[str], summary="List the tenants",
+            responses=errors())
 async def list_tenants(admin: AdminDependency) -> list[str]:
+    """Every tenant; `public` exists from the first start."""
     return admin.broker.tenants.list_tenants()
 
 
 @router.get("/admin/v2/tenants/{tenant}", tags=["tenants"], response_model=TenantInfo, summary="Get a tenant",
             responses=errors(404, 412, c404="The tenant does not exist."))
 async def get_tenant(admin: AdminDependency, tenant: Tenant) -> TenantInfo:
+    """The tenant's admin roles and allowed clusters, as they were given."""
     return TenantInfo.model_validate(admin.broker.tenants.tenant(tenant))
 
 
@@ -66,6 +70,7 @@ async def get_tenant(admin: AdminDependency, tenant: Tenant) -> TenantInfo:
                        **errors(400, 409, 412, c409="The tenant exists.", c412="The name is not valid.")})
 async def create_tenant(admin: AdminDependency, tenant: Tenant,
                         info: Annotated[TenantInfo | None, Body()] = None) -> Response:
+    """Create the tenant; the body, Pulsar's `TenantInfo`, is optional."""
     admin.broker.tenants.create_tenant(tenant, (info or TenantInfo()).model_dump())
     return Response(status_code=204)
 
@@ -76,6 +81,7 @@ async def create_tenant(admin: AdminDependency, tenant: Tenant,
                           **errors(404, 409, 412, c404="The tenant does not exist.",
                                    c409="The tenant still has namespaces.")})
 async def delete_tenant(admin: AdminDependency, tenant: Tenant) -> Response:
+    """Delete the tenant once it has no namespaces."""
     admin.broker.tenants.delete_tenant(tenant)
     return Response(status_code=204)
 
@@ -84,6 +90,7 @@ async def delete_tenant(admin: AdminDependency, tenant: Tenant) -> Response:
             summary="List the namespaces of a tenant",
             responses=errors(404, 412, c404="The tenant does not exist."))
 async def list_namespaces(admin: AdminDependency, tenant: Tenant) -> list[str]:
+    """The tenant's namespaces as `tenant/namespace`."""
     return admin.broker.tenants.list_namespaces(tenant)
 
 
