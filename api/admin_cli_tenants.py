@@ -36,14 +36,14 @@ from api.admin_cli import (
     topics,
 )
 
-__all__ = ["tenants"]
+__all__ = ["parse_partitions", "tenant_path", "tenants"]
 
 _PART = re.compile(r"^[A-Za-z0-9_.=:\-]+$")
 
 tenants = typer.Typer(name="tenants", no_args_is_help=True, help="Operations on tenants.")
 app.add_typer(tenants)
 
-Partitions = Annotated[int, typer.Option("--partitions", "-p", metavar="N", min=1,
+Partitions = Annotated[str, typer.Option("--partitions", "-p", metavar="N",
                                          help="The number of partitions (1 or more).")]
 TenantName = Annotated[str, typer.Argument(metavar="TENANT", help="A tenant name, e.g. public.")]
 
@@ -54,6 +54,18 @@ def tenant_path(text: str) -> str:
     if not _PART.match(name):
         raise ValueError(f"invalid tenant {text!r}: expected a name of letters, digits and _ . = : -")
     return f"/admin/v2/tenants/{name}"
+
+
+def parse_partitions(text: str) -> int:
+    """The partition count ``text``: a whole number, 1 or more; ``ValueError`` otherwise."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"invalid number of partitions {text!r}: expected a whole number, 1 or more")
+    return int(text)
+
+
+def _partitions(text: str) -> int:
+    count: int = _parsed(parse_partitions, text, "'--partitions'")
+    return count
 
 
 def _tenant(text: str) -> str:
@@ -67,13 +79,13 @@ def _tenant(text: str) -> str:
 @topics.command("create-partitioned-topic")
 def create_partitioned_topic(ctx: typer.Context, topic: Topic, partitions: Partitions) -> None:
     """Create a partitioned topic with N partitions (HTTP 409 when it exists)."""
-    _call(ctx, "PUT", f"{_topic(topic)}/partitions", body=partitions, has_body=True)
+    _call(ctx, "PUT", f"{_topic(topic)}/partitions", body=_partitions(partitions), has_body=True)
 
 
 @topics.command("update-partitioned-topic")
 def update_partitioned_topic(ctx: typer.Context, topic: Topic, partitions: Partitions) -> None:
     """Raise the number of partitions of a partitioned topic (it never shrinks)."""
-    _call(ctx, "POST", f"{_topic(topic)}/partitions", body=partitions, has_body=True)
+    _call(ctx, "POST", f"{_topic(topic)}/partitions", body=_partitions(partitions), has_body=True)
 
 
 @topics.command("get-partitioned-topic-metadata")
