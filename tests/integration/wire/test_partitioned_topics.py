@@ -18,7 +18,13 @@ import pytest
 
 from api.config import Settings
 from tests.integration.conftest import BrokerHarness
-from tests.integration.wire.helpers import RECEIVE_MS, drain, read_available, unique_topic, wait_until
+from tests.integration.wire.helpers import (
+    RECEIVE_MS,
+    drain,
+    read_available,
+    unique_topic,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +98,7 @@ def test_key_less_messages_go_round_robin_over_the_partitions(broker: BrokerHarn
 
     received = [consumer.receive(RECEIVE_MS) for _ in range(100)]
 
-    counts = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
     for message in received:
         counts[message.topic_name()] += 1
     assert sorted(counts.values()) == [25, 25, 25, 25]
