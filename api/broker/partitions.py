@@ -13,9 +13,10 @@ Rules (Pulsar's admin answers, ``pulsar-partitions-schemas-keyshared.md`` §2.3)
 * create: N ≥ 1 and at most ``max_partitions`` (``InvalidPartitionCountError``, HTTP 406);
   a name that is itself a partition is refused (``PreconditionFailedError``, 412); an
   existing partitioned or non-partitioned topic of that name is refused
-  (``TopicExistsError``, 409). The partitions are created at once.
+  (``TopicExistsError``, 409). The partitions are recorded as topics in the same
+  transaction (cheap: each gets its ledger when it is first opened).
 * update: the count only grows (``PartitionCountConflictError``, 409); new partitions are
-  created; a client sees them at its next metadata poll (60 s).
+  recorded; a client sees them at its next metadata poll (60 s).
 * delete: refused while a partition has clients (412) or a compaction run (409), checked
   for every partition before any is deleted; the parent's topic-scoped policies go too.
 
@@ -83,7 +84,7 @@ class PartitionCountConflictError(TopicExistsError):
 def partition_index(name: TopicName) -> int | None:
     """The index of ``name`` when it is a partition (``t-partition-3`` → 3), else None."""
     match = _PARTITION_SUFFIX.search(name.local_name)
-    return int(match.group(1)) if match is not None else None
+    return int(match.group(1)) if match is not None and match.start() > 0 else None
 
 
 def parent_of(name: TopicName) -> TopicName | None:
@@ -133,7 +134,7 @@ class PartitionedTopics:
         """The full names of the partitions of the parent ``name`` (none when not one)."""
         return [str(partition_name(name, i)) for i in range(self.partitions(name))]
 
-    def list(self, namespace: str) -> list[str]:
+    def in_namespace(self, namespace: str) -> list[str]:
         """The partitioned parents of ``tenant/namespace``, sorted."""
         prefix = f"persistent://{namespace}/"
         return sorted(name for name in self._counts if name.startswith(prefix))
@@ -160,11 +161,12 @@ class PartitionedTopics:
         if admin.metadata.topic_exists(str(name)):
             raise TopicExistsError(f"Topic {name} already exists as a non-partitioned topic")
         admin.check_namespace(name)
+        now_ms = int(time.time() * 1000)
         with self.database.transaction("partitioned_topics.create", topic=str(name)) as db:
             db.execute("INSERT INTO partitioned_topics (name, partitions, created_at_ms) VALUES (?, ?, ?)",
-                       (str(name), count, int(time.time() * 1000)))
+                       (str(name), count, now_ms))
+            admin.metadata.record_topics(db, [str(partition_name(name, i)) for i in range(count)], now_ms)
         self._counts[str(name)] = count
-        self._create_partitions(admin, name, 0, count)
         return name
 
     def update(self, admin: Admin, text: str, count: object) -> None:
@@ -178,17 +180,22 @@ class PartitionedTopics:
                 f"Partitioned topic {name} has {current} partitions; the count can only grow, not become {count}")
         with self.database.transaction("partitioned_topics.update", topic=str(name)) as db:
             db.execute("UPDATE partitioned_topics SET partitions = ? WHERE name = ?", (count, str(name)))
+            admin.metadata.record_topics(db, [str(partition_name(name, i)) for i in range(current, count)],
+                                         int(time.time() * 1000))
         self._counts[str(name)] = count
-        self._create_partitions(admin, name, current, count)
 
     def delete(self, admin: Admin, text: str) -> None:
         """Delete the parent ``text``, every partition and the parent's topic policies."""
         name = self.required(text)
         partitions = [p for p in self.partition_names(name) if admin.metadata.topic_exists(p)]
         for partition in partitions:  # refuse before anything is deleted
-            admin.check_deletable(partition)
+            if partition in admin.broker.topics:
+                admin.check_deletable(partition)
         for partition in partitions:
-            admin.delete_topic(partition)
+            if partition not in admin.broker.topics and not admin.metadata.topic_ledgers(partition):
+                admin.metadata.delete_topic(partition)  # never opened: only its rows to forget
+            else:
+                admin.delete_topic(partition)
         with self.database.transaction("partitioned_topics.delete", topic=str(name)) as db:
             db.execute("DELETE FROM partitioned_topics WHERE name = ?", (str(name),))
             db.execute("DELETE FROM policies WHERE scope = ?", (str(name),))
@@ -202,41 +209,48 @@ class PartitionedTopics:
                 f"Number of partitions {count} is above the limit of {self.max_partitions} "
                 "(max_num_partitions_per_partitioned_topic)")
 
-    @staticmethod
-    def _create_partitions(admin: Admin, name: TopicName, start: int, stop: int) -> None:
-        for index in range(start, stop):
-            partition = str(partition_name(name, index))
-            if not admin.metadata.topic_exists(partition):
-                admin.broker.get_topic(partition)
+    def create_missing(self, admin: Admin, text: str) -> None:
+        """Record every partition of the parent ``text`` that does not exist (deleted alone)."""
+        name = self.required(text)
+        with self.database.transaction("partitioned_topics.create_missing", topic=str(name)) as db:
+            admin.metadata.record_topics(db, self.partition_names(name), int(time.time() * 1000))
 
     # -- fan-out ------------------------------------------------------------------------
 
+    def _opened(self, admin: Admin, name: TopicName) -> list[str]:
+        """The partitions of ``name`` that were ever opened (loaded, or holding ledgers): a
+        partition no client ever used holds nothing, and loading it would only create its
+        first ledger."""
+        return [p for p in self.partition_names(name)
+                if p in admin.broker.topics or admin.metadata.topic_ledgers(p)]
+
     def compact(self, admin: Admin, name: TopicName) -> None:
-        """Queue a run of every partition (each waits for a run slot); a partition with a
-        run already in flight keeps it (Pulsar's fan-out waits for all triggers)."""
-        for partition in self.partition_names(name):
+        """Queue a run of every partition ever opened (each waits for a run slot); a
+        partition with a run already in flight keeps it."""
+        for partition in self._opened(admin, name):
             if not admin.broker.runs.in_flight(partition):
                 admin.trigger_compaction(partition)
 
     def compaction_status(self, admin: Admin, name: TopicName) -> dict[str, str]:
-        """One status for the parent: RUNNING while any partition runs, else ERROR when
-        any failed (its error, named), else NOT_RUN when any never ran, else SUCCESS.
+        """One status for the parent over its opened partitions: RUNNING while any runs,
+        else ERROR when any failed (its error, named), else NOT_RUN when any never ran (or
+        none was ever opened), else SUCCESS.
         Each partition's own status stays at its own path."""
-        each = {p: admin.compaction_status(p) for p in self.partition_names(name)}
+        each = {p: admin.compaction_status(p) for p in self._opened(admin, name)}
         statuses = [s["status"] for s in each.values()]
         errors = [f"{p}: {s['lastError']}" for p, s in each.items() if s["status"] == "ERROR"]
         for status in ("RUNNING", "ERROR", "NOT_RUN"):
             if status in statuses:
                 break
         else:
-            status = "SUCCESS"
+            status = "SUCCESS" if statuses else "NOT_RUN"
         return {"status": status, "lastError": "; ".join(errors) if status == "ERROR" else ""}
 
     def stats(self, admin: Admin, name: TopicName, *, per_partition: bool = True) -> dict[str, Any]:
         """Pulsar's partitioned stats: the partitions' counters summed, their
         subscriptions' backlogs summed by name, ``metadata.partitions`` and, when
         ``per_partition``, each partition's own stats."""
-        each = {p: admin.stats(p) for p in self.partition_names(name) if admin.metadata.topic_exists(p)}
+        each = {p: admin.stats(p) for p in self._opened(admin, name)}
         subscriptions: dict[str, dict[str, Any]] = {}
         for stats in each.values():
             for sub_name, sub in stats["subscriptions"].items():

@@ -113,11 +113,7 @@ async def delete_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
 async def create_missed_partitions(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
                                    topic: TopicPart) -> Response:
     """Create any partition of the partitioned topic that does not exist."""
-    partitioned = admin.broker.partitioned
-    name = partitioned.required(topic_name(tenant, namespace, topic))
-    for partition in partitioned.partition_names(name):
-        if not admin.metadata.topic_exists(partition):
-            admin.broker.get_topic(partition)
+    admin.broker.partitioned.create_missing(admin, topic_name(tenant, namespace, topic))
     return Response(status_code=204)
 
 
@@ -128,14 +124,15 @@ async def create_missed_partitions(admin: AdminDependency, tenant: Tenant, names
 )
 async def list_partitioned_topics(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> list[str]:
     """Every partitioned topic of `tenant/namespace` (the parents, not their partitions)."""
-    return admin.broker.partitioned.list(admin.namespace_scope(tenant, namespace))
+    return admin.broker.partitioned.in_namespace(admin.namespace_scope(tenant, namespace))
 
 
 @router.get(
     TOPIC_PATH + "/partitioned-stats", summary="Stats of a partitioned topic",
     responses={200: {"description": "Counters summed over the partitions, `metadata.partitions`, "
                                     "and each partition's stats under `partitions`."},
-               **errors(404, 412, c404="The partitioned topic does not exist.")},
+               **errors(400, 404, 412, c400="`perPartition` is not a boolean.",
+                        c404="The partitioned topic does not exist.")},
 )
 async def partitioned_stats(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
                             perPartition: Annotated[bool, Query(

@@ -112,7 +112,7 @@ async def create_namespace(admin: AdminDependency, tenant: Tenant, namespace: Na
 async def delete_namespace(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> Response:
     """Delete the empty namespace (Pulsar's delete without `force`)."""
     name = admin.namespace_scope(tenant, namespace)
-    held = admin.list_topics(name) + admin.broker.partitioned.list(name)
+    held = admin.list_topics(name) + admin.broker.partitioned.in_namespace(name)
     admin.broker.tenants.delete_namespace(name, topics=held)
     return Response(status_code=204)
 

@@ -267,4 +267,4 @@ def test_namespaces_survive_a_restart_and_public_default_is_there_from_the_start
     broker.restart()
 
     assert broker.service.tenants.list_namespaces("acme") == ["acme/orders"]
-    assert broker.service.partitioned.list("acme/orders") == ["persistent://acme/orders/o"]
+    assert broker.service.partitioned.in_namespace("acme/orders") == ["persistent://acme/orders/o"]

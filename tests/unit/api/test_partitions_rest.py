@@ -51,7 +51,7 @@ def test_bad_creates_are_refused_with_a_reason(tmp_path: Path, url: str, count: 
                                                names: tuple[str, ...]) -> None:
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
         assert_reason(await client.put(url, json=count), status, *names)
-        assert broker.partitioned.list("public/default") == []
+        assert broker.partitioned.in_namespace("public/default") == []
 
     run(tmp_path, body)
 
