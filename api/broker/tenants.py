@@ -26,7 +26,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from api.broker.errors import TopicExistsError, TopicNotFoundError
+from api.broker.errors import BrokerError, TopicExistsError, TopicNotFoundError
 from api.broker.topic_name import TopicName, parse_namespace
 from ledger.database import Database
 
@@ -56,6 +56,14 @@ MIGRATIONS: tuple[str, ...] = (
 DEFAULT_NAMESPACE = "public/default"
 
 
+def _namespace_of(topic: str) -> str | None:
+    """``tenant/namespace`` of a stored topic name; None for one that does not parse."""
+    try:
+        return TopicName.parse(topic).namespace_name
+    except BrokerError:
+        return None
+
+
 class NamespaceNotFoundError(TopicNotFoundError):
     """A missing tenant or namespace (TopicNotFound on the wire, HTTP 404)."""
 
@@ -74,7 +82,7 @@ class Tenants:
         self._tenants: dict[str, dict[str, Any]] = {
             name: json.loads(info) for name, info in database.query("SELECT name, info FROM tenants")}
         self._namespaces: set[str] = {row[0] for row in database.query("SELECT name FROM namespaces")}
-        wanted = {DEFAULT_NAMESPACE} | {TopicName.parse(topic).namespace_name for topic in topics}
+        wanted = {DEFAULT_NAMESPACE} | {namespace for namespace in map(_namespace_of, topics) if namespace}
         for namespace in sorted(wanted - self._namespaces):
             tenant = namespace.split("/")[0]
             if tenant not in self._tenants:
