@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from api.broker.service import BrokerService
+from api.wire.listener import PulsarBroker
 from api.wire.frames import make_command
 from compactor.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import T, Wire, broker_service
@@ -33,7 +33,7 @@ def _metadata(wire: Wire, topic: str) -> pb.CommandPartitionedTopicMetadataRespo
 
 
 def test_partitioned_metadata_answers_n_for_a_parent_and_0_for_its_partitions(tmp_path: Path) -> None:
-    async def body(broker: BrokerService) -> None:
+    async def body(broker: PulsarBroker) -> None:
         broker.partitioned.create(broker.admin, PARENT, 3)
         wire = Wire(broker)
         assert _metadata(wire, PARENT).partitions == 3
@@ -44,7 +44,7 @@ def test_partitioned_metadata_answers_n_for_a_parent_and_0_for_its_partitions(tm
 
 
 def test_a_producer_or_consumer_on_a_parent_is_not_allowed_and_creates_nothing(tmp_path: Path) -> None:
-    async def body(broker: BrokerService) -> None:
+    async def body(broker: PulsarBroker) -> None:
         broker.partitioned.create(broker.admin, PARENT, 2)
         wire = Wire(broker)
         producer = wire.request(make_command(pb.CommandProducer(topic=PARENT, producer_id=1, request_id=5)))
@@ -61,7 +61,7 @@ def test_a_producer_or_consumer_on_a_parent_is_not_allowed_and_creates_nothing(t
 
 
 def test_every_door_answers_topic_not_found_for_a_missing_namespace(tmp_path: Path) -> None:
-    async def body(broker: BrokerService) -> None:
+    async def body(broker: PulsarBroker) -> None:
         wire = Wire(broker)
         metadata = _metadata(wire, MISSING)
         assert metadata.response == pb.CommandPartitionedTopicMetadataResponse.Failed
