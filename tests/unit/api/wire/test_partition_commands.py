@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from api.wire.listener import PulsarBroker
 from api.wire.frames import make_command
+from api.wire.listener import PulsarBroker
 from compactor.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import T, Wire, broker_service
 
