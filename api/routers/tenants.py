@@ -44,10 +44,9 @@ class TenantInfo(BaseModel):
 
 @router.get("/admin/v2/clusters", tags=["clusters"], response_model=list[str], summary="List the clusters",
             responses=errors())
-async def list_clusters(request: Request) -> list[str]:
+async def list_clusters(admin: AdminDependency) -> list[str]:
     """The one cluster this broker is (`cluster_name`)."""
-    settings = request.app.state.settings
-    return [settings.cluster_name if settings is not None else "standalone"]
+    return [admin.broker.tenants.cluster]
 
 
 @router.get("/admin/v2/tenants", tags=["tenants"], response_model=list[str], summary="List the tenants",
@@ -128,9 +127,11 @@ async def lookup_topic(admin: AdminDependency, request: Request,
     """Pulsar's `LookupData` for the topic: this broker, on the address the request reached."""
     name = TopicName.parse(f"{domain}://{tenant}/{namespace}/{topic}")
     admin.check_namespace(name)
-    host = request.scope["server"][0] if request.scope.get("server") else "127.0.0.1"
+    server = request.scope.get("server")
+    host = server[0] if server else request.url.hostname or ""
     broker = request.app.state.broker
-    port = getattr(broker, "port", 0) or getattr(broker.settings, "broker_port", 0)
+    # The bound Pulsar port (``PulsarBroker.port``); a core without a listener has the setting's.
+    port = getattr(broker, "port", 0) or broker.settings.broker_port
     url = broker_service_url(host, port)
     http = f"{request.url.scheme}://{request.url.netloc}"
     return {"brokerUrl": url, "brokerUrlTls": "", "httpUrl": http, "httpUrlTls": "", "nativeUrl": url}
