@@ -475,6 +475,3 @@ for _spec in POLICIES:
 _add_deduplication_verbs(topics, "topic", _topic)
 _add_deduplication_verbs(namespaces, "namespace", _namespace)
 
-
-# The verbs of partitioned topics, tenants and namespaces live beside (they register here).
-from api import admin_cli_tenants  # noqa: F401

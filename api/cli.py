@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from api import admin_cli, offline
+from api import admin_cli, admin_cli_tenants, offline
 from api.config import (
     CONFIG_ENV,
     ConfigError,
@@ -124,6 +124,7 @@ def _root() -> None:
     """compactd: a Pulsar-compatible broker whose reason to exist is topic compaction."""
 
 
+assert admin_cli_tenants.tenants  # its verbs register on admin_cli's groups when it is imported
 app.add_typer(admin_cli.app, name="admin")
 app.command("compact-topic")(offline.compact_topic_command)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from api.broker.errors import (
     BrokerError,
@@ -41,8 +41,11 @@ from api.broker.errors import (
 from api.broker.topic_name import TopicName
 
 if TYPE_CHECKING:
-    from api.broker.admin import Admin
+    from collections.abc import Mapping
+
+    from compactor.runs import CompactionRuns
     from ledger.database import Database
+    from ledger.metadata import MetadataStore
 
 __all__ = [
     "COMPONENT",
@@ -69,6 +72,37 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 _PARTITION_SUFFIX = re.compile(r"-partition-(0|[1-9][0-9]*)$")
+
+
+class _Broker(Protocol):
+    @property
+    def topics(self) -> Mapping[str, object]: ...
+
+    @property
+    def runs(self) -> CompactionRuns: ...
+
+
+class Admin(Protocol):
+    """What the fan-outs need of the admin core (``api.broker.admin.Admin``; named here so
+    that this module does not import it back)."""
+
+    @property
+    def metadata(self) -> MetadataStore: ...
+
+    @property
+    def broker(self) -> _Broker: ...
+
+    def check_namespace(self, name: TopicName) -> None: ...
+
+    def check_deletable(self, text: str) -> None: ...
+
+    def delete_topic(self, text: str) -> None: ...
+
+    def trigger_compaction(self, text: str) -> None: ...
+
+    def compaction_status(self, text: str) -> dict[str, str]: ...
+
+    def stats(self, text: str) -> dict[str, Any]: ...
 
 
 class InvalidPartitionCountError(BrokerError):
