@@ -18,7 +18,14 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from api import admin_cli, admin_cli_schemas, admin_cli_topics, backup_cli, offline  # noqa: F401 - admin_cli_schemas, admin_cli_topics register their verbs
+from api import (  # noqa: F401 - admin_cli_schemas, admin_cli_topics register their verbs
+    admin_cli,
+    admin_cli_schemas,
+    admin_cli_tenants,
+    admin_cli_topics,
+    backup_cli,
+    offline,
+)
 from api.auth import tokens_cli
 from api.cli_help import PlainHelpCommand
 from api.config import (
@@ -109,6 +116,8 @@ PartialFramesBudget = Annotated[str | None, _option(
     "wire_partial_frames_budget_bytes", "--wire-partial-frames-budget-bytes", "BYTES")]
 HttpMaxBody = Annotated[str | None, _option(
     "http_max_request_body_bytes", "--http-max-request-body-bytes", "BYTES")]
+MaxPartitions = Annotated[str | None, _option(
+    "max_num_partitions_per_partitioned_topic", "--max-num-partitions-per-partitioned-topic", "N")]
 AuthenticationEnabled = Annotated[bool | None, _option(
     "authentication_enabled", "--authentication-enabled/--no-authentication-enabled")]
 TokenSecretKey = Annotated[str | None, _option("token_secret_key", "--token-secret-key", "file:///PATH")]
@@ -137,6 +146,7 @@ def _root() -> None:
     """compactd: a Pulsar-compatible broker whose reason to exist is topic compaction."""
 
 
+assert admin_cli_tenants.tenants  # its verbs register on admin_cli's groups when it is imported
 app.add_typer(admin_cli.app, name="admin")
 app.add_typer(tokens_cli.app, name="tokens")
 app.command("compact-topic")(offline.compact_topic_command)
@@ -167,6 +177,7 @@ def serve(  # one parameter per setting, each named as its key
     wire_connect_timeout_seconds: ConnectTimeout = None, wire_frame_timeout_seconds: FrameTimeout = None,
     wire_partial_frames_budget_bytes: PartialFramesBudget = None,
     http_max_request_body_bytes: HttpMaxBody = None,
+    max_num_partitions_per_partitioned_topic: MaxPartitions = None,
     authentication_enabled: AuthenticationEnabled = None,
     token_secret_key: TokenSecretKey = None, token_public_key: TokenPublicKey = None,
     super_user_roles: SuperUserRoles = None,

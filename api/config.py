@@ -152,6 +152,9 @@ class Settings:
         "FULL", "Schema compatibility strategy of topics whose namespace and topic set none "
         "(Pulsar's names: FULL, BACKWARD, FORWARD, their _TRANSITIVE forms, ALWAYS_COMPATIBLE, "
         "ALWAYS_INCOMPATIBLE, NONE).")
+    max_num_partitions_per_partitioned_topic: int = _setting(
+        1024, "Most partitions a partitioned topic may have (its partitions are created at once).",
+        minimum=1)
     cluster_name: str = _setting(
         "standalone", "Cluster name: the first part of producer names the broker assigns, and a "
         "metrics label.")

@@ -3,6 +3,7 @@
 Domain errors (STYLE P4) map to Pulsar's admin status codes::
 
     InvalidTopicNameError       412  (Pulsar: "Topic name is not valid")
+    InvalidPartitionCountError  406  (a partition count of 0 or less, or over the limit)
     TopicNotFoundError          404
     SubscriptionNotFoundError   404
     TopicExistsError            409
@@ -45,6 +46,7 @@ from api.broker.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from api.broker.partitions import InvalidPartitionCountError
 from compactor.errors import CompactionInProgressError
 from ledger.errors import CompactionServiceError
 
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 # Most specific first: the first class an error is an instance of gives its status.
 STATUS_BY_ERROR: tuple[tuple[type[CompactionServiceError], int], ...] = (
     (InvalidTopicNameError, 412),
+    (InvalidPartitionCountError, 406),
     (TopicNotFoundError, 404),
     (SubscriptionNotFoundError, 404),
     (TopicExistsError, 409),

@@ -23,7 +23,7 @@ start-up collects) but never leaves a reference to a deleted ledger.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -138,6 +138,13 @@ class MetadataStore:
                 "INSERT OR IGNORE INTO topics (name, created_at_ms) VALUES (?, ?)", (topic, created_at_ms)
             )
             return cursor.rowcount == 1
+
+    @staticmethod
+    def record_topics(db: sqlite3.Connection, topics: Sequence[str], created_at_ms: int) -> None:
+        """Record every topic of ``topics`` (those that exist stay) inside the caller's open
+        transaction ``db``; each gets its first ledger when it is first opened."""
+        db.executemany("INSERT OR IGNORE INTO topics (name, created_at_ms) VALUES (?, ?)",
+                       [(topic, created_at_ms) for topic in topics])
 
     def topic_exists(self, topic: str) -> bool:
         return bool(self._query("SELECT 1 FROM topics WHERE name = ?", (topic,)))

@@ -36,7 +36,9 @@ from compactor.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import ManagedCursor
 
 if TYPE_CHECKING:
+    from api.broker.partitions import PartitionedTopics
     from api.broker.policies import PolicyStore
+    from api.broker.tenants import Tenants
     from compactor.runs import CompactionRuns
     from ledger.data_dir import DataDir
 
@@ -63,6 +65,8 @@ class AdminBroker(Protocol):
     policies: PolicyStore
     topics: dict[str, Topic]
     runs: CompactionRuns
+    tenants: Tenants
+    partitioned: PartitionedTopics
 
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
         """The loaded topic named ``text``, loading or creating it."""
@@ -88,6 +92,8 @@ class Admin:
 
     def create_topic(self, text: str) -> str:
         name = str(TopicName.parse(text))
+        if self.broker.partitioned.is_parent(TopicName.parse(name)):
+            raise TopicExistsError(f"Topic {name} already exists as a partitioned topic")
         if self.metadata.topic_exists(name):
             raise TopicExistsError(f"Topic {name} already exists")
         self.broker.get_topic(name)
@@ -96,6 +102,17 @@ class Admin:
     def topic(self, text: str) -> Topic:
         """The existing topic ``text`` (loaded if needed); ``TopicNotFoundError`` otherwise."""
         return self.broker.get_topic(text, create=False)
+
+    def check_namespace(self, name: TopicName) -> None:
+        """``TopicNotFoundError`` (404) unless the namespace of ``name`` exists."""
+        self.broker.tenants.check_namespace(name)
+
+    def check_deletable(self, text: str) -> None:
+        """Refuse deleting the topic while clients are attached (412) or a run is in flight (409)."""
+        topic = self.topic(text)
+        if any(s.consumers for s in topic.subscriptions.values()) or topic.producers_connected():
+            raise PreconditionFailedError(f"Topic {topic.name} has active producers or consumers")
+        self.broker.runs.check_delete(str(topic.name))
 
     def delete_topic(self, text: str) -> None:
         topic = self.topic(text)
@@ -119,11 +136,20 @@ class Admin:
     # -- compaction -----------------------------------------------------------------
 
     def trigger_compaction(self, text: str) -> None:
-        """Queue a run now, in the background; its outcome lands in the status."""
+        """Queue a run now, in the background; its outcome lands in the status. On a
+        partitioned parent, a run of every partition (``PartitionedTopics.compact``)."""
+        name = TopicName.parse(text)
+        if self.broker.partitioned.is_parent(name):
+            self.broker.partitioned.compact(self, name)
+            return
         self.broker.request_compaction(str(self.topic(text).name))
 
     def compaction_status(self, text: str) -> dict[str, str]:
-        """``{"status": …, "lastError": …}`` as Pulsar's LongRunningProcessStatus."""
+        """``{"status": …, "lastError": …}`` as Pulsar's LongRunningProcessStatus (of a
+        partitioned parent: its partitions' statuses summed up, ``PartitionedTopics``)."""
+        name = TopicName.parse(text)
+        if self.broker.partitioned.is_parent(name):
+            return self.broker.partitioned.compaction_status(self, name)
         status, last_error = self.broker.runs.status(str(self.topic(text).name))
         return {"status": status, "lastError": last_error}
 
@@ -134,6 +160,9 @@ class Admin:
     # -- policies -------------------------------------------------------------------
 
     def topic_scope(self, text: str) -> str:
+        name = TopicName.parse(text)
+        if self.broker.partitioned.is_parent(name):  # its policies apply to its partitions
+            return str(name)
         return str(self.topic(text).name)
 
     @staticmethod

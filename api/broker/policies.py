@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from api.broker.partitions import policy_scopes
 from ledger.database import Database, TopicTable
 
 __all__ = ["COMPONENT", "MIGRATIONS", "PolicyStore"]
@@ -46,9 +47,13 @@ class PolicyStore:
             )
 
     def get_policy(self, scope: str, name: str) -> Any | None:
-        """The value of policy ``name`` of ``scope``, or None when unset."""
-        rows = self.database.query("SELECT value FROM policies WHERE scope = ? AND name = ?", (scope, name))
-        return json.loads(rows[0][0]) if rows else None
+        """The value of policy ``name`` of ``scope``, or None when unset. A partition
+        (``t-partition-3``) without its own value has its parent's (``t``)."""
+        for candidate in policy_scopes(scope) if scope.startswith("persistent://") else (scope,):
+            rows = self.database.query("SELECT value FROM policies WHERE scope = ? AND name = ?", (candidate, name))
+            if rows:
+                return json.loads(rows[0][0])
+        return None
 
     def remove_policy(self, scope: str, name: str) -> bool:
         """Unset policy ``name`` of ``scope``; False when it was not set."""

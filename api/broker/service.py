@@ -30,10 +30,12 @@ from typing import Any
 
 from api.broker.access import AccessControl
 from api.broker.admin import Admin
-from api.broker.errors import TopicNotFoundError
+from api.broker.errors import NotAllowedError, TopicNotFoundError
+from api.broker.partitions import PartitionedTopics
 from api.broker.policies import PolicyStore
 from api.broker.schemas import SchemaRegistry
 from api.broker.seek import find_by_publish_time, publish_time
+from api.broker.tenants import Tenants
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
 from api.config import Settings
@@ -108,6 +110,11 @@ class BrokerService:
         self._trim_task: asyncio.Task[None] | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Tenants and namespaces (``api.broker.tenants``), partitioned parents (``partitions``).
+        self.tenants = Tenants(data_dir.database, cluster=settings.cluster_name,
+                               topics=data_dir.metadata.list_topics())
+        self.partitioned = PartitionedTopics(
+            data_dir.database, max_partitions=settings.max_num_partitions_per_partitioned_topic)
         self.admin = Admin(self)
         self.last_plan = Plan()
 
@@ -158,8 +165,11 @@ class BrokerService:
     # -- topics -------------------------------------------------------------------------
 
     def topic_name(self, text: str) -> TopicName:
-        """Validate a topic name (raises ``InvalidTopicNameError``/``NotAllowedError``)."""
-        return TopicName.parse(text)
+        """Validate a topic name (raises ``InvalidTopicNameError``/``NotAllowedError``, and
+        ``TopicNotFoundError`` when its namespace does not exist)."""
+        name = TopicName.parse(text)
+        self.tenants.check_namespace(name)
+        return name
 
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
         """The loaded topic named ``text``, loading or creating it."""
@@ -170,12 +180,22 @@ class BrokerService:
             return topic
         if not create and not self.data_dir.metadata.topic_exists(key):
             raise TopicNotFoundError(f"Topic {key} not found")
+        if create and not self.data_dir.metadata.topic_exists(key):
+            self.check_creatable(name)
         ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config,
                                     roll_over_in_background=True)
         topic = Topic(name, ledger, self.loop or asyncio.get_running_loop(),
                       deduplication=self.deduplication_enabled(name), cursors=self.cursors)
         self.topics[key] = topic
         return topic
+
+    def check_creatable(self, name: TopicName) -> None:
+        """Refuse creating topic ``name`` in a missing namespace (``TopicNotFoundError``)
+        or under the name of a partitioned parent (``NotAllowedError``: its partitions are
+        the topics)."""
+        self.tenants.check_namespace(name)
+        if self.partitioned.is_parent(name):
+            raise NotAllowedError(f"{name} is a partitioned topic: produce to and consume from its partitions")
 
     def deduplication_enabled(self, name: TopicName) -> bool:
         """The topic's ``deduplicationEnabled``: topic policy, else namespace policy, else

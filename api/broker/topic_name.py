@@ -1,8 +1,8 @@
 """Topic names: ``persistent://tenant/namespace/topic``, and the short form ``topic``.
 
 The short form means ``persistent://public/default/topic``, as the Pulsar client expands
-it. Only persistent topics exist; partitioned topics are not supported (a name ending in
-``-partition-N`` is an ordinary topic). Each part is one or more of Pulsar's allowed
+it. Only persistent topics exist; a name ending in ``-partition-N`` is an ordinary topic,
+the partition of a partitioned parent (``api.broker.partitions``). Each part is one or more of Pulsar's allowed
 characters and nothing else: a control character anywhere (a trailing newline included)
 makes the name invalid, on the wire and in REST paths alike.
 """

@@ -8,6 +8,8 @@
 * ``schemas`` — topic schemas and the schema compatibility strategy.
 * ``backup`` — a backup of the running broker's data dir.
 * ``subscriptions`` — list, peek, reset, clear the backlog; unload; last message id.
+* ``partitions`` — partitioned topics: create, metadata, grow, delete, list, stats.
+* ``tenants`` — clusters, tenants, namespaces, and the HTTP lookup.
 
 ``common`` holds what they share: the ``Admin`` dependency, path parameters and the
 documented error answers.
@@ -15,14 +17,16 @@ documented error answers.
 
 from api.routers.backup import router as backup_router
 from api.routers.compaction import router as compaction_router
+from api.routers.partitions import router as partitions_router
 from api.routers.permissions import router as permissions_router
 from api.routers.policies import router as policies_router
 from api.routers.schemas import router as schemas_router
 from api.routers.stats import router as stats_router
 from api.routers.subscriptions import router as subscriptions_router
+from api.routers.tenants import router as tenants_router
 from api.routers.topics import router as topics_router
 
 __all__ = ["ROUTERS"]
 
 ROUTERS = (topics_router, compaction_router, policies_router, stats_router, permissions_router,
-           schemas_router, backup_router, subscriptions_router)
+           schemas_router, backup_router, subscriptions_router, partitions_router, tenants_router)

@@ -39,6 +39,7 @@ _ERROR_DESCRIPTIONS = {
     400: "Malformed request: the body is not JSON of the expected type.",
     404: "The topic (or subscription) does not exist.",
     405: "The operation is not allowed on this topic or subscription.",
+    406: "The value is not acceptable (e.g. a partition count of 0 or less).",
     409: "Conflict with the current state.",
     412: "A name or value is not valid (e.g. `Topic name is not valid`, a negative threshold), "
          "or a precondition failed.",

@@ -41,7 +41,7 @@ async def list_topics(admin: AdminDependency, tenant: Tenant, namespace: Namespa
     TOPIC_PATH, status_code=204, response_class=Response,
     summary="Create a non-partitioned topic",
     responses={204: {"description": "Created."},
-               **errors(412, 409, c409="The topic already exists.")},
+               **errors(412, 409, 404, c409="The topic already exists.", c404="The namespace does not exist.")},
 )
 async def create_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
                        topic: TopicPart) -> Response:

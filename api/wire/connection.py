@@ -46,6 +46,7 @@ from api.broker.advertised import broker_service_url
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
 from api.broker.key_shared import KeySharedPolicy
+from api.broker.partitions import partition_index
 from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import (
     CONNECTION_COMMANDS,
@@ -102,6 +103,7 @@ class WireConsumer(Consumer):
         self.connection = connection
         self.topic: Topic | None = None
         self.subscription: Subscription | None = None
+        self.partition = -1  # a partition topic's index, stamped on message ids (as Java's broker does)
         self.counter = RateCounter()  # messages handed to this consumer
         self.connected_at = time.time()  # shown by describe()
 
@@ -130,6 +132,8 @@ class WireConsumer(Consumer):
             redelivery_count=delivery.redelivery_count,
         )
         message.ack_set.extend(delivery.ack_set)
+        if self.partition >= 0:
+            message.message_id.partition = self.partition
         self.connection.write_payload(pb.BaseCommand(type=T.MESSAGE, message=message), delivery.data)
         self.counter.record(delivery.messages, len(delivery.data))
         if self.topic is not None and self.subscription is not None:
@@ -419,12 +423,12 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
     def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.partitionMetadata
         try:
-            self.broker.topic_name(request.topic)
+            name = self.broker.topic_name(request.topic)
         except BrokerError as error:
             self._partitioned_metadata_failed(request.request_id, error)
             return
         response = pb.CommandPartitionedTopicMetadataResponse(
-            request_id=request.request_id, partitions=0,
+            request_id=request.request_id, partitions=self.broker.partitioned.partitions(name),
             response=pb.CommandPartitionedTopicMetadataResponse.Success)
         self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
 
@@ -482,6 +486,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             initial_position=initial, start=start, read_compacted=request.read_compacted,
         )
         consumer.topic, consumer.subscription = topic, subscription
+        consumer.partition = -1 if (index := partition_index(topic.name)) is None else index
         self.consumers[request.consumer_id] = consumer
         self._success(request.request_id)
 
@@ -534,6 +539,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             request_id=request.request_id, last_message_id=to_message_id(last),
             consumer_mark_delete_position=to_message_id(consumer.subscription.cursor.mark_delete_position),
         )
+        if consumer.partition >= 0:  # the ids it delivered carry the index; the client compares them whole
+            response.last_message_id.partition = response.consumer_mark_delete_position.partition = consumer.partition
         self.write(pb.BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE, getLastMessageIdResponse=response))
 
     def _unsubscribe(self, command: pb.BaseCommand, frame: Frame) -> None:

@@ -47,6 +47,7 @@ class PulsarBroker(BrokerService):
         self.connections = Connections(wire_limits(settings))
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None  # --broker-port-tls (api.auth.tls)
+        self.port = 0  # the bound Pulsar port, once started
 
     async def start(self, host: str, port: int) -> int:
         """Listen for Pulsar clients on ``host:port`` (0: any free port); returns the port."""
@@ -60,6 +61,7 @@ class PulsarBroker(BrokerService):
             raise
         self.start_tasks()
         bound: int = self._server.sockets[0].getsockname()[1]
+        self.port = bound  # what an HTTP lookup answers (``api.routers.tenants``)
         return bound
 
     async def start_tls(self, host: str, port: int, context: ssl.SSLContext) -> int:

@@ -206,6 +206,8 @@ def test_threshold_precedence_topic_over_namespace_over_broker_default(start: Ca
     held_by_namespace = f"persistent://public/{unique('ns-high')}/t"  # namespace 1 TB, default 1000
     namespace_url = "/admin/v2/namespaces/" + held_by_topic.removeprefix("persistent://").rsplit("/", 1)[0]
     high_namespace_url = "/admin/v2/namespaces/" + held_by_namespace.removeprefix("persistent://").rsplit("/", 1)[0]
+    for url in (namespace_url, high_namespace_url):  # topics live in existing namespaces (issue 14)
+        assert serve.http.put(url).status_code == 204
     for topic in (held_by_topic, held_by_namespace):
         assert serve.http.put(topic_url(topic)).status_code == 204
     assert serve.http.post(namespace_url + "/compactionThreshold", json=1).status_code == 204

@@ -35,6 +35,7 @@ NOT_YET_IN_INTERFACES = {
     "authorization_enabled", "tls_trust_certs_file", "tls_require_trusted_client_cert", "http_allowed_hosts",
     "schema_compatibility_strategy",
     "advertised_address",  # issue 16
+    "max_num_partitions_per_partitioned_topic",
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -58,6 +59,7 @@ DOCUMENTED_DEFAULTS = {
     "http_allowed_hosts": (),
     "schema_compatibility_strategy": "FULL",
     "advertised_address": None,  # issue 16
+    "max_num_partitions_per_partitioned_topic": 1024,
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -90,6 +92,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "compaction_max_bytes_per_second": ("1048576", "1048576", 1048576),
     "log_format": ("json", '"json"', "json"),
     "log_level": ("debug", '"debug"', "debug"),
+    "max_num_partitions_per_partitioned_topic": ("16", "16", 16),
     "authentication_enabled": ("yes", "true", True),
     "token_secret_key": ("file:///etc/secret", '"file:///etc/secret"', "file:///etc/secret"),
     "token_public_key": ("data:;base64,AAAA", '"data:;base64,AAAA"', "data:;base64,AAAA"),

@@ -35,6 +35,18 @@ NAMESPACE_URL = "/admin/v2/namespaces/public/default"
 WAIT_S = 30.0
 HOLD_S = 2.0  # how long a held run lasts at most in the 409 test
 Body = Callable[[BrokerService, httpx.AsyncClient], Awaitable[None]]
+_TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+PARTITION_AND_TENANT_ROUTES = {
+    (f"{_TOPIC}/partitions", method) for method in ("put", "get", "post", "delete")
+} | {
+    (f"{_TOPIC}/createMissedPartitions", "post"), (f"{_TOPIC}/partitioned-stats", "get"),
+    ("/admin/v2/persistent/{tenant}/{namespace}/partitioned", "get"),
+    ("/admin/v2/clusters", "get"), ("/admin/v2/tenants", "get"),
+    ("/admin/v2/tenants/{tenant}", "get"), ("/admin/v2/tenants/{tenant}", "put"),
+    ("/admin/v2/tenants/{tenant}", "delete"), ("/admin/v2/namespaces/{tenant}", "get"),
+    ("/admin/v2/namespaces/{tenant}/{namespace}", "put"), ("/admin/v2/namespaces/{tenant}/{namespace}", "delete"),
+    ("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", "get"),
+}
 
 
 def entry(key: str, value: bytes) -> bytes:
@@ -131,6 +143,7 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
              for spec in POLICIES for method in ("get", "post", "delete")
              for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
                             "/admin/v2/namespaces/{tenant}/{namespace}")}
+        expected |= PARTITION_AND_TENANT_ROUTES  # issue 14
         assert {(path, method) for path, method, _ in operations} == expected
         for path, method, operation in operations:
             assert operation.get("summary") and operation.get("description"), (path, method)

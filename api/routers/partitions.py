@@ -1,0 +1,143 @@
+"""Partitioned topics: create, read, grow and delete a parent, list them, their stats.
+
+Pulsar's paths and answers (``api.broker.partitions`` has the rules)::
+
+    PUT    …/{topic}/partitions          body: N (a bare JSON integer) → 204
+    GET    …/{topic}/partitions          {"partitions": N}, 0 for a topic that is not partitioned
+    POST   …/{topic}/partitions          body: a larger N → 204
+    DELETE …/{topic}/partitions          → 204 (the partitions and their data go too)
+    POST   …/{topic}/createMissedPartitions → 204
+    GET    …/{tenant}/{namespace}/partitioned  the parents of the namespace
+    GET    …/{topic}/partitioned-stats   summed stats, ``metadata.partitions``, each partition's
+
+``GET …/partitions`` is also what a client on the HTTP service URL asks before it looks a
+topic up (``pulsar.Client("http://…")``), so a topic of a missing namespace answers 404.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query, Response
+from pydantic import StrictInt
+
+from api.broker.topic_name import TopicName
+from api.routers.common import (
+    PERSISTENT_PREFIX,
+    TOPIC_PATH,
+    AdminDependency,
+    Namespace,
+    Tenant,
+    TopicPart,
+    errors,
+    topic_name,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["partitioned topics"])
+
+PARTITIONS_PATH = TOPIC_PATH + "/partitions"
+Count = Annotated[StrictInt, Body(description="The number of partitions, a bare JSON integer (e.g. `4`).")]
+
+
+@router.put(
+    PARTITIONS_PATH, status_code=204, response_class=Response,
+    summary="Create a partitioned topic",
+    responses={204: {"description": "Created, with its partitions."},
+               **errors(400, 404, 406, 409, 412,
+                        c404="The namespace does not exist.",
+                        c406="The count is 0 or less, or above `max_num_partitions_per_partitioned_topic`.",
+                        c409="A partitioned or non-partitioned topic of that name exists.",
+                        c412="The name is not valid or contains `-partition-`.")},
+)
+async def create_partitioned_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                                   topic: TopicPart, count: Count) -> Response:
+    """Create the partitioned topic and its partitions `<topic>-partition-0` … `-partition-<N-1>`."""
+    admin.broker.partitioned.create(admin, topic_name(tenant, namespace, topic), count)
+    return Response(status_code=204)
+
+
+@router.get(
+    PARTITIONS_PATH, summary="Partitioned topic metadata",
+    responses={200: {"description": "`{\"partitions\": N}`; 0 for a topic that is not partitioned."},
+               **errors(404, 412, c404="The namespace does not exist.")},
+)
+async def get_partitioned_topic_metadata(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                                         topic: TopicPart) -> dict[str, int]:
+    """The number of partitions of the topic (what PARTITIONED_METADATA answers)."""
+    name = TopicName.parse(topic_name(tenant, namespace, topic))
+    admin.check_namespace(name)
+    return {"partitions": admin.broker.partitioned.partitions(name)}
+
+
+@router.post(
+    PARTITIONS_PATH, status_code=204, response_class=Response,
+    summary="Grow a partitioned topic",
+    responses={204: {"description": "Updated; the new partitions exist."},
+               **errors(400, 404, 406, 409, 412,
+                        c404="The partitioned topic does not exist.",
+                        c406="The count is 0 or less, or above the limit.",
+                        c409="The count does not grow.")},
+)
+async def update_partitioned_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                                   topic: TopicPart, count: Count) -> Response:
+    """Raise the number of partitions (it never shrinks); clients pick the new partitions
+    up at their next metadata poll."""
+    admin.broker.partitioned.update(admin, topic_name(tenant, namespace, topic), count)
+    return Response(status_code=204)
+
+
+@router.delete(
+    PARTITIONS_PATH, status_code=204, response_class=Response,
+    summary="Delete a partitioned topic",
+    responses={204: {"description": "Deleted, with every partition."},
+               **errors(404, 409, 412,
+                        c404="The partitioned topic does not exist.",
+                        c409="A compaction of a partition is running.",
+                        c412="A partition has producers or consumers attached, or the name is not valid.")},
+)
+async def delete_partitioned_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                                   topic: TopicPart) -> Response:
+    """Delete the partitioned topic, its partitions (ledgers, cursors, compacted ledgers)
+    and its topic policies; nothing is deleted when any partition is busy."""
+    admin.broker.partitioned.delete(admin, topic_name(tenant, namespace, topic))
+    return Response(status_code=204)
+
+
+@router.post(
+    TOPIC_PATH + "/createMissedPartitions", status_code=204, response_class=Response,
+    summary="Create missing partitions",
+    responses={204: {"description": "Every partition exists."}, **errors(404, 412)},
+)
+async def create_missed_partitions(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
+                                   topic: TopicPart) -> Response:
+    """Create any partition of the partitioned topic that does not exist."""
+    admin.broker.partitioned.create_missing(admin, topic_name(tenant, namespace, topic))
+    return Response(status_code=204)
+
+
+@router.get(
+    PERSISTENT_PREFIX + "/{tenant}/{namespace}/partitioned", response_model=list[str],
+    summary="List the partitioned topics of a namespace",
+    responses={200: {"description": "Full names of the namespace's partitioned topics."}, **errors(412)},
+)
+async def list_partitioned_topics(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> list[str]:
+    """Every partitioned topic of `tenant/namespace` (the parents, not their partitions)."""
+    return admin.broker.partitioned.in_namespace(admin.namespace_scope(tenant, namespace))
+
+
+@router.get(
+    TOPIC_PATH + "/partitioned-stats", summary="Stats of a partitioned topic",
+    responses={200: {"description": "Counters summed over the partitions, `metadata.partitions`, "
+                                    "and each partition's stats under `partitions`."},
+               **errors(400, 404, 412, c400="`perPartition` is not a boolean.",
+                        c404="The partitioned topic does not exist.")},
+)
+async def partitioned_stats(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
+                            perPartition: Annotated[bool, Query(
+                                description="Include each partition's stats.")] = True) -> dict[str, Any]:
+    """Pulsar's `PartitionedTopicStats`: the fields compactd keeps, summed over the partitions."""
+    partitioned = admin.broker.partitioned
+    name = partitioned.required(topic_name(tenant, namespace, topic))
+    return partitioned.stats(admin, name, per_partition=perPartition)

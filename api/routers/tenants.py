@@ -1,0 +1,138 @@
+"""Clusters, tenants, namespaces and the HTTP lookup, as Pulsar serves them.
+
+::
+
+    GET    /admin/v2/clusters                        [cluster_name]
+    GET    /admin/v2/tenants                         tenant names
+    GET    /admin/v2/tenants/{tenant}                its TenantInfo
+    PUT    /admin/v2/tenants/{tenant}                body: optional TenantInfo → 204 (409 exists)
+    DELETE /admin/v2/tenants/{tenant}                → 204 (404 missing, 409 has namespaces)
+    GET    /admin/v2/namespaces/{tenant}             ``tenant/namespace`` names (404 missing tenant)
+    PUT    /admin/v2/namespaces/{tenant}/{namespace} → 204 (404 missing tenant, 409 exists)
+    DELETE /admin/v2/namespaces/{tenant}/{namespace} → 204 (404 missing, 409 has topics)
+    GET    /lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}
+                                                     {"brokerUrl": …}: where the client connects
+
+The lookup answers the Pulsar URL ``api.broker.advertised.broker_service_url`` makes of the
+local address this request reached and the broker's Pulsar port, as the binary LOOKUP
+does; a topic of a missing namespace answers 404, a non-persistent one 405.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Request, Response
+from pydantic import BaseModel, Field
+
+from api.broker.advertised import broker_service_url, web_service_url
+from api.broker.topic_name import TopicName
+from api.routers.common import AdminDependency, Namespace, Tenant, TopicPart, errors
+
+__all__ = ["TenantInfo", "router"]
+
+router = APIRouter()
+
+
+class TenantInfo(BaseModel):
+    """Pulsar's ``TenantInfo`` (compactd keeps it; it enforces neither field)."""
+
+    adminRoles: list[str] = Field(default_factory=list, description="Roles that administer the tenant.")
+    allowedClusters: list[str] = Field(default_factory=list,
+                                       description="Clusters the tenant may use (default: this cluster).")
+
+
+@router.get("/admin/v2/clusters", tags=["clusters"], response_model=list[str], summary="List the clusters",
+            responses=errors())
+async def list_clusters(admin: AdminDependency) -> list[str]:
+    """The one cluster this broker is (`cluster_name`)."""
+    return [admin.broker.tenants.cluster]
+
+
+@router.get("/admin/v2/tenants", tags=["tenants"], response_model=list[str], summary="List the tenants",
+            responses=errors())
+async def list_tenants(admin: AdminDependency) -> list[str]:
+    """Every tenant; `public` exists from the first start."""
+    return admin.broker.tenants.list_tenants()
+
+
+@router.get("/admin/v2/tenants/{tenant}", tags=["tenants"], response_model=TenantInfo, summary="Get a tenant",
+            responses=errors(404, 412, c404="The tenant does not exist."))
+async def get_tenant(admin: AdminDependency, tenant: Tenant) -> TenantInfo:
+    """The tenant's admin roles and allowed clusters, as they were given."""
+    return TenantInfo.model_validate(admin.broker.tenants.tenant(tenant))
+
+
+@router.put("/admin/v2/tenants/{tenant}", tags=["tenants"], status_code=204, response_class=Response,
+            summary="Create a tenant",
+            responses={204: {"description": "Created."},
+                       **errors(400, 409, 412, c409="The tenant exists.", c412="The name is not valid.")})
+async def create_tenant(admin: AdminDependency, tenant: Tenant,
+                        info: Annotated[TenantInfo | None, Body()] = None) -> Response:
+    """Create the tenant; the body, Pulsar's `TenantInfo`, is optional."""
+    admin.broker.tenants.create_tenant(tenant, (info or TenantInfo()).model_dump())
+    return Response(status_code=204)
+
+
+@router.delete("/admin/v2/tenants/{tenant}", tags=["tenants"], status_code=204, response_class=Response,
+               summary="Delete a tenant",
+               responses={204: {"description": "Deleted."},
+                          **errors(404, 409, 412, c404="The tenant does not exist.",
+                                   c409="The tenant still has namespaces.")})
+async def delete_tenant(admin: AdminDependency, tenant: Tenant) -> Response:
+    """Delete the tenant once it has no namespaces."""
+    admin.broker.tenants.delete_tenant(tenant)
+    return Response(status_code=204)
+
+
+@router.get("/admin/v2/namespaces/{tenant}", tags=["namespaces"], response_model=list[str],
+            summary="List the namespaces of a tenant",
+            responses=errors(404, 412, c404="The tenant does not exist."))
+async def list_namespaces(admin: AdminDependency, tenant: Tenant) -> list[str]:
+    """The tenant's namespaces as `tenant/namespace`."""
+    return admin.broker.tenants.list_namespaces(tenant)
+
+
+@router.put("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"], status_code=204,
+            response_class=Response, summary="Create a namespace",
+            responses={204: {"description": "Created."},
+                       **errors(404, 409, 412, c404="The tenant does not exist.", c409="The namespace exists.")})
+async def create_namespace(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> Response:
+    """Create `tenant/namespace` (a request body, Pulsar's policies, is ignored)."""
+    admin.broker.tenants.create_namespace(f"{tenant}/{namespace}")
+    return Response(status_code=204)
+
+
+@router.delete("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"], status_code=204,
+               response_class=Response, summary="Delete a namespace",
+               responses={204: {"description": "Deleted, with its namespace policies."},
+                          **errors(404, 409, 412, c404="The namespace does not exist.",
+                                   c409="The namespace still has topics or partitioned topics.")})
+async def delete_namespace(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> Response:
+    """Delete the empty namespace (Pulsar's delete without `force`)."""
+    name = admin.namespace_scope(tenant, namespace)
+    held = admin.list_topics(name) + admin.broker.partitioned.in_namespace(name)
+    admin.broker.tenants.delete_namespace(name, topics=held)
+    return Response(status_code=204)
+
+
+@router.get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", tags=["lookup"],
+            summary="Look a topic up over HTTP",
+            responses={200: {"description": "`brokerUrl`: the Pulsar URL of the broker serving the topic."},
+                       **errors(404, 405, 412, c404="The namespace does not exist.",
+                                c405="Non-persistent topics do not exist in compactd.")})
+async def lookup_topic(admin: AdminDependency, request: Request,
+                       domain: Annotated[str, Path(description="`persistent` (or `non-persistent`).")],
+                       tenant: Tenant, namespace: Namespace, topic: TopicPart) -> dict[str, Any]:
+    """Pulsar's `LookupData` for the topic: this broker, on the address the request reached."""
+    name = TopicName.parse(f"{domain}://{tenant}/{namespace}/{topic}")
+    admin.check_namespace(name)
+    server = request.scope.get("server")
+    host = server[0] if server else request.url.hostname or ""
+    broker = request.app.state.broker
+    # The bound Pulsar port (``PulsarBroker.port``); a core without a listener has the setting's.
+    port = getattr(broker, "port", 0) or broker.settings.broker_port
+    url = broker_service_url(broker.settings, host, port)
+    http = (web_service_url(broker.settings, host, server[1] if server else 0) if broker.settings.advertised_address
+            else f"{request.url.scheme}://{request.url.netloc}")
+    return {"brokerUrl": url, "brokerUrlTls": "", "httpUrl": http, "httpUrlTls": "", "nativeUrl": url}
