@@ -223,7 +223,8 @@ class CompactionRuns:
             self._handle(Failed(name, run_id, self._now_ms(), f"{type(error).__name__}: {error}"))
             self._runs.pop(run_id).outcome.set_exception(error)
         else:
-            self._handle(Succeeded(name, run_id, self._now_ms()))
+            self._handle(Succeeded(name, run_id, self._now_ms()))  # starts the trim, on a worker thread
+            await asyncio.gather(*list(self._trims))  # the outcome comes after the trim it covers
             self._runs.pop(run_id).outcome.set_result(figures)
 
     def _trim(self, topic: str) -> None:
