@@ -45,13 +45,12 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import enum
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
+from api.broker.consumer import Consumer, Delivery
 from api.broker.delayed import DelayedDeliveryTracker, deliver_at_ms
 from api.broker.errors import ConsumerBusyError, NotAllowedError
 from api.broker.key_shared import KeySharedDispatcher, KeySharedPolicy
@@ -95,55 +94,6 @@ class SubType(enum.Enum):
 
 # Several consumers at once, each entry to one of them; delayed delivery applies.
 _MULTI = (SubType.SHARED, SubType.KEY_SHARED)
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One entry on its way to a consumer.
-
-    Attributes:
-        position: the entry's original position.
-        data: ``metadataSize · metadata · payload``, as stored.
-        messages: permits it uses: the batch's slot count, else 1.
-        ack_set: words of the slots to deliver (empty: every slot).
-        redelivery_count: times redelivery was requested for it (Shared; a consumer
-            leaving is not counted, as in Pulsar).
-    """
-
-    position: Position
-    data: bytes
-    messages: int
-    ack_set: tuple[int, ...] = ()
-    redelivery_count: int = 0
-
-
-class Consumer(abc.ABC):
-    """The core's view of a consumer; ``permits`` is changed by the subscription only.
-    ``key_shared_policy`` is what a Key_Shared consumer asked for (None: the default)."""
-
-    key_shared_policy: KeySharedPolicy | None = None
-
-    def __init__(self, consumer_id: int, name: str, priority_level: int = 0) -> None:
-        self.consumer_id = consumer_id
-        self.name = name
-        self.priority_level = priority_level
-        self.permits = 0
-
-    @property
-    def writable(self) -> bool:
-        """False while the consumer cannot take more now (its outgoing buffer is full); it
-        then calls ``Subscription.dispatch`` again once it can (default: always True)."""
-        return True
-
-    @abc.abstractmethod
-    def send(self, delivery: Delivery) -> None:
-        """Hand one entry to the consumer (must not block)."""
-
-    def set_active(self, active: bool) -> None:
-        """Failover: this consumer became active or inactive (default: ignore)."""
-
-    def disconnect(self) -> None:
-        """The broker drops the consumer (seek): it will subscribe again (default: ignore)."""
 
 
 def _message_count(data: bytes) -> int:

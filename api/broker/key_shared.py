@@ -34,20 +34,16 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
-import enum
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from api.broker.consumer import Consumer, Delivery, KeySharedMode, KeySharedPolicy
 from api.broker.errors import BrokerError, ConsumerBusyError
 from compactor.errors import MalformedEntryError
 from compactor.message import parse_header
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
-
-if TYPE_CHECKING:
-    from api.broker.dispatch import Consumer, Delivery
 
 __all__ = [
     "HASH_RANGE",
@@ -72,28 +68,6 @@ class ConsumerAssignError(BrokerError):
     """A STICKY consumer's ranges are invalid or overlap another consumer's."""
 
     code = "ConsumerAssignError"
-
-
-class KeySharedMode(enum.Enum):
-    AUTO_SPLIT = 0
-    STICKY = 1
-
-
-@dataclass(frozen=True, slots=True)
-class KeySharedPolicy:
-    """What a Key_Shared SUBSCRIBE asked for; ``ranges`` are inclusive (STICKY only)."""
-
-    mode: KeySharedMode = KeySharedMode.AUTO_SPLIT
-    ranges: tuple[tuple[int, int], ...] = ()
-    allow_out_of_order: bool = False
-
-    @classmethod
-    def from_wire(cls, meta: pb.KeySharedMeta | None) -> KeySharedPolicy:
-        """The policy of a SUBSCRIBE's ``keySharedMeta`` (absent: AUTO_SPLIT, in order)."""
-        if meta is None:
-            return cls()
-        mode = KeySharedMode.STICKY if meta.keySharedMode == pb.STICKY else KeySharedMode.AUTO_SPLIT
-        return cls(mode, tuple((r.start, r.end) for r in meta.hashRanges), meta.allowOutOfOrderDelivery)
 
 
 def murmur3_32(data: bytes, seed: int = 0) -> int:

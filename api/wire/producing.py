@@ -13,7 +13,7 @@ supplies the transport, the loop and the answers. Rules it keeps:
   producer session (``ProducerSession.failed``), so that the client, which reconnects,
   sends them all again in order.
 * Access modes (Exclusive, WaitForExclusive, ExclusiveWithFencing) are decided before a
-  producer is attached (``api.wire.producer_access``, ``api.broker.access_mode``).
+  producer is attached (the access-mode section below, ``api.broker.access_mode``).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol
 
+from api.broker.access_mode import AccessMode, Grant
 from api.broker.dedup import ProducerSession
-from api.broker.errors import ProducerBusyError
+from api.broker.errors import BrokerError, ProducerBusyError
 from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import U64_MAX, server_error, to_message_id
 from api.wire.frames import Frame
-from api.wire.producer_access import admit_producer, fence_producer, with_epoch
 from api.wire.schema_commands import producer_schema_version
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
@@ -183,7 +183,7 @@ class ProducerHandlers:
         self.write(pb.BaseCommand(type=T.PRODUCER_SUCCESS, producer_success=with_epoch(success, grant)))
 
     def fence(self, producer: WireProducer) -> None:
-        """An ExclusiveWithFencing producer took the topic: close ``producer`` (``api.wire.producer_access``)."""
+        """An ExclusiveWithFencing producer took the topic: close ``producer`` (``fence_producer``)."""
         fence_producer(self, producer)
 
     def _send(self, command: pb.BaseCommand, frame: Frame) -> None:
@@ -252,3 +252,88 @@ class ProducerHandlers:
         if producer is not None:
             producer.topic.detach_producer(producer.name, producer)
         self._success(command.close_producer.request_id)
+
+
+# -- producer access modes ------------------------------------------------------------
+# The wire side of producer access modes (``api.broker.access_mode`` decides).
+#
+# ``admit_producer`` is called by ``ProducerHandlers._add_producer`` before a producer is
+# attached. It answers what the client 3.13.0 (C++ core 4.2.0) expects:
+#
+# * A refusal raises (ProducerBusy, ProducerFenced): the handler answers ERROR, and the
+#   client fails ``create_producer`` at once (both codes are fatal on creation).
+# * A WaitForExclusive producer that must wait gets PRODUCER_SUCCESS with
+#   ``producer_ready=false`` (the client then waits without a timeout), then a second
+#   PRODUCER_SUCCESS for the same request when it is granted, or ERROR ProducerFenced when
+#   an ExclusiveWithFencing producer fences it out of the queue.
+# * A fenced connected producer gets CLOSE_PRODUCER; its client reconnects and, if it was
+#   exclusive, is refused with ProducerFenced (its topic epoch is old), after which its
+#   sends fail with ``ProducerFenced``.
+
+
+def admit_producer(handlers: ProducerHandlers, request: pb.CommandProducer, topic: Topic,
+                   producer: WireProducer, schema_version: bytes | None = None) -> Grant:
+    """Decide on ``producer`` (see the module docstring); when queued, it is registered on
+    ``handlers`` and answered "not ready", and the caller must stop there."""
+    mode = AccessMode(request.producer_access_mode)
+    epoch = request.topic_epoch if request.HasField("topic_epoch") else None
+    grant = topic.access.admit(producer, mode, epoch, list(topic.producers.values()), fence=_fence)
+    if grant.queued:
+        handlers.producers[request.producer_id] = producer
+        topic.access.wait(producer, lambda granted: _ready(handlers, request, topic, producer, granted, schema_version),
+                          lambda error: _refused(handlers, request, producer, error))
+        log.info("producer %s on %s waits for exclusive access", producer.name, topic.name)
+        handlers.write(_producer_success(request, producer.name, -1, None, ready=False))
+    return grant
+
+
+def with_epoch(success: pb.CommandProducerSuccess, grant: Grant) -> pb.CommandProducerSuccess:
+    """``success`` carrying the topic epoch of an exclusive grant."""
+    if grant.epoch is not None:
+        success.topic_epoch = grant.epoch
+    return success
+
+
+def fence_producer(handlers: ProducerHandlers, producer: WireProducer) -> None:
+    """Fence ``producer`` of ``handlers``' connection: detached, and closed on the client."""
+    if handlers.producers.get(producer.producer_id) is producer:
+        del handlers.producers[producer.producer_id]
+    producer.topic.detach_producer(producer.name, producer)
+    close = pb.CommandCloseProducer(producer_id=producer.producer_id, request_id=U64_MAX)
+    handlers.write(T(type=T.CLOSE_PRODUCER, close_producer=close))
+
+
+def _fence(owner: object) -> None:
+    if isinstance(owner, WireProducer):
+        owner.connection.fence(owner)
+
+
+def _ready(handlers: ProducerHandlers, request: pb.CommandProducer, topic: Topic, producer: WireProducer,
+           epoch: int, schema_version: bytes | None) -> None:
+    """A queued producer got exclusive access: attach it and answer the request again."""
+    try:
+        topic.attach_producer(producer.name, producer)
+    except BrokerError as error:
+        topic.access.detached(producer, producers_left=bool(topic.producers))
+        _refused(handlers, request, producer, error)
+        return
+    success = _producer_success(request, producer.name, topic.last_sequence_id(producer.name), epoch, ready=True)
+    if schema_version is not None:
+        success.producer_success.schema_version = schema_version
+    handlers.write(success)
+
+
+def _refused(handlers: ProducerHandlers, request: pb.CommandProducer, producer: WireProducer,
+             error: BrokerError) -> None:
+    if handlers.producers.get(request.producer_id) is producer:
+        del handlers.producers[request.producer_id]
+    handlers._error(request.request_id, error)  # the connection's own answer
+
+
+def _producer_success(request: pb.CommandProducer, name: str, last_sequence_id: int, epoch: int | None, *,
+             ready: bool) -> pb.BaseCommand:
+    success = pb.CommandProducerSuccess(request_id=request.request_id, producer_name=name,
+                                        last_sequence_id=last_sequence_id, producer_ready=ready)
+    if epoch is not None:
+        success.topic_epoch = epoch
+    return T(type=T.PRODUCER_SUCCESS, producer_success=success)

@@ -188,7 +188,8 @@ def test_partial_frames_grow_the_broker_by_at_most_their_budget_and_are_freed_on
 
 def _http_request_headers(serve: ServeProcess, extra: str) -> bytes:
     path = "/admin/v2/persistent/public/default/big-body/compactionThreshold"
-    return (f"POST {path} HTTP/1.1\r\nHost: compactd\r\nContent-Type: application/json\r\n{extra}\r\n").encode()
+    host = f"127.0.0.1:{_port(serve.http_url)}"  # a Host the admin API answers for (issue 15's allow-list)
+    return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}\r\n").encode()
 
 
 def _status_of(sock: socket.socket) -> int:

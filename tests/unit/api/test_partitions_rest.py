@@ -7,13 +7,15 @@ reason naming the bad value.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
 import pytest
 
+from api.broker.dedup import ProducerSession
 from api.broker.service import BrokerService
-from tests.unit.api.test_rest import assert_reason, publish, run
+from tests.unit.api.test_rest import assert_reason, entry, run
 
 PARENT = "persistent://public/default/orders"
 PARENT_URL = "/admin/v2/persistent/public/default/orders"
@@ -87,8 +89,10 @@ def test_compaction_of_the_parent_runs_every_partition_and_reports_one_status(tm
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
         assert (await client.put(f"{PARENT_URL}/partitions", json=3)).status_code == 204
         assert (await client.get(f"{PARENT_URL}/compaction")).json()["status"] == "NOT_RUN"
-        for i in range(3):
-            publish(broker, f"{PARENT}-partition-{i}", ("k", b"1"), ("k", b"2"))
+        for i in range(3):  # through the topic: msgInCounter counts published messages
+            partition, session = broker.get_topic(f"{PARENT}-partition-{i}"), ProducerSession()
+            for sequence_id, value in enumerate((b"1", b"2")):
+                await asyncio.wrap_future(partition.publish(session, "p", sequence_id, sequence_id, entry("k", value)))
 
         assert (await client.put(f"{PARENT_URL}/compaction")).status_code == 204
         await broker.admin.wait_for_runs()
