@@ -17,7 +17,7 @@ The process first re-executes itself under ``unshare -rn`` (a private network na
 with only loopback up): pulsar-lite opens a metrics port on all interfaces. Each run
 starts, for each broker in turn (the order alternates from run to run), a fresh broker
 subprocess on a fresh data dir with its **default** settings (compactd: ``--fsync group``;
-pulsar-lite has no fsync setting) and measures with pulsar-client 3.13.0 in this process:
+pulsar-lite has no fsync setting and does not fsync a send, see ``bench/_peer_brokers.py``) and measures with pulsar-client 3.13.0 in this process:
 
 * **time to ready**: from the spawn to the broker's ready signal;
 * **produce_batched**: ``--messages`` messages of ``--payload-bytes`` B, batching on
@@ -273,7 +273,11 @@ def main() -> None:
     """Measure ``--runs`` runs of both brokers, alternating their order, and print the figures."""
     args = _arguments()
     isolate()
-    say = (lambda _text: None) if args.json else (lambda text: print(text, flush=True))
+
+    def say(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+
     root = tempfile.mkdtemp(prefix="bench-peer-", dir=args.dir)
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in BROKERS}
     try:
