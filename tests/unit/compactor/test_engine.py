@@ -27,7 +27,7 @@ from compactor.engine import (
 from compactor.keymap import KeyMap, KeyMapLimitError, PositionPacker
 from ledger.metadata import LedgerRecord
 from ledger.position import Position
-from tests.strategies import entries_of, streams
+from tests.strategies import StreamEntry, entries_of, streams
 
 BUDGET = 1000 * KEY_MAP_BYTES_PER_KEY
 
@@ -87,7 +87,7 @@ def _rebuilt(result: PhaseOneResult) -> PhaseOneResult:
 
 @settings(max_examples=100)
 @given(stream=streams())
-def test_a_rebuilt_retained_set_gives_phase_two_the_same_survivors(stream: list) -> None:
+def test_a_rebuilt_retained_set_gives_phase_two_the_same_survivors(stream: list[StreamEntry]) -> None:
     entries = entries_of(stream)
     result = phase_one(entries)
     expected = list(phase_two(entries, result))
