@@ -12,10 +12,15 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    and the run succeeds with ``ledger_id = -1``.
 3. Phase one over the input stream: the previous compacted ledger's entries (with their
    original positions), then the raw entries after the horizon up to the stop marker.
-   The engine (``compactor.engine.choose_engine``: ``local``, ``spark``, or ``auto`` by the
-   estimated key map against ``memory_budget_bytes``) runs it: ``local`` here, where every
-   store read must finish within ``phase_one_read_timeout_s``; ``spark`` as a Spark job
-   over the same ledgers (``compactor.spark.engine``), whose result phase two takes alike.
+   The engine (``compactor.engine.choose_engine``: ``local``, ``spark``, or ``auto``) runs
+   it: ``local`` here, where every store read must finish within
+   ``phase_one_read_timeout_s``; ``spark`` as a Spark job over the same ledgers
+   (``compactor.spark.engine``), whose result phase two takes alike. The local engine keeps
+   its key map within ``memory_budget_bytes`` (``compactor.rounds``): when the keys after
+   the horizon would pass it, phase one stops where the map filled, and steps 4 and 5 run
+   up to there as a *round*; the next round starts from the view just published, until
+   the view reaches the stop marker. Every round is published like a whole run, so a run
+   that fails or dies between rounds leaves the last round's view serving.
 4. Phase two over the same stream writes the survivors to a new ledger (metadata:
    component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
    original message id and, for batches, the surviving-slot mask. If every key was
@@ -85,8 +90,8 @@ log = logging.getLogger(__name__)
 
 # Pulsar's MAX_OUTSTANDING: appends to the new compacted ledger in flight at once.
 OUTSTANDING_APPENDS_MAX = 500
-# Default memory the local key map may take before ``auto`` moves phase one to Spark:
-# 1 GiB holds about 45 million live keys at 24 bytes each.
+# Default memory the local key map may take before a run goes in rounds: 1 GiB holds about
+# 45 million keys at 24 bytes each.
 MEMORY_BUDGET_BYTES_DEFAULT = 1 << 30
 
 
@@ -101,10 +106,11 @@ class CompactionConfig:
             (``brokerServiceCompactionPhaseOneLoopTimeInSeconds``, 30).
         read_batch_entries: raw entries per store read.
         engine: which engine runs phase one: ``local``, ``spark`` or ``auto``
-            (``compactor.engine.choose_engine``; ``auto`` keeps a run local unless its key
-            map would exceed ``memory_budget_bytes`` and PySpark is installed).
+            (``compactor.engine.choose_engine``: ``auto`` moves a run to Spark only where
+            Spark saves local rounds without costing the broker more than the budget).
         spark_master: the Spark master URL of the ``spark`` engine.
-        memory_budget_bytes: the key map ``auto`` allows the local engine.
+        memory_budget_bytes: the most the local engine's key map holds (24 bytes a key):
+            beyond it the run goes in rounds (``compactor.rounds``).
     """
 
     retain_null_key: bool = False
