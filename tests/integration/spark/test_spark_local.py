@@ -99,7 +99,7 @@ def test_auto_moves_a_run_to_spark_only_where_spark_keeps_the_broker_within_the_
     for name, (budget, driver_bytes, spark_runs) in cases.items():
         counting = CountingEngine(engine, driver_bytes)
         compactor = Compactor(CompactionConfig(engine="auto", memory_budget_bytes=budget),
-                              spark_engine=counting)  # type: ignore[arg-type]
+                              spark_engine=counting)
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="compactor.runner"):
             outcomes[name] = run_both([data], tmp_path / name, {"auto": compactor})["auto"]
