@@ -183,6 +183,7 @@ class KeyMap:
         self._buffer = array("Q")  # high, low, packed triples in stream order
         self._buffer_items_max = self._merge_threshold()
         self.merges = 0
+        self._nbytes_max = 0  # nbytes before the fullest merge so far
 
     @classmethod
     def from_latest(cls, high: U64, low: U64, packed: U64) -> KeyMap:
@@ -221,6 +222,7 @@ class KeyMap:
         """Fold the buffered updates into the sorted arrays."""
         if not self._buffer:
             return
+        self._nbytes_max = max(self._nbytes_max, self.nbytes)
         updates = np.frombuffer(self._buffer, dtype=np.uint64).reshape(-1, 3)
         high = np.concatenate((self._high, updates[:, 0]))
         low = np.concatenate((self._low, updates[:, 1]))
@@ -281,6 +283,12 @@ class KeyMap:
         return int(self._high.nbytes + self._low.nbytes + self._packed.nbytes) + (
             self._buffer.itemsize * len(self._buffer)
         )
+
+    @property
+    def nbytes_max(self) -> int:
+        """The most bytes the map's arrays and buffer have held at once (before a merge,
+        or now); a merge's transient copies not counted."""
+        return max(self._nbytes_max, self.nbytes)
 
 
 class AscendingLookup:

@@ -104,18 +104,23 @@ def round_phase_one(
     result = PhaseOneResult(key_map=KeyMap(keep_deleted=True), parse_again=set())
     one = RoundPhaseOne(result, horizon)
     key_map = result.key_map
-    for entry in entries:
+    stream = iter(entries)
+    for entry in stream:
         scan = scan_entry(entry.data)
-        if entry.position <= horizon:
-            _clean(one, entry, scan)
-            continue
-        if result.last_position is not None and result.last_position > horizon and not _room(
-                key_map, _updates(scan), capacity_keys):
+        if entry.position > horizon:  # the first dirty entry: always taken
+            fold_entry(result, entry, scan, keep_tombstones_since_ms)
+            break
+        _clean(one, entry, scan)
+    else:
+        result.last_position = None  # the clean part alone: nothing to compact
+        return one
+    for entry in stream:
+        scan = scan_entry(entry.data)
+        updates = _updates(scan)
+        if key_map.keys_bound + updates > capacity_keys and not _room(key_map, updates, capacity_keys):
             break
         fold_entry(result, entry, scan, keep_tombstones_since_ms)
-        one.key_map_bytes_max = max(one.key_map_bytes_max, key_map.nbytes)
-    if result.last_position is not None and result.last_position <= horizon:
-        result.last_position = None  # the clean part alone: nothing to compact
+    one.key_map_bytes_max = key_map.nbytes_max
     return one
 
 
