@@ -76,6 +76,7 @@ class RoundPhaseOne:
         clean_completions: the clean part's keyed chunk completions (uuid hash, where,
             key hash).
         key_map_bytes_max: the most bytes the map held at once.
+        filled: the round stopped because the map was full (else it read every entry).
         clean_keys_kept: keyed values of the clean part that survived (set by phase two).
     """
 
@@ -83,11 +84,12 @@ class RoundPhaseOne:
     horizon: Position
     clean_completions: list[tuple[UuidHash, EntryAt, tuple[int, int]]] = field(default_factory=list)
     key_map_bytes_max: int = 0
+    filled: bool = False
     clean_keys_kept: int = 0
 
     @property
     def stop(self) -> Position | None:
-        """The last entry of the round (its horizon once published)."""
+        """The last entry of the round (None: it read no entry after the horizon)."""
         return self.result.last_position
 
     @property
@@ -118,6 +120,7 @@ def round_phase_one(
         scan = scan_entry(entry.data)
         updates = _updates(scan)
         if key_map.keys_bound + updates > capacity_keys and not _room(key_map, updates, capacity_keys):
+            one.filled = True
             break
         fold_entry(result, entry, scan, keep_tombstones_since_ms)
     one.key_map_bytes_max = key_map.nbytes_max

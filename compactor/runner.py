@@ -237,8 +237,9 @@ class Compactor:
             round_started = time.monotonic()
             one = self._local_phase_one(topic, previous, horizon, stop, cutoff,
                                         _Counted("phase-one", total, progress), run.throttle)
-            round_stop = one.stop
-            assert round_stop is not None and horizon < round_stop <= stop
+            # A round that read to the end covers up to ``stop``, as a run in one piece does.
+            round_stop = one.stop if one.filled and one.stop is not None else stop
+            assert horizon < round_stop <= stop
             rounds.phase_one_s += time.monotonic() - round_started
             written = self._phase_two(
                 topic, at, round_stop, functools.partial(round_phase_two, one=one,

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from compactor import keymap
 from compactor.algorithm import CompactedEntry, compact
 from compactor.engine import KEY_MAP_BYTES_PER_KEY
+from compactor.keymap import KeyMap, key_hash
 from compactor.rounds import capacity_keys, round_phase_one, round_phase_two
 from compactor.runner import CompactionConfig, Compactor
 from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
@@ -218,3 +219,20 @@ def test_a_failure_in_a_later_round_fails_the_run_and_keeps_the_earlier_rounds_v
     assert figures.rounds >= 1 and figures.horizon == str(stop)
     _assert_serves(broker.topic, stop)
     broker.data_dir.close()
+
+
+def test_a_key_map_that_keeps_deletes_tells_them_apart_from_live_keys_and_counts_its_peak() -> None:
+    key_map = KeyMap(keep_deleted=True)
+    a, b, c = key_hash("a"), key_hash("b"), key_hash("c")
+    key_map.put(a, 5)
+    key_map.put(b, 7)
+    key_map.delete(a)
+    assert key_map.keys_bound == 3 and key_map.nbytes == 3 * KEY_MAP_BYTES_PER_KEY  # buffered, not merged
+    assert (len(key_map), key_map.live_keys()) == (2, 1)  # a is deleted, still held
+    assert key_map.holds(a) and key_map.holds(b) and not key_map.holds(c)
+    assert key_map.sorted_positions().tolist() == [7]
+    assert key_map.nbytes == 2 * KEY_MAP_BYTES_PER_KEY and key_map.nbytes_max == 3 * KEY_MAP_BYTES_PER_KEY
+    plain = KeyMap()
+    plain.put(a, 5)
+    plain.delete(a)
+    assert len(plain) == 0 and not plain.holds(a)
