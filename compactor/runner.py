@@ -157,7 +157,8 @@ class Compactor:
         are not throttled); 0 is unlimited. The time waited is the figures' ``throttled_s``.
         ``progress(phase, entries_done, entries_total)`` is called from the run's thread
         as each phase ("phase-one", "phase-two") goes through the input stream: at its
-        start, after each read batch, and at its end.
+        start, after each read batch, and at its end; a run in several rounds goes through
+        both phases once per round.
         """
         started = time.monotonic()
         now_ms = self._now_ms()
