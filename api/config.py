@@ -137,8 +137,8 @@ class Settings:
         _COMPACTION.engine, "Engine of phase one: auto, local or spark.")
     spark_master: str = _setting(_COMPACTION.spark_master, "Spark master URL of the spark engine.")
     compaction_memory_budget_bytes: int = _setting(
-        _COMPACTION.memory_budget_bytes, "Key-map memory the local engine may use before the auto engine moves phase one "
-        "to Spark (24 bytes a live key).", minimum=1)
+        _COMPACTION.memory_budget_bytes, "Most memory the local engine's key map may hold (24 bytes a key); past it a run "
+        "compacts in rounds, each one published.", minimum=1)
     compaction_min_lag_ms: int = _setting(
         0, "Broker default of the minCompactionLagMs policy: a run leaves every message published "
         "less than this long ago uncompacted; 0 holds nothing back.", minimum=0)

@@ -65,7 +65,7 @@ from compactor.scan import EntryScan, ScannedMessage, scan_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 
-__all__ = ["CompactedEntry", "PhaseOneResult", "compact", "phase_one", "phase_two"]
+__all__ = ["CompactedEntry", "PhaseOneResult", "compact", "fold_entry", "is_young", "kept_entry", "phase_one", "phase_two"]
 
 
 @dataclass
@@ -130,25 +130,31 @@ def phase_one(
     parse_again: set[Position] = set()
     result = PhaseOneResult(parse_again=parse_again)
     for entry in entries:
-        assert result.last_position is None or entry.position > result.last_position, "out of order"
-        result.last_position = entry.position
-        result.entries_read += 1
-        result.bytes_read += len(entry.data)
-        scan = scan_entry(entry.data)
-        if scan.kind == "opaque":
-            result.opaque_entries += 1
-            parse_again.add(entry.position)
-        elif scan.kind == "marker":
-            result.markers += 1
-        else:
-            result.messages_read += len(scan.messages)
-            if scan.chunk is not None:
-                parse_again.add(entry.position)
-                _chunk(result, entry.position, scan)
-                continue
-            young = _young(scan.publish_time, keep_tombstones_since_ms)
-            _update(result.key_map, result.packer, entry.position, scan.messages, young)
+        fold_entry(result, entry, scan_entry(entry.data), keep_tombstones_since_ms)
     return result
+
+
+def fold_entry(result: PhaseOneResult, entry: Entry, scan: EntryScan, keep_tombstones_since_ms: int | None) -> None:
+    """Phase one of one entry (``scan`` is ``scan_entry(entry.data)``): count it and fold
+    its messages into ``result``; ``result.parse_again`` must be a set."""
+    assert result.parse_again is not None
+    assert result.last_position is None or entry.position > result.last_position, "out of order"
+    result.last_position = entry.position
+    result.entries_read += 1
+    result.bytes_read += len(entry.data)
+    if scan.kind == "opaque":
+        result.opaque_entries += 1
+        result.parse_again.add(entry.position)
+    elif scan.kind == "marker":
+        result.markers += 1
+    else:
+        result.messages_read += len(scan.messages)
+        if scan.chunk is not None:
+            result.parse_again.add(entry.position)
+            _chunk(result, entry.position, scan)
+            return
+        young = is_young(scan.publish_time, keep_tombstones_since_ms)
+        _update(result.key_map, result.packer, entry.position, scan.messages, young)
 
 
 def _chunk(result: PhaseOneResult, position: Position, scan: EntryScan) -> None:
@@ -166,7 +172,7 @@ def _at(position: Position) -> EntryAt:
     return position.ledger_id, position.entry_id
 
 
-def _young(publish_time: int, keep_tombstones_since_ms: int | None) -> bool:
+def is_young(publish_time: int, keep_tombstones_since_ms: int | None) -> bool:
     """Whether the entry's tombstones are young (kept as values; module docstring)."""
     return keep_tombstones_since_ms is not None and publish_time >= keep_tombstones_since_ms
 
@@ -216,20 +222,22 @@ def phase_two(
             if chunks.survives(key_hash(scan.chunk.uuid), _at(entry.position), retained_chunks):
                 yield CompactedEntry(entry.position, entry.data)
             continue
-        young = _young(scan.publish_time, keep_tombstones_since_ms)
+        young = is_young(scan.publish_time, keep_tombstones_since_ms)
         keep = _surviving(scan.messages, entry.position, result.packer, retained, retain_null_key, young)
-        if not keep:
-            continue
-        if scan.batch is None:  # non-batched or encrypted: one message, kept verbatim
-            yield CompactedEntry(entry.position, entry.data)
-            continue
-        batch = scan.batch
-        data = entry.data
-        if len(keep) < len(scan.messages):  # some live slot is dropped
-            data = rewrite_slots(
-                batch.metadata, batch.slots(), set(keep), with_checksum=batch.has_checksum
-            )
-        yield CompactedEntry(entry.position, data, scan.batch_size, tuple(keep))
+        if keep:
+            yield kept_entry(entry, scan, keep)
+
+
+def kept_entry(entry: Entry, scan: EntryScan, keep: list[int]) -> CompactedEntry:
+    """The compacted entry of a single or batch ``entry`` whose live messages ``keep``
+    (batch indexes, not empty) survive: verbatim, or a batch with the others emptied."""
+    if scan.batch is None:  # non-batched or encrypted: one message, kept verbatim
+        return CompactedEntry(entry.position, entry.data)
+    batch = scan.batch
+    data = entry.data
+    if len(keep) < len(scan.messages):  # some live slot is dropped
+        data = rewrite_slots(batch.metadata, batch.slots(), set(keep), with_checksum=batch.has_checksum)
+    return CompactedEntry(entry.position, data, scan.batch_size, tuple(keep))
 
 
 def _nothing_retained(

@@ -5,16 +5,33 @@ live key); phase two walks the stream once more and publishing is local. So an e
 a *phase one*: given the input stream as ranges of ledgers (``PhaseOneInput``), it returns
 a ``PhaseOneResult`` that the local phase two consumes unchanged. Two exist:
 
-* ``local``: ``compactor.algorithm.phase_one`` in this process (the reference);
+* ``local``: ``compactor.algorithm.phase_one`` in this process, in rounds within the memory
+  budget (``compactor.rounds``);
 * ``spark``: ``compactor.spark.engine.SparkPhaseOne``, a distributed aggregation on Apache
   Spark over the same ledgers, read by the executors straight from the ledger files.
 
-``choose_engine`` is the pure selection rule: ``local`` and ``spark`` are what they say;
-``auto`` picks ``spark`` when the estimated key map (``estimated_keys`` ×
-``KEY_MAP_BYTES_PER_KEY``) would exceed the memory budget, and PySpark is installed.
-The estimate is an upper bound the runner has for free: the previous compacted ledger's
-entries plus the raw entries after the horizon (each entry holds at least one message;
-a key written twice is counted twice).
+``choose_engine`` is the pure selection rule: ``local`` and ``spark`` are what they say.
+The local engine never needs more than the memory budget (``compactor.rounds``: when the
+key set would pass it, the run goes in rounds), so Spark can only help where it saves the
+local engine's extra rounds *without* costing the broker more memory than the budget.
+``auto`` therefore picks ``spark`` only when all of these hold:
+
+* PySpark is installed;
+* the local key map would pass the budget (``estimated_keys`` × ``KEY_MAP_BYTES_PER_KEY``
+  > ``memory_budget_bytes``): one local round would not do;
+* what the Spark engine brings back to the driver, which is the broker, fits the budget
+  (``estimated_keys`` × ``driver_bytes_per_key`` ≤ ``memory_budget_bytes``). Today's
+  Spark engine collects every live key to the driver as Arrow
+  (``SPARK_DRIVER_BYTES_PER_KEY``, about 77 bytes a key measured, three times the local
+  map's 24), so this never holds and ``auto`` stays local; an engine that keeps the keys on
+  the executors says so with a ``driver_bytes_per_key`` attribute of 0, and then ``auto``
+  moves every run that needs more than one local round to Spark. So ``auto`` never moves a
+  run to a path that needs more broker memory, and never reaches
+  ``spark.driver.maxResultSize`` (1 GiB by default: 14 M keys at 77 bytes) unless the
+  budget is set above it.
+
+The estimate is what the runner has for free: the previous compacted ledger's entries plus
+the raw entries after the horizon (a key written twice is counted twice, a batch once).
 """
 
 from __future__ import annotations
@@ -29,6 +46,7 @@ from ledger.position import Position
 
 __all__ = [
     "KEY_MAP_BYTES_PER_KEY",
+    "SPARK_DRIVER_BYTES_PER_KEY",
     "EngineName",
     "LedgerRange",
     "PhaseOneEngine",
@@ -41,6 +59,9 @@ EngineName = Literal["auto", "local", "spark"]
 # What one live key costs the local key map (compactor.keymap: two hash halves and a packed
 # position, three uint64); the merge buffer adds at most a quarter more.
 KEY_MAP_BYTES_PER_KEY = 24
+# What the Spark engine (compactor.spark.engine) costs the driver per live key: every key
+# comes back as Arrow (``toArrow()``), about 77 bytes a key measured (issue 13).
+SPARK_DRIVER_BYTES_PER_KEY = 77
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +110,16 @@ class PhaseOneEngine(Protocol):
 
 
 def choose_engine(
-    engine: EngineName, *, estimated_keys: int, memory_budget_bytes: int, spark_available: bool
+    engine: EngineName, *, estimated_keys: int, memory_budget_bytes: int, spark_available: bool,
+    driver_bytes_per_key: int = SPARK_DRIVER_BYTES_PER_KEY,
 ) -> Literal["local", "spark"]:
-    """The engine of one run (see the module docstring)."""
+    """The engine of one run (see the module docstring); ``driver_bytes_per_key`` is what
+    the Spark engine at hand brings back to the driver per key."""
     if engine != "auto":
         return engine
-    too_big = estimated_keys * KEY_MAP_BYTES_PER_KEY > memory_budget_bytes
-    return "spark" if too_big and spark_available else "local"
+    rounds = estimated_keys * KEY_MAP_BYTES_PER_KEY > memory_budget_bytes
+    driver_fits = estimated_keys * driver_bytes_per_key <= memory_budget_bytes
+    return "spark" if spark_available and rounds and driver_fits else "local"
 
 
 def raw_ranges(ledgers: Sequence[LedgerRecord], horizon: Position, stop: Position) -> list[LedgerRange]:

@@ -10,7 +10,9 @@ Layout: the merged map is three parallel numpy arrays sorted by hash; updates go
 append-only buffer (``array('Q')``, 24 bytes per update) that is merged in when it holds
 ``max(BUFFER_UPDATES_MIN, len(map) / 4)`` updates, so merges cost O(n log n) amortised and
 the buffer never holds more than a quarter of the map. A merge is a stable sort by hash of
-(map, buffer) in stream order, keeping the last update per hash and dropping tombstones.
+(map, buffer) in stream order, keeping the last update per hash and dropping tombstones
+(``KeyMap(keep_deleted=True)`` keeps them instead, as "deleted" entries: a round of a
+bounded run, ``compactor.rounds``, must know which keys its part of the stream deleted).
 
 Packed position (``PositionPacker``): ``ledger ordinal (20 bits) · entry_id (30 bits) ·
 batch_index + 1 (14 bits)``. Ordinals are given to ledger ids in ascending order as the
@@ -171,13 +173,17 @@ class PositionPacker:
 class KeyMap:
     """Key hash → latest packed position; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_deleted: bool = False) -> None:
+        """``keep_deleted``: a tombstone stays in the map as its key's "deleted" entry
+        (counted by ``len``, found by ``holds``, never among ``sorted_positions``)."""
+        self._keep_deleted = keep_deleted
         self._high: U64 = np.empty(0, dtype=np.uint64)
         self._low: U64 = np.empty(0, dtype=np.uint64)
         self._packed: U64 = np.empty(0, dtype=np.uint64)
         self._buffer = array("Q")  # high, low, packed triples in stream order
         self._buffer_items_max = self._merge_threshold()
         self.merges = 0
+        self._nbytes_max = 0  # nbytes before the fullest merge so far
 
     @classmethod
     def from_latest(cls, high: U64, low: U64, packed: U64) -> KeyMap:
@@ -216,6 +222,7 @@ class KeyMap:
         """Fold the buffered updates into the sorted arrays."""
         if not self._buffer:
             return
+        self._nbytes_max = max(self._nbytes_max, self.nbytes)
         updates = np.frombuffer(self._buffer, dtype=np.uint64).reshape(-1, 3)
         high = np.concatenate((self._high, updates[:, 0]))
         low = np.concatenate((self._low, updates[:, 1]))
@@ -227,7 +234,8 @@ class KeyMap:
         del order
         last = np.ones(len(high), dtype=bool)
         last[:-1] = (high[1:] != high[:-1]) | (low[1:] != low[:-1])
-        last &= packed != np.uint64(_TOMBSTONE)
+        if not self._keep_deleted:
+            last &= packed != np.uint64(_TOMBSTONE)
         self._high, self._low, self._packed = high[last], low[last], packed[last]
         self._buffer_items_max = self._merge_threshold()
         self.merges += 1
@@ -242,14 +250,31 @@ class KeyMap:
                 return int(self._packed[index])
         return None
 
+    def holds(self, hashed: tuple[int, int]) -> bool:
+        """The key hashed to ``hashed`` has an entry: a value, or (``keep_deleted``) a delete."""
+        return self.get(hashed) is not None
+
     def __len__(self) -> int:
-        """Number of live keys."""
+        """Number of live keys (and, with ``keep_deleted``, of deleted ones)."""
         self.merge()
         return len(self._packed)
+
+    @property
+    def keys_bound(self) -> int:
+        """At most this many keys after the next merge (merged ones plus buffered updates),
+        known without merging: the map's ``nbytes`` is 24 bytes times this."""
+        return len(self._packed) + len(self._buffer) // 3
+
+    def live_keys(self) -> int:
+        """Number of keys with a value (deleted ones not counted)."""
+        self.merge()
+        return int(np.count_nonzero(self._packed != np.uint64(_TOMBSTONE)))
 
     def sorted_positions(self) -> U64:
         """Every live key's latest packed position, ascending (what phase two keeps)."""
         self.merge()
+        if self._keep_deleted:
+            return np.sort(self._packed[self._packed != np.uint64(_TOMBSTONE)])
         return np.sort(self._packed)
 
     @property
@@ -258,6 +283,12 @@ class KeyMap:
         return int(self._high.nbytes + self._low.nbytes + self._packed.nbytes) + (
             self._buffer.itemsize * len(self._buffer)
         )
+
+    @property
+    def nbytes_max(self) -> int:
+        """The most bytes the map's arrays and buffer have held at once (before a merge,
+        or now); a merge's transient copies not counted."""
+        return max(self._nbytes_max, self.nbytes)
 
 
 class AscendingLookup:

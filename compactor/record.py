@@ -33,7 +33,8 @@ class RunFigures:
         entries_read, messages_read, bytes_read: phase one's input.
         entries_written, bytes_written: the compacted ledger's content.
         phase_one_s, phase_two_s, duration_s: wall-clock times.
-        key_map_bytes: phase one's key map at its end.
+        key_map_bytes: phase one's key map at its end (the local engine: the most it held
+            at once, in any round; never more than the memory budget allows).
         append_latency_counts: appends to the compacted ledger per ``LATENCY_BUCKETS_MS``
             bucket (call to durable; the last counts overflow); () when nothing was written.
         engine: the engine that ran phase one (``local``, ``spark``); "" when nothing was
@@ -43,6 +44,8 @@ class RunFigures:
         keys_kept: live keys after phase one (young tombstones included).
         throttled_s: time the run waited on its I/O throttle (``compactor.throttle``).
         io_bytes: bytes the run read and appended, as charged to its throttle.
+        rounds: views the run published: more than one when the local engine's key map
+            reached the memory budget (``compactor.rounds``); 0 when nothing was compacted.
     """
 
     ledger_id: int = -1
@@ -62,6 +65,7 @@ class RunFigures:
     keys_kept: int = 0
     throttled_s: float = 0.0
     io_bytes: int = 0
+    rounds: int = 0
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ run that fails on bad data or storage is an expected outcome, recorded in its st
 carry the same facts as ``extra`` fields on the record (``event`` = ``compaction`` or
 ``compaction-failed``, then ``topic``, ``engine``, ``entries_read``, ``keys_kept``,
 ``removed``, ``bytes_in``, ``bytes_out``, ``duration_s``, ``throttled_s``, ``io_bytes``,
-``horizon``),
+``horizon``, ``rounds``),
 which a structured formatter (``compactd serve --log-format json``) writes as fields.
 """
 
@@ -42,6 +42,7 @@ def run_fields(topic: str, figures: RunFigures) -> dict[str, Any]:
         "throttled_s": round(figures.throttled_s, 6),
         "io_bytes": figures.io_bytes,
         "horizon": figures.horizon,
+        "rounds": figures.rounds,
     }
 
 

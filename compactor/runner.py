@@ -12,10 +12,15 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    and the run succeeds with ``ledger_id = -1``.
 3. Phase one over the input stream: the previous compacted ledger's entries (with their
    original positions), then the raw entries after the horizon up to the stop marker.
-   The engine (``compactor.engine.choose_engine``: ``local``, ``spark``, or ``auto`` by the
-   estimated key map against ``memory_budget_bytes``) runs it: ``local`` here, where every
-   store read must finish within ``phase_one_read_timeout_s``; ``spark`` as a Spark job
-   over the same ledgers (``compactor.spark.engine``), whose result phase two takes alike.
+   The engine (``compactor.engine.choose_engine``: ``local``, ``spark``, or ``auto``) runs
+   it: ``local`` here, where every store read must finish within
+   ``phase_one_read_timeout_s``; ``spark`` as a Spark job over the same ledgers
+   (``compactor.spark.engine``), whose result phase two takes alike. The local engine keeps
+   its key map within ``memory_budget_bytes`` (``compactor.rounds``): when the keys after
+   the horizon would pass it, phase one stops where the map filled, and steps 4 and 5 run
+   up to there as a *round*; the next round starts from the view just published, until
+   the view reaches the stop marker. Every round is published like a whole run, so a run
+   that fails or dies between rounds leaves the last round's view serving.
 4. Phase two over the same stream writes the survivors to a new ledger (metadata:
    component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
    original message id and, for batches, the surviving-slot mask. If every key was
@@ -51,10 +56,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
-from compactor.algorithm import CompactedEntry, PhaseOneResult, phase_one, phase_two
+from compactor.algorithm import CompactedEntry, PhaseOneResult, phase_two
 from compactor.engine import (
+    SPARK_DRIVER_BYTES_PER_KEY,
     EngineName,
     LedgerRange,
     PhaseOneEngine,
@@ -66,6 +73,7 @@ from compactor.errors import CompactionTimeoutError, MalformedEntryError, SparkE
 from compactor.lag import stop_before_young, young_after
 from compactor.message import parse_header
 from compactor.record import LATENCY_BUCKETS_MS, RunFigures, latency_bucket
+from compactor.rounds import RoundPhaseOne, capacity_keys, round_phase_one, round_phase_two
 from compactor.run_log import log_run, log_run_failed
 from compactor.throttle import Throttle
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
@@ -82,8 +90,8 @@ log = logging.getLogger(__name__)
 
 # Pulsar's MAX_OUTSTANDING: appends to the new compacted ledger in flight at once.
 OUTSTANDING_APPENDS_MAX = 500
-# Default memory the local key map may take before ``auto`` moves phase one to Spark:
-# 1 GiB holds about 45 million live keys at 24 bytes each.
+# Default memory the local key map may take before a run goes in rounds: 1 GiB holds about
+# 45 million keys at 24 bytes each.
 MEMORY_BUDGET_BYTES_DEFAULT = 1 << 30
 
 
@@ -98,10 +106,11 @@ class CompactionConfig:
             (``brokerServiceCompactionPhaseOneLoopTimeInSeconds``, 30).
         read_batch_entries: raw entries per store read.
         engine: which engine runs phase one: ``local``, ``spark`` or ``auto``
-            (``compactor.engine.choose_engine``; ``auto`` keeps a run local unless its key
-            map would exceed ``memory_budget_bytes`` and PySpark is installed).
+            (``compactor.engine.choose_engine``: ``auto`` moves a run to Spark only where
+            Spark saves local rounds without costing the broker more than the budget).
         spark_master: the Spark master URL of the ``spark`` engine.
-        memory_budget_bytes: the key map ``auto`` allows the local engine.
+        memory_budget_bytes: the most the local engine's key map holds (24 bytes a key):
+            beyond it the run goes in rounds (``compactor.rounds``).
     """
 
     retain_null_key: bool = False
@@ -148,7 +157,8 @@ class Compactor:
         are not throttled); 0 is unlimited. The time waited is the figures' ``throttled_s``.
         ``progress(phase, entries_done, entries_total)`` is called from the run's thread
         as each phase ("phase-one", "phase-two") goes through the input stream: at its
-        start, after each read batch, and at its end.
+        start, after each read batch, and at its end; a run in several rounds goes through
+        both phases once per round.
         """
         started = time.monotonic()
         now_ms = self._now_ms()
@@ -179,13 +189,18 @@ class Compactor:
             return RunFigures(duration_s=time.monotonic() - started, horizon=str(horizon),
                               throttled_s=run.throttle.throttled_s, io_bytes=run.throttle.charged_bytes)
         total = (previous.entries if previous is not None else 0) + ledger.entries_between(horizon, stop)
-        engine, first = self._phase_one(
-            topic, previous, horizon, stop, cutoff, _Counted("phase-one", total, progress), run.throttle)
+        engine = self._engine(total)
+        log.debug("%s: phase one on the %s engine", topic.name, engine)
+        if engine == "local":
+            return self._local_run(topic, _Round(cursor, previous, horizon), started, cutoff, progress, run, stop)
+        first = self._spark_phase_one(topic, previous, horizon, stop, cutoff,
+                                      _Counted("phase-one", total, progress))
         phase_one_s = time.monotonic() - started
         latencies = [0] * (len(LATENCY_BUCKETS_MS) + 1)  # appends per bucket
         new_ledger_id, entries_written, bytes_written, kept = self._phase_two(
-            topic, previous, horizon, stop, first, cutoff, _Counted("phase-two", total, progress), latencies,
-            run.throttle)
+            topic, _Round(cursor, previous, horizon), stop, functools.partial(phase_two, result=first, retain_null_key=self.config.retain_null_key,
+                                           keep_tombstones_since_ms=cutoff),
+            _Counted("phase-two", total, progress), latencies, run.throttle)
         self._publish(topic, cursor, stop, new_ledger_id, previous)
         duration_s = time.monotonic() - started
         return RunFigures(
@@ -206,7 +221,38 @@ class Compactor:
             duration_s=duration_s,
             key_map_bytes=first.key_map.nbytes,
             append_latency_counts=tuple(latencies) if entries_written else (),
+            rounds=1,
         )
+
+    def _local_run(
+        self, topic: CompactedTopic, start: _Round, started: float, cutoff: int | None, progress: Progress,
+        run: _RunIo, stop: Position,
+    ) -> RunFigures:
+        """The run on the local engine: rounds (``compactor.rounds``) from ``start``, each
+        published, until the view reaches ``stop``; the figures add up every round's."""
+        rounds = _Rounds()
+        at = start
+        while True:
+            cursor, previous, horizon = at
+            total = (previous.entries if previous is not None else 0) + topic.ledger.entries_between(horizon, stop)
+            round_started = time.monotonic()
+            one = self._local_phase_one(topic, previous, horizon, stop, cutoff,
+                                        _Counted("phase-one", total, progress), run.throttle)
+            # A round that read to the end covers up to ``stop``, as a run in one piece does.
+            round_stop = one.stop if one.filled and one.stop is not None else stop
+            assert horizon < round_stop <= stop
+            rounds.phase_one_s += time.monotonic() - round_started
+            written = self._phase_two(
+                topic, at, round_stop, functools.partial(round_phase_two, one=one,
+                                                     retain_null_key=self.config.retain_null_key,
+                                                     keep_tombstones_since_ms=cutoff),
+                _Counted("phase-two", total, progress), rounds.latencies, run.throttle)
+            at = _Round(cursor, self._publish(topic, cursor, round_stop, written[0], previous), round_stop)
+            rounds.add(one, written)
+            if round_stop >= stop:
+                return rounds.figures(started, stop, run)
+            log.info("%s: compacted up to %s in round %d (the key map reached the memory budget); "
+                     "going on to %s", topic.name, round_stop, rounds.count, stop)
 
     # -- the input stream ---------------------------------------------------------------
 
@@ -244,19 +290,13 @@ class Compactor:
         return stop_before_young(((entry.position, _publish_time(entry.data)) for entry in entries),
                                  run.young_after_ms, horizon=horizon)
 
-    def _phase_one(
-        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        cutoff: int | None, counted: _Counted, throttle: Throttle,
-    ) -> tuple[EngineName, PhaseOneResult]:
-        """(the engine chosen, its result)."""
-        engine = choose_engine(
-            self.config.engine, estimated_keys=counted.total,
-            memory_budget_bytes=self.config.memory_budget_bytes, spark_available=_spark_installed(),
+    def _engine(self, estimated_keys: int) -> Literal["local", "spark"]:
+        """The engine of a run over about ``estimated_keys`` keys (``choose_engine``)."""
+        driver_bytes_per_key = getattr(self._spark_engine, "driver_bytes_per_key", SPARK_DRIVER_BYTES_PER_KEY)
+        return choose_engine(
+            self.config.engine, estimated_keys=estimated_keys, memory_budget_bytes=self.config.memory_budget_bytes,
+            spark_available=_spark_installed(), driver_bytes_per_key=driver_bytes_per_key,
         )
-        log.debug("%s: phase one on the %s engine", topic.name, engine)
-        if engine == "spark":
-            return engine, self._spark_phase_one(topic, previous, horizon, stop, cutoff, counted)
-        return engine, self._local_phase_one(topic, previous, horizon, stop, cutoff, counted, throttle)
 
     def _spark_phase_one(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
@@ -304,7 +344,8 @@ class Compactor:
     def _local_phase_one(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
         cutoff: int | None, counted: _Counted, throttle: Throttle,
-    ) -> PhaseOneResult:
+    ) -> RoundPhaseOne:
+        """Phase one of a local round: up to ``stop``, or to where the key map fills."""
         timeout_s = self.config.phase_one_read_timeout_s
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="phase-one-read")
 
@@ -319,7 +360,8 @@ class Compactor:
         try:
             stream = self._stream(topic, previous, horizon, stop, timed, throttle)
             counted.start()
-            result = phase_one(stream, retain_null_key=self.config.retain_null_key, keep_tombstones_since_ms=cutoff)
+            result = round_phase_one(stream, horizon=horizon, capacity_keys=capacity_keys(
+                self.config.memory_budget_bytes), keep_tombstones_since_ms=cutoff)
             counted.end()
             return result
         finally:
@@ -329,21 +371,20 @@ class Compactor:
     # -- phase two and publishing -------------------------------------------------------
 
     def _phase_two(
-        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        first: PhaseOneResult, cutoff: int | None, counted: _Counted, latencies: list[int], throttle: Throttle,
+        self, topic: CompactedTopic, start: _Round, stop: Position, survivors_of: Callable[[Iterator[Entry]], Iterator[CompactedEntry]],
+        counted: _Counted, latencies: list[int], throttle: Throttle,
     ) -> tuple[int, int, int, int]:
-        """Write the survivors to a new sealed ledger: (ledger id, entries, bytes, messages)."""
+        """Write the survivors (``survivors_of`` the input stream from ``start`` up to
+        ``stop``) to a new sealed ledger: (ledger id, entries, bytes, messages)."""
         store = topic.ledger.store
         ledger_id = store.create({
             "application": "compactd", "component": "compacted-ledger",
             "topic": topic.name, "compactedTo": str(stop),
         }, durable_at_seal=True)  # of use only once sealed: never queues behind the live topics' syncs
         try:
-            stream = self._stream(topic, previous, horizon, stop, lambda read: counted(read()), throttle)
+            stream = self._stream(topic, start.previous, start.horizon, stop, lambda read: counted(read()), throttle)
             counted.start()
-            survivors = phase_two(stream, first, retain_null_key=self.config.retain_null_key,
-                                  keep_tombstones_since_ms=cutoff)
-            entries, size, messages = self._write(topic, ledger_id, survivors, latencies, throttle)
+            entries, size, messages = self._write(topic, ledger_id, survivors_of(stream), latencies, throttle)
             counted.end()
             store.close(ledger_id)
         except Exception:
@@ -378,10 +419,12 @@ class Compactor:
     def _publish(
         self, topic: CompactedTopic, cursor: ManagedCursor, stop: Position, ledger_id: int,
         previous: CompactedView | None,
-    ) -> None:
+    ) -> CompactedView:
+        """Publish the sealed ``ledger_id`` as the view up to ``stop``, and return it."""
         store = topic.ledger.store
+        view = CompactedView(store, ledger_id, stop)
         try:
-            topic.publish(cursor, CompactedView(store, ledger_id, stop), previous)  # the one transaction
+            topic.publish(cursor, view, previous)  # the one transaction
         except Exception:
             store.delete(ledger_id)
             raise
@@ -390,6 +433,7 @@ class Compactor:
                 store.delete(previous.ledger_id)
             except Exception as error:  # noqa: BLE001 - published; the old ledger is only garbage now
                 log.warning("%s: could not delete old compacted ledger %d: %s", topic.name, previous.ledger_id, error)
+        return view
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -431,6 +475,57 @@ class _Counted:
 
     def end(self) -> None:
         self.progress(self.phase, self.done, max(self.total, self.done))
+
+
+class _Round(NamedTuple):
+    """Where a round starts: the run's cursor, the view it builds on and its horizon."""
+
+    cursor: ManagedCursor
+    previous: CompactedView | None
+    horizon: Position
+
+
+@dataclass
+class _Rounds:
+    """The figures of a local run's rounds so far."""
+
+    count: int = 0
+    phase_one_s: float = 0.0
+    latencies: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
+    ledger_id: int = -1
+    keys_kept: int = 0
+    removed_events: int = 0
+    entries_read: int = 0
+    messages_read: int = 0
+    bytes_read: int = 0
+    entries_written: int = 0
+    bytes_written: int = 0
+    key_map_bytes: int = 0
+
+    def add(self, one: RoundPhaseOne, written: tuple[int, int, int, int]) -> None:
+        """Count a published round: ``one`` its phase one, ``written`` its phase two's
+        (ledger id, entries, bytes, messages). Removed events add up exactly: what a round
+        keeps, the next one reads again."""
+        self.count += 1
+        self.ledger_id, self.entries_written, self.bytes_written, kept = written
+        self.keys_kept = one.keys_kept
+        self.removed_events += one.result.messages_read - kept
+        self.entries_read += one.result.entries_read
+        self.messages_read += one.result.messages_read
+        self.bytes_read += one.result.bytes_read
+        self.key_map_bytes = max(self.key_map_bytes, one.key_map_bytes_max)
+
+    def figures(self, started: float, stop: Position, run: _RunIo) -> RunFigures:
+        """The run's figures: the last round's view, every round's work."""
+        duration_s = time.monotonic() - started
+        return RunFigures(
+            engine="local", horizon=str(stop), keys_kept=self.keys_kept, throttled_s=run.throttle.throttled_s,
+            io_bytes=run.throttle.charged_bytes, ledger_id=self.ledger_id, removed_events=self.removed_events,
+            entries_read=self.entries_read, messages_read=self.messages_read, bytes_read=self.bytes_read,
+            entries_written=self.entries_written, bytes_written=self.bytes_written, phase_one_s=self.phase_one_s,
+            phase_two_s=duration_s - self.phase_one_s, duration_s=duration_s, key_map_bytes=self.key_map_bytes,
+            append_latency_counts=tuple(self.latencies) if any(self.latencies) else (), rounds=self.count,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor.algorithm import PhaseOneResult
-from compactor.engine import LedgerRange, PhaseOneInput
+from compactor.engine import SPARK_DRIVER_BYTES_PER_KEY, LedgerRange, PhaseOneInput
 from compactor.errors import SparkEngineError
 from compactor.runner import CompactionConfig, Compactor
 from compactor.spark import CompactdDataSource, SparkPhaseOne
@@ -52,8 +52,9 @@ def engine() -> Iterator[SparkPhaseOne]:
 class CountingEngine:
     """The Spark engine, counting its runs (to see which engine ``auto`` chose)."""
 
-    def __init__(self, inner: SparkPhaseOne) -> None:
+    def __init__(self, inner: SparkPhaseOne, driver_bytes_per_key: int = SPARK_DRIVER_BYTES_PER_KEY) -> None:
         self.inner, self.runs = inner, 0
+        self.driver_bytes_per_key = driver_bytes_per_key  # what auto weighs (compactor.engine)
 
     def phase_one(self, request: PhaseOneInput) -> PhaseOneResult:
         self.runs += 1
@@ -86,21 +87,26 @@ def test_local_and_spark_engines_write_identical_compacted_ledgers(
         assert _figures(spark_figures) == _figures(local_figures)
 
 
-def test_auto_moves_phase_one_to_spark_over_the_memory_budget(
+def test_auto_moves_a_run_to_spark_only_where_spark_keeps_the_broker_within_the_budget(
     engine: SparkPhaseOne, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    counting = CountingEngine(engine)
     data = [_message(f"key-{index % 3}", b"v%d" % index) for index in range(12)]
     outcomes = {}
-    for budget in (1 << 30, 24):  # roomy: local; 24 bytes is one key: spark
+    # (budget, what the engine brings back to the broker per key, runs on Spark): a roomy
+    # budget stays local; 24 bytes (one key) needs local rounds, and Spark only takes over
+    # when it keeps the keys off the broker.
+    cases = {"roomy": (1 << 30, 0, 0), "collects": (24, SPARK_DRIVER_BYTES_PER_KEY, 0), "keeps": (24, 0, 1)}
+    for name, (budget, driver_bytes, spark_runs) in cases.items():
+        counting = CountingEngine(engine, driver_bytes)
         compactor = Compactor(CompactionConfig(engine="auto", memory_budget_bytes=budget),
-                              spark_engine=counting)  # type: ignore[arg-type]
+                              spark_engine=counting)
+        caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="compactor.runner"):
-            outcomes[budget] = run_both([data], tmp_path / str(budget), {"auto": compactor})["auto"]
-    assert counting.runs == 1
-    assert "phase one on the spark engine" in caplog.text
-    assert outcomes[24][0][0] == outcomes[1 << 30][0][0]
-    assert len(outcomes[24][0][0]) == 3
+            outcomes[name] = run_both([data], tmp_path / name, {"auto": compactor})["auto"]
+        assert counting.runs == spark_runs, name
+        assert ("phase one on the spark engine" in caplog.text) is bool(spark_runs)
+    assert outcomes["roomy"][0][0] == outcomes["collects"][0][0] == outcomes["keeps"][0][0]
+    assert len(outcomes["roomy"][0][0]) == 3
 
 
 def _message(key: str | None, value: bytes) -> bytes:

@@ -17,25 +17,42 @@ from hypothesis import given, settings
 
 from compactor.algorithm import PhaseOneResult, phase_one, phase_two
 from compactor.chunks import ChunkedMessages
-from compactor.engine import KEY_MAP_BYTES_PER_KEY, LedgerRange, choose_engine, raw_ranges
+from compactor.engine import (
+    KEY_MAP_BYTES_PER_KEY,
+    SPARK_DRIVER_BYTES_PER_KEY,
+    LedgerRange,
+    choose_engine,
+    raw_ranges,
+)
 from compactor.keymap import KeyMap, KeyMapLimitError, PositionPacker
 from ledger.metadata import LedgerRecord
 from ledger.position import Position
-from tests.strategies import entries_of, streams
+from tests.strategies import StreamEntry, entries_of, streams
 
 BUDGET = 1000 * KEY_MAP_BYTES_PER_KEY
 
 
-@pytest.mark.parametrize(("engine", "keys", "available", "chosen"), [
-    ("local", 10**9, True, "local"),
-    ("spark", 1, False, "spark"),
-    ("auto", 1000, True, "local"),  # exactly the budget fits
-    ("auto", 1001, True, "spark"),
-    ("auto", 1001, False, "local"),  # without PySpark, auto stays local
+@pytest.mark.parametrize(("engine", "keys", "available", "driver_bytes", "chosen"), [
+    ("local", 10**9, True, 0, "local"),
+    ("spark", 1, False, 77, "spark"),
+    ("auto", 1000, True, 0, "local"),  # exactly the budget fits one local round
+    ("auto", 1001, True, 0, "spark"),  # Spark saves rounds and keeps the broker's memory flat
+    ("auto", 1001, False, 0, "local"),  # without PySpark, auto stays local
+    # Collecting every key to the driver (77 B each) costs the broker more than the local
+    # rounds (24 B each, within the budget): auto stays local, however many keys.
+    ("auto", 1001, True, SPARK_DRIVER_BYTES_PER_KEY, "local"),
+    ("auto", 10**9, True, SPARK_DRIVER_BYTES_PER_KEY, "local"),
+    ("auto", 30000, True, 1, "local"),  # even a small cost per key can pass the budget
+    ("auto", 2000, True, 1, "spark"),
 ])
-def test_choose_engine(engine: str, keys: int, available: bool, chosen: str) -> None:
+def test_choose_engine(engine: str, keys: int, available: bool, driver_bytes: int, chosen: str) -> None:
     assert choose_engine(engine, estimated_keys=keys, memory_budget_bytes=BUDGET,  # type: ignore[arg-type]
-                         spark_available=available) == chosen
+                         spark_available=available, driver_bytes_per_key=driver_bytes) == chosen
+
+
+def test_auto_never_picks_the_spark_engine_that_collects_every_key_to_the_broker() -> None:
+    assert all(choose_engine("auto", estimated_keys=keys, memory_budget_bytes=BUDGET, spark_available=True) == "local"
+               for keys in (0, 1000, 1001, 10**6, 10**10))
 
 
 def _record(ledger_id: int, entries: int) -> LedgerRecord:
@@ -70,7 +87,7 @@ def _rebuilt(result: PhaseOneResult) -> PhaseOneResult:
 
 @settings(max_examples=100)
 @given(stream=streams())
-def test_a_rebuilt_retained_set_gives_phase_two_the_same_survivors(stream: list) -> None:
+def test_a_rebuilt_retained_set_gives_phase_two_the_same_survivors(stream: list[StreamEntry]) -> None:
     entries = entries_of(stream)
     result = phase_one(entries)
     expected = list(phase_two(entries, result))
