@@ -1,8 +1,9 @@
 """PySpark data sources over a compactd data dir: a topic (or its compacted view) as a DataFrame.
 
-``CompactdDataSource`` (format ``"compactd"``), registered the PySpark way::
+``CompactdDataSource`` (format ``"compactd"``), registered by ``compactor.spark.register``
+(which also ships compactd's code to the Python workers: ``compactor.spark.shipping``)::
 
-    spark.dataSource.register(CompactdDataSource)
+    compactor.spark.register(spark)
     df = (spark.read.format("compactd")
           .option("dataDir", "/var/lib/compactd").option("topic", "my-table")
           .option("readCompacted", "true")        # default "false": the raw topic
@@ -11,7 +12,7 @@
 
 gives one row per message (``compactor.spark.rows.MESSAGE_SCHEMA_DDL``: key, value,
 ledger_id, entry_id, batch_index, publish_time and event_time in ms since the epoch,
-properties, tombstone) and one partition per ledger, so executors read ledgers in
+properties, tombstone, key_bytes: the key's exact bytes, where ``key`` is text) and one partition per ledger, so executors read ledgers in
 parallel. Options:
 
 * ``dataDir`` (required): the data dir; it is opened **read-only** and without its lock,
