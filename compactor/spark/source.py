@@ -28,6 +28,9 @@ parallel. Options:
   confirmed entry at planning time; default ``"false"``: sealed ledgers only, which never
   change under a running broker.
 
+``spark.readStream.format("compactd")`` reads the same rows as a stream (the compacted
+snapshot, then the live tail): ``compactor.spark.stream``.
+
 ``PhaseOneDataSource`` (format ``"compactd-phase-one"``) is the Spark engine's internal
 input: the ranges of one run (a JSON option) as ``rows.PHASE_ONE_SCHEMA_DDL`` rows.
 
@@ -138,6 +141,17 @@ class CompactdDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         del schema
         return _MessageReader(dict(self.options))
+
+    def streamReader(self, schema: Any) -> Any:
+        """``spark.readStream.format("compactd")``: ``compactor.spark.stream``."""
+        from compactor.spark.stream import StreamReader
+
+        del schema
+        lowered = {key.lower(): str(value) for key, value in self.options.items()}
+        data_dir, topic = lowered.get("datadir"), lowered.get("topic")
+        if not data_dir or not topic:
+            raise CompactorError("the compactd data source needs the options dataDir and topic")
+        return StreamReader(os.path.abspath(data_dir), full_topic_name(topic), lowered)
 
 
 class _MessageReader(DataSourceReader):
