@@ -194,6 +194,8 @@ class StreamReader(DataSourceStreamReader):
         return [InputPartition(piece) for piece in tail_ranges(ledgers, _position(start), _position(end))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if partition is None or partition.value is None:  # no range to read
+            return
         yield from rows.message_batches(rows.ledgers_root_of(self.source.data_dir), partition.value)
 
 
