@@ -56,7 +56,7 @@ from ledger.errors import LedgerNotFoundError
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
 
-__all__ = ["CompactdDataSource", "PhaseOneDataSource", "full_topic_name", "plan_ranges"]
+__all__ = ["CompactdDataSource", "PhaseOneDataSource", "full_topic_name", "plan_ranges", "topic_state"]
 
 METADATA_FILE = "metadata.db"  # ledger.data_dir's layout
 TRUE_WORDS = {"true": True, "false": False}
@@ -81,8 +81,9 @@ def _flag(options: Any, name: str) -> bool:
     return TRUE_WORDS[value]
 
 
-def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool) -> list[LedgerRange]:
-    """The ledger ranges a read of ``topic`` covers, in topic order (see the module docstring)."""
+def topic_state(data_dir: str, topic: str, *, read_compacted: bool) -> tuple[list[LedgerRecord], Any]:
+    """``topic``'s ledger records and, if ``read_compacted``, its persisted ``__compaction``
+    cursor row (None when absent), from one read-only look at the metadata."""
     path = os.path.join(os.path.abspath(data_dir), METADATA_FILE)
     metadata = MetadataStore(path, read_only=True)
     try:
@@ -92,6 +93,12 @@ def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open
         cursor = CursorStore(metadata.database).load(topic, COMPACTION_SUBSCRIPTION) if read_compacted else None
     finally:
         metadata.close()
+    return list(records), cursor
+
+
+def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool) -> list[LedgerRange]:
+    """The ledger ranges a read of ``topic`` covers, in topic order (see the module docstring)."""
+    records, cursor = topic_state(data_dir, topic, read_compacted=read_compacted)
     store = rows.open_store(rows.ledgers_root_of(data_dir))
     try:
         ranges: list[LedgerRange] = []

@@ -32,7 +32,6 @@ ledgers (``(ledger_id, last_entry_id)`` pairs, in order).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -43,10 +42,9 @@ from compactor.engine import LedgerRange
 from compactor.errors import CompactorError, MalformedEntryError
 from compactor.message import parse_entry
 from compactor.spark import rows
-from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
-from cursor.store import CursorStore
+from compactor.spark.source import topic_state
+from compactor.topic import COMPACTED_TOPIC_LEDGER
 from ledger.errors import LedgerNotFoundError
-from ledger.metadata import MetadataStore
 from ledger.position import Position
 
 __all__ = ["StreamReader", "next_end", "offset", "tail_ranges"]
@@ -104,14 +102,7 @@ class _Topic:
 
     def state(self) -> tuple[list[tuple[int, int]], int, Position]:
         """The readable ledgers, the published compacted ledger (-1: none) and its horizon."""
-        metadata = MetadataStore(os.path.join(self.data_dir, "metadata.db"), read_only=True)
-        try:
-            records = metadata.topic_ledgers(self.topic)
-            if not records and not metadata.topic_exists(self.topic):
-                raise CompactorError(f"topic {self.topic} not found in data dir {self.data_dir}")
-            cursor = CursorStore(metadata.database).load(self.topic, COMPACTION_SUBSCRIPTION)
-        finally:
-            metadata.close()
+        records, cursor = topic_state(self.data_dir, self.topic, read_compacted=True)
         store = rows.open_store(rows.ledgers_root_of(self.data_dir))
         try:
             ledgers = []
