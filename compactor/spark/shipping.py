@@ -10,7 +10,8 @@ and what it imports, so ``register`` ships compactd's own packages (``ledger``,
 
 The zip is built once per process from the packages this driver imports, named by a hash
 of its content (``compactd-<hash>.zip`` in a temporary directory), and added to a
-SparkContext once. Only compactd is shipped: the workers' interpreter must still have its
+SparkContext once; a copy also goes where PySpark's streaming source runner looks for its
+includes (``_mirror_for_streaming``). Only compactd is shipped: the workers' interpreter must still have its
 third-party dependencies (PyArrow, NumPy, protobuf, crc32c, cramjam, lz4: the ``spark``
 extra's set).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import tempfile
 import threading
 import zipfile
@@ -28,6 +30,7 @@ from typing import Any
 __all__ = ["SHIPPED_PACKAGES", "code_zip", "register", "ship_code"]
 
 SHIPPED_PACKAGES = ("ledger", "cursor", "compactor")
+STREAMING_FILES_DIR = "streaming_job"  # the job artifact id of PySpark's streaming source runner
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # a fixed timestamp: the same code gives the same zip
 _lock = threading.Lock()
 _built: str | None = None
@@ -84,7 +87,24 @@ def ship_code(spark: Any) -> str:
     name = os.path.basename(path)
     if not any(os.path.basename(added) == name for added in context.listFiles):
         context.addPyFile(path)
+    _mirror_for_streaming(path)
     return path
+
+
+def _mirror_for_streaming(path: str) -> None:
+    """Copy the zip where PySpark 4's streaming source runner (a driver-side Python worker
+    planning each micro-batch) looks for its includes: ``STREAMING_FILES_DIR`` under the
+    driver's SparkFiles root, which ``addPyFile`` does not fill (seen on PySpark 4.3)."""
+    from pyspark.core.files import SparkFiles
+
+    directory = os.path.join(SparkFiles.getRootDirectory(), STREAMING_FILES_DIR)
+    target = os.path.join(directory, os.path.basename(path))
+    if os.path.exists(target):
+        return
+    os.makedirs(directory, exist_ok=True)
+    partial = f"{target}.{os.getpid()}.part"
+    shutil.copyfile(path, partial)
+    os.replace(partial, target)
 
 
 def register(spark: Any) -> None:

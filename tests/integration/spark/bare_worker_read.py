@@ -3,8 +3,9 @@
 Run as ``python bare_worker_read.py DATA_DIR TOPIC``, with ``PYSPARK_PYTHON`` naming an
 interpreter that cannot import compactd. It first reads with the data source registered
 the plain PySpark way (``spark.dataSource.register``), which must fail on the worker, then
-after ``compactor.spark.register(spark)``, and prints one JSON line: the first attempt's
-error (or null) and the rows of the second (key, key_bytes as hex, value as hex).
+after ``compactor.spark.register(spark)``, then streams the topic (``availableNow``), and
+prints one JSON line: the first attempt's error (or null), the rows of the second (key,
+key_bytes as hex, value as hex) and the number of rows the stream gave.
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ def main(data_dir: str, topic: str) -> None:
         except Exception as error:  # noqa: BLE001 - the worker's ModuleNotFoundError, as a PySpark error
             unshipped = str(error)[-2000:]
         compactor.spark.register(spark)
-        print(json.dumps({"unshipped_error": unshipped, "rows": read()}))
+        rows = read()
+        stream = (spark.readStream.format("compactd").option("dataDir", data_dir).option("topic", topic).load()
+                  .writeStream.format("memory").queryName("streamed").trigger(availableNow=True).start())
+        stream.awaitTermination(120)
+        streamed = spark.table("streamed").count()
+        print(json.dumps({"unshipped_error": unshipped, "rows": rows, "streamed": streamed}))
     finally:
         spark.stop()
 

@@ -9,7 +9,8 @@ packages and install hooks (so PyArrow, NumPy, protobuf... are there, compactd i
 whether it is installed editable or not), started in an empty directory (``python -m``
 puts the working directory on ``sys.path``) and ignoring the ``PYTHONPATH`` Spark hands it.
 The test first checks that this interpreter cannot import compactd; the driver then shows
-a read failing on the worker without ``register`` and succeeding with it. The rows also
+a read failing on the worker without ``register`` and succeeding with it, batch and
+streaming. The rows also
 carry keys that are not UTF-8: ``key_bytes`` must give their bytes exactly.
 """
 
@@ -107,3 +108,4 @@ def test_register_ships_compactd_to_workers_that_cannot_import_it_and_keys_keep_
     assert outcome["unshipped_error"] is not None
     assert "No module named 'compactor'" in outcome["unshipped_error"]
     assert [tuple(row) for row in outcome["rows"]] == expected
+    assert outcome["streamed"] == len(expected)  # the stream reader's workers import the shipped code too
