@@ -158,7 +158,7 @@ class CompactdDataSource(DataSource):
         data_dir, topic = lowered.get("datadir"), lowered.get("topic")
         if not data_dir or not topic:
             raise CompactorError("the compactd data source needs the options dataDir and topic")
-        return StreamReader(os.path.abspath(data_dir), full_topic_name(topic), lowered)
+        return StreamReader(os.path.abspath(data_dir), full_topic_name(topic), lowered, topic_state)
 
 
 class _MessageReader(DataSourceReader):

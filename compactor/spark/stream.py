@@ -32,7 +32,7 @@ ledgers (``(ledger_id, last_entry_id)`` pairs, in order).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -42,7 +42,6 @@ from compactor.engine import LedgerRange
 from compactor.errors import CompactorError, MalformedEntryError
 from compactor.message import parse_entry
 from compactor.spark import rows
-from compactor.spark.source import topic_state
 from compactor.topic import COMPACTED_TOPIC_LEDGER
 from ledger.errors import LedgerNotFoundError
 from ledger.position import Position
@@ -50,6 +49,7 @@ from ledger.position import Position
 __all__ = ["StreamReader", "next_end", "offset", "tail_ranges"]
 
 Ledgers = Sequence[tuple[int, int]]
+TopicState = Callable[..., tuple[list[Any], Any]]
 EARLIEST = {"ledger": -1, "entry": -1, "snapshot": -2}
 
 
@@ -95,14 +95,15 @@ def tail_ranges(ledgers: Ledgers, start: Position, end: Position) -> list[Ledger
 
 
 class _Topic:
-    """What a planning step reads of the data dir (read-only, no lock)."""
+    """What a planning step reads of the data dir (read-only, no lock); ``topic_state`` is
+    ``compactor.spark.source.topic_state`` (the one reader of the ``__compaction`` row)."""
 
-    def __init__(self, data_dir: str, topic: str) -> None:
-        self.data_dir, self.topic = data_dir, topic
+    def __init__(self, data_dir: str, topic: str, topic_state: TopicState) -> None:
+        self.data_dir, self.topic, self.topic_state = data_dir, topic, topic_state
 
     def state(self) -> tuple[list[tuple[int, int]], int, Position]:
         """The readable ledgers, the published compacted ledger (-1: none) and its horizon."""
-        records, cursor = topic_state(self.data_dir, self.topic, read_compacted=True)
+        records, cursor = self.topic_state(self.data_dir, self.topic, read_compacted=True)
         store = rows.open_store(rows.ledgers_root_of(self.data_dir))
         try:
             ledgers = []
@@ -141,8 +142,8 @@ class _Topic:
 class StreamReader(DataSourceStreamReader):
     """The stream reader of the ``compactd`` format (see the module docstring)."""
 
-    def __init__(self, data_dir: str, topic: str, options: dict[str, str]) -> None:
-        self.source = _Topic(data_dir, topic)
+    def __init__(self, data_dir: str, topic: str, options: dict[str, str], topic_state: TopicState) -> None:
+        self.source = _Topic(data_dir, topic, topic_state)
         self.starting = options.get("startingoffsets", "earliest").strip().lower()
         if self.starting not in ("earliest", "latest"):
             raise CompactorError(f"option startingOffsets: {self.starting!r} is not earliest or latest")
