@@ -1,8 +1,10 @@
 """compactd on Apache Spark: the ``compactd`` PySpark data source and the Spark engine.
 
+* ``register(spark)`` (``compactor.spark.shipping``): ships compactd's code to the
+  session's Python workers and registers its data sources; then
+  ``spark.read.format("compactd")`` works where compactd is not installed.
 * ``CompactdDataSource`` (``compactor.spark.source``): a topic, or its compacted view, as
-  a DataFrame — ``spark.dataSource.register(CompactdDataSource)``, then
-  ``spark.read.format("compactd")``.
+  a DataFrame (``spark.read.format("compactd")``).
 * ``SparkPhaseOne`` (``compactor.spark.engine``): phase one as a distributed aggregation,
   the ``spark`` engine of ``compactor.runner.Compactor``.
 
@@ -18,14 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from compactor.spark.engine import SparkPhaseOne
+    from compactor.spark.shipping import register
     from compactor.spark.source import CompactdDataSource, PhaseOneDataSource
 
-__all__ = ["CompactdDataSource", "PhaseOneDataSource", "SparkPhaseOne"]
+__all__ = ["CompactdDataSource", "PhaseOneDataSource", "SparkPhaseOne", "register"]
 
 _MODULES = {
     "CompactdDataSource": "compactor.spark.source",
     "PhaseOneDataSource": "compactor.spark.source",
     "SparkPhaseOne": "compactor.spark.engine",
+    "register": "compactor.spark.shipping",
 }
 
 

@@ -28,7 +28,8 @@ what Spark spreads over executors is the reading, decoding, hashing and the aggr
 Sessions: one ``SparkSession`` per ``SparkPhaseOne``, created on first use with
 ``master`` (``local[*]``, ``spark://host:port``); Spark reuses a session already running in
 the process whatever its master. The Python workers run this interpreter
-(``PYSPARK_PYTHON``, when unset), which must be able to import compactd on every worker.
+(``PYSPARK_PYTHON``, when unset); compactd's own code is shipped to them
+(``compactor.spark.register``), its third-party dependencies must be installed there.
 Errors from PySpark and py4j leave as ``SparkEngineError``.
 """
 
@@ -150,7 +151,7 @@ def _start_session(master: str, config: dict[str, str]) -> Any:
         from pyspark.sql import SparkSession
     except ImportError as error:
         raise SparkEngineError("the spark engine needs PySpark: pip install 'compactd[spark]'") from error
-    from compactor.spark.source import CompactdDataSource, PhaseOneDataSource
+    from compactor.spark.shipping import register
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -161,8 +162,7 @@ def _start_session(master: str, config: dict[str, str]) -> Any:
         session = builder.getOrCreate()
     except Exception as error:  # no Java, a master that cannot be reached
         raise SparkEngineError(f"cannot start Spark on {master}: {type(error).__name__}: {error}") from error
-    session.dataSource.register(CompactdDataSource)
-    session.dataSource.register(PhaseOneDataSource)
+    register(session)  # the data sources, and compactd's code for workers that lack it
     return session
 
 

@@ -7,8 +7,11 @@ Both Spark data sources read ledger files directly through a read-only ``FileLed
   ``compactd`` data source, ``MESSAGE_SCHEMA``). Raw entries: markers, entries that do not
   decode (opaque) and slots a previous run dropped (``compacted_out``) give no row.
   Compacted entries: the surviving slots only (the ``ack_set`` a read-compacted reader is
-  sent). A key that is not valid UTF-8 (a producer's raw bytes) has its bad bytes
-  replaced, as Arrow strings must be text; ``value`` is null for a ``send(None)``. A
+  sent). ``key`` is text: a key that is not valid UTF-8 (a producer's raw bytes) has its
+  bad bytes replaced there, as Arrow strings must be text; ``key_bytes`` is the key's
+  bytes exactly (``Message.key_bytes``: the raw bytes, base64-decoded when the producer
+  sent binary key bytes, the flagged text's bytes when that is not valid base64); both are
+  null for a key-less message. ``value`` is null for a ``send(None)``. A
   chunked message gives one row per chunk, whose ``value`` is the chunk's piece of the
   compressed whole as stored (the rows are not put back together).
 * ``phase_one_batches`` — phase one's view of the stream (``PHASE_ONE_SCHEMA``), exactly
@@ -35,7 +38,7 @@ from compactor.algorithm import CompactedEntry
 from compactor.engine import LedgerRange
 from compactor.errors import MalformedEntryError
 from compactor.keymap import key_hash
-from compactor.message import is_marker, iter_messages, parse_entry
+from compactor.message import Message, is_marker, iter_messages, parse_entry
 from compactor.scan import scan_entry
 from compactor.view import decode_compacted_entry
 from ledger.position import Position
@@ -61,13 +64,14 @@ ROWS_PER_BATCH_MAX = 8192
 
 MESSAGE_SCHEMA_DDL = (
     "key string, value binary, ledger_id bigint, entry_id bigint, batch_index int, "
-    "publish_time bigint, event_time bigint, properties map<string,string>, tombstone boolean"
+    "publish_time bigint, event_time bigint, properties map<string,string>, tombstone boolean, "
+    "key_bytes binary"
 )
 MESSAGE_SCHEMA = pa.schema([
     ("key", pa.string()), ("value", pa.binary()), ("ledger_id", pa.int64()),
     ("entry_id", pa.int64()), ("batch_index", pa.int32()), ("publish_time", pa.int64()),
     ("event_time", pa.int64()), ("properties", pa.map_(pa.string(), pa.string())),
-    ("tombstone", pa.bool_()),
+    ("tombstone", pa.bool_()), ("key_bytes", pa.binary()),
 ])
 PHASE_ONE_SCHEMA_DDL = (
     "hash_high bigint, hash_low bigint, ledger_id bigint, entry_id bigint, batch_index int, "
@@ -106,6 +110,14 @@ def _text(key: str | None) -> str | None:
     if key is None:
         return None
     return key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _key_bytes(message: Message) -> bytes | None:
+    """The key's bytes exactly (see the module docstring)."""
+    try:
+        return message.key_bytes
+    except MalformedEntryError:  # flagged base64 that is not: the text as sent
+        return None if message.key is None else message.key.encode("utf-8", "surrogateescape")
 
 
 class _Columns:
@@ -165,7 +177,7 @@ def _add_messages(columns: _Columns, entry: CompactedEntry) -> None:
             _text(message.key), None if message.null_value else message.payload,
             position.ledger_id, position.entry_id, message.batch_index, publish_time,
             message.event_time, [(_text(k), _text(v)) for k, v in message.properties.items()],
-            message.is_tombstone,
+            message.is_tombstone, _key_bytes(message),
         )
 
 

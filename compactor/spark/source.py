@@ -1,8 +1,9 @@
 """PySpark data sources over a compactd data dir: a topic (or its compacted view) as a DataFrame.
 
-``CompactdDataSource`` (format ``"compactd"``), registered the PySpark way::
+``CompactdDataSource`` (format ``"compactd"``), registered by ``compactor.spark.register``
+(which also ships compactd's code to the Python workers: ``compactor.spark.shipping``)::
 
-    spark.dataSource.register(CompactdDataSource)
+    compactor.spark.register(spark)
     df = (spark.read.format("compactd")
           .option("dataDir", "/var/lib/compactd").option("topic", "my-table")
           .option("readCompacted", "true")        # default "false": the raw topic
@@ -11,7 +12,7 @@
 
 gives one row per message (``compactor.spark.rows.MESSAGE_SCHEMA_DDL``: key, value,
 ledger_id, entry_id, batch_index, publish_time and event_time in ms since the epoch,
-properties, tombstone) and one partition per ledger, so executors read ledgers in
+properties, tombstone, key_bytes: the key's exact bytes, where ``key`` is text) and one partition per ledger, so executors read ledgers in
 parallel. Options:
 
 * ``dataDir`` (required): the data dir; it is opened **read-only** and without its lock,
@@ -26,6 +27,9 @@ parallel. Options:
 * ``includeOpenLedger``: ``"true"`` also reads the open (current) ledger up to its last
   confirmed entry at planning time; default ``"false"``: sealed ledgers only, which never
   change under a running broker.
+
+``spark.readStream.format("compactd")`` reads the same rows as a stream (the compacted
+snapshot, then the live tail): ``compactor.spark.stream``.
 
 ``PhaseOneDataSource`` (format ``"compactd-phase-one"``) is the Spark engine's internal
 input: the ranges of one run (a JSON option) as ``rows.PHASE_ONE_SCHEMA_DDL`` rows.
@@ -52,7 +56,7 @@ from ledger.errors import LedgerNotFoundError
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
 
-__all__ = ["CompactdDataSource", "PhaseOneDataSource", "full_topic_name", "plan_ranges"]
+__all__ = ["CompactdDataSource", "PhaseOneDataSource", "full_topic_name", "plan_ranges", "topic_state"]
 
 METADATA_FILE = "metadata.db"  # ledger.data_dir's layout
 TRUE_WORDS = {"true": True, "false": False}
@@ -77,8 +81,9 @@ def _flag(options: Any, name: str) -> bool:
     return TRUE_WORDS[value]
 
 
-def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool) -> list[LedgerRange]:
-    """The ledger ranges a read of ``topic`` covers, in topic order (see the module docstring)."""
+def topic_state(data_dir: str, topic: str, *, read_compacted: bool) -> tuple[list[LedgerRecord], Any]:
+    """``topic``'s ledger records and, if ``read_compacted``, its persisted ``__compaction``
+    cursor row (None when absent), from one read-only look at the metadata."""
     path = os.path.join(os.path.abspath(data_dir), METADATA_FILE)
     metadata = MetadataStore(path, read_only=True)
     try:
@@ -88,6 +93,12 @@ def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open
         cursor = CursorStore(metadata.database).load(topic, COMPACTION_SUBSCRIPTION) if read_compacted else None
     finally:
         metadata.close()
+    return list(records), cursor
+
+
+def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool) -> list[LedgerRange]:
+    """The ledger ranges a read of ``topic`` covers, in topic order (see the module docstring)."""
+    records, cursor = topic_state(data_dir, topic, read_compacted=read_compacted)
     store = rows.open_store(rows.ledgers_root_of(data_dir))
     try:
         ranges: list[LedgerRange] = []
@@ -137,6 +148,17 @@ class CompactdDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         del schema
         return _MessageReader(dict(self.options))
+
+    def streamReader(self, schema: Any) -> Any:
+        """``spark.readStream.format("compactd")``: ``compactor.spark.stream``."""
+        from compactor.spark.stream import StreamReader
+
+        del schema
+        lowered = {key.lower(): str(value) for key, value in self.options.items()}
+        data_dir, topic = lowered.get("datadir"), lowered.get("topic")
+        if not data_dir or not topic:
+            raise CompactorError("the compactd data source needs the options dataDir and topic")
+        return StreamReader(os.path.abspath(data_dir), full_topic_name(topic), lowered, topic_state)
 
 
 class _MessageReader(DataSourceReader):

@@ -103,9 +103,17 @@ def _rows(entry: CompactedEntry) -> list[Row]:
         rows.append((
             key, None if message.null_value else bytes(message.payload), entry.position.ledger_id,
             entry.position.entry_id, message.batch_index, parsed.metadata.publish_time, message.event_time,
-            dict(message.properties), message.is_tombstone,
+            dict(message.properties), message.is_tombstone, _key_bytes(message),
         ))
     return rows
+
+
+def _key_bytes(message: Any) -> bytes | None:
+    try:
+        key: bytes | None = message.key_bytes
+        return key
+    except MalformedEntryError:
+        return None if message.key is None else bytes(message.key.encode("utf-8", "surrogateescape"))
 
 
 def spark_rows(frame: Any) -> list[Row]:
@@ -113,7 +121,8 @@ def spark_rows(frame: Any) -> list[Row]:
     rows = frame.orderBy("ledger_id", "entry_id", "batch_index").collect()
     return [
         (row.key, None if row.value is None else bytes(row.value), row.ledger_id, row.entry_id,
-         row.batch_index, row.publish_time, row.event_time, dict(row.properties or {}), row.tombstone)
+         row.batch_index, row.publish_time, row.event_time, dict(row.properties or {}), row.tombstone,
+         None if row.key_bytes is None else bytes(row.key_bytes))
         for row in rows
     ]
 

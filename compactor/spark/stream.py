@@ -1,0 +1,201 @@
+"""The ``compactd`` data source as a stream: the compacted snapshot, then the live tail.
+
+``spark.readStream.format("compactd")`` (after ``compactor.spark.register(spark)``) takes
+``dataDir`` and ``topic`` as the batch reader does and gives the same rows
+(``rows.MESSAGE_SCHEMA_DDL``) as micro-batches:
+
+* ``startingOffsets`` ``"earliest"`` (default): the first micro-batch is the published
+  compacted snapshot (the compacted ledger, whole, up to its horizon; none when the topic
+  was never compacted), then the raw entries after the horizon; ``"latest"``: only entries
+  appended after the query started. ``startingTime`` (ms since the epoch; overrides
+  ``startingOffsets``): the raw entries from the first one published at or after it (no
+  snapshot).
+* The tail is every raw ledger after the last offset, the open one included up to its
+  last confirmed entry, so messages show up while the broker appends them.
+* ``maxEntriesPerTrigger``: at most that many raw entries per micro-batch (an entry is one
+  message or one batch of messages); the snapshot batch is always read whole. Spark's
+  ``Trigger.AvailableNow`` and ``processAllAvailable`` read everything there is.
+
+An offset is ``{"ledger": L, "entry": E, "snapshot": C}``: every entry at or before
+position (L, E) was delivered; ``C`` >= 0 marks the batch ending there as the snapshot of
+compacted ledger ``C``, -2 an earliest query's start (the snapshot is still to be read),
+-1 any other offset. A batch's input is fixed by its two offsets (a task retry or a
+restarted query reads the same entries): the snapshot names its compacted ledger and the
+raw entries never change once confirmed. A later compaction publishes a new compacted
+ledger; the query keeps the one it started from for its snapshot batch, which stays
+readable as long as the broker keeps a replaced compacted ledger (issue 13 point 1's grace
+period) and reads the raw ledgers after it.
+
+``next_end`` and ``tail_ranges`` are the pure planning steps over the topic's readable
+ledgers (``(ledger_id, last_entry_id)`` pairs, in order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from compactor.engine import LedgerRange
+from compactor.errors import CompactorError, MalformedEntryError
+from compactor.message import parse_entry
+from compactor.spark import rows
+from compactor.topic import COMPACTED_TOPIC_LEDGER
+from ledger.errors import LedgerNotFoundError
+from ledger.position import Position
+
+__all__ = ["StreamReader", "next_end", "offset", "tail_ranges"]
+
+Ledgers = Sequence[tuple[int, int]]
+TopicState = Callable[..., tuple[list[Any], Any]]
+EARLIEST = {"ledger": -1, "entry": -1, "snapshot": -2}
+
+
+def offset(position: Position, snapshot: int = -1) -> dict[str, int]:
+    """The offset after ``position`` (see the module docstring)."""
+    return {"ledger": position.ledger_id, "entry": position.entry_id, "snapshot": snapshot}
+
+
+def _position(value: dict[str, Any]) -> Position:
+    return Position(int(value["ledger"]), int(value["entry"]))
+
+
+def next_end(ledgers: Ledgers, start: Position, limit: int | None) -> Position:
+    """The last position of the next batch after ``start``: at most ``limit`` entries
+    (None: all there are); ``start`` itself when there is nothing new."""
+    end, left = start, limit
+    for ledger_id, last in ledgers:
+        if ledger_id < start.ledger_id or last < 0:
+            continue
+        first = start.entry_id + 1 if ledger_id == start.ledger_id else 0
+        if first > last:
+            continue
+        if left is not None:
+            if left <= 0:
+                break
+            last = min(last, first + left - 1)
+            left -= last - first + 1
+        end = Position(ledger_id, last)
+    return end
+
+
+def tail_ranges(ledgers: Ledgers, start: Position, end: Position) -> list[LedgerRange]:
+    """The raw ranges after ``start`` up to ``end`` (both positions of ``ledgers``)."""
+    ranges = []
+    for ledger_id, last in ledgers:
+        if ledger_id < start.ledger_id or ledger_id > end.ledger_id:
+            continue
+        first = start.entry_id + 1 if ledger_id == start.ledger_id else 0
+        last = min(last, end.entry_id) if ledger_id == end.ledger_id else last
+        if first <= last:
+            ranges.append(LedgerRange(ledger_id, first, last))
+    return ranges
+
+
+class _Topic:
+    """What a planning step reads of the data dir (read-only, no lock); ``topic_state`` is
+    ``compactor.spark.source.topic_state`` (the one reader of the ``__compaction`` row)."""
+
+    def __init__(self, data_dir: str, topic: str, topic_state: TopicState) -> None:
+        self.data_dir, self.topic, self.topic_state = data_dir, topic, topic_state
+
+    def state(self) -> tuple[list[tuple[int, int]], int, Position]:
+        """The readable ledgers, the published compacted ledger (-1: none) and its horizon."""
+        records, cursor = self.topic_state(self.data_dir, self.topic, read_compacted=True)
+        store = rows.open_store(rows.ledgers_root_of(self.data_dir))
+        try:
+            ledgers = []
+            for record in records:
+                try:
+                    last = store.last_add_confirmed(record.ledger_id) if record.is_open else record.entries - 1
+                except LedgerNotFoundError:  # an open ledger not created on disk yet
+                    continue
+                ledgers.append((record.ledger_id, last))
+        finally:
+            store.shutdown()
+        if cursor is None or COMPACTED_TOPIC_LEDGER not in cursor.properties:
+            return ledgers, -1, Position(-1, -1)
+        return ledgers, int(cursor.properties[COMPACTED_TOPIC_LEDGER]), cursor.mark_delete_position
+
+    def before_time(self, ledgers: Ledgers, time_ms: int) -> Position:
+        """The position just before the first raw entry published at or after ``time_ms``
+        (a scan of the entries' metadata, ledger by ledger)."""
+        store = rows.open_store(rows.ledgers_root_of(self.data_dir))
+        try:
+            previous = Position(-1, -1)
+            for ledger_range in tail_ranges(ledgers, Position(-1, -1), Position(1 << 62, 1 << 62)):
+                for entry in rows.read_range(store, ledger_range):
+                    try:
+                        published = parse_entry(entry.data).metadata.publish_time
+                    except MalformedEntryError:
+                        published = -1
+                    if published >= time_ms:
+                        return previous
+                    previous = entry.position
+            return previous
+        finally:
+            store.shutdown()
+
+
+class StreamReader(DataSourceStreamReader):
+    """The stream reader of the ``compactd`` format (see the module docstring)."""
+
+    def __init__(self, data_dir: str, topic: str, options: dict[str, str], topic_state: TopicState) -> None:
+        self.source = _Topic(data_dir, topic, topic_state)
+        self.starting = options.get("startingoffsets", "earliest").strip().lower()
+        if self.starting not in ("earliest", "latest"):
+            raise CompactorError(f"option startingOffsets: {self.starting!r} is not earliest or latest")
+        self.starting_time = _number(options, "startingtime")
+        self.max_entries = _number(options, "maxentriespertrigger")
+        if self.max_entries is not None and self.max_entries < 1:
+            raise CompactorError(f"option maxEntriesPerTrigger: {self.max_entries} is not a positive number")
+
+    def initialOffset(self) -> dict[str, int]:
+        ledgers, _, _ = self.source.state()
+        if self.starting_time is not None:
+            return offset(self.source.before_time(ledgers, self.starting_time))
+        if self.starting == "latest":
+            return offset(next_end(ledgers, Position(-1, -1), None))
+        return dict(EARLIEST)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadAllAvailable() if self.max_entries is None else ReadMaxRows(self.max_entries)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        ledgers, compacted, horizon = self.source.state()
+        if start == EARLIEST and compacted >= 0:  # an earliest query's first batch: the snapshot
+            return offset(horizon, compacted)
+        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = next_end(ledgers, _position(start), cap)
+        return start if end == _position(start) else offset(end)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if start == end:
+            return []
+        snapshot = int(end.get("snapshot", -1))
+        if snapshot >= 0:
+            store = rows.open_store(rows.ledgers_root_of(self.source.data_dir))
+            try:
+                last = store.last_add_confirmed(snapshot)
+            finally:
+                store.shutdown()
+            return [InputPartition(LedgerRange(snapshot, 0, last, compacted=True))] if last >= 0 else []
+        ledgers, _, _ = self.source.state()
+        return [InputPartition(piece) for piece in tail_ranges(ledgers, _position(start), _position(end))]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if partition is None or partition.value is None:  # no range to read
+            return
+        yield from rows.message_batches(rows.ledgers_root_of(self.source.data_dir), partition.value)
+
+
+def _number(options: dict[str, str], name: str) -> int | None:
+    value = options.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise CompactorError(f"option {name}: {value!r} is not a whole number") from None
