@@ -30,6 +30,10 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   (the slowest persisted mark-delete position bounds it; with no durable cursor every
   closed ledger is a candidate), within the retention policy; the current ledger is never
   deleted. References leave the metadata store before data leaves the ledger store.
+
+This module is longer than the project's 600 lines on purpose: everything here reads or
+changes the ledger list under the one ``_lock`` (appends, roll-over, reads, positions,
+trimming), and splitting it would spread that lock's users over modules.
 """
 
 from __future__ import annotations

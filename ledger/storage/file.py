@@ -28,6 +28,10 @@ the files' lifecycle and durability:
 * ``read_only=True`` opens the directory without owning it (no lock, no truncation, no
   writes): another process can read sealed ledgers, and the intact prefix of open ones,
   while the owning broker keeps appending to other ledgers.
+
+It is a little over the project's 600 lines on purpose: every path that touches a ledger
+file's bytes or its descriptor takes the store's ``_lock`` and the ledger's ``io_lock`` in
+one order, which stays checkable only while they live in one module.
 """
 
 from __future__ import annotations
