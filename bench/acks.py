@@ -34,14 +34,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import queue
 import shutil
-import signal
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -51,52 +46,15 @@ import httpx
 import pulsar
 
 from api.wire.frames import FrameDecoder, encode_command, make_command
+from bench.wire import Server
 from compactor.proto import pulsar_api_pb2 as pb
 
-READY_TIMEOUT_S = 60.0
 RECEIVE_TIMEOUT_MS = 30_000
 DRAIN_TIMEOUT_S = 120.0
 POLL_S = 0.05
 PAYLOAD = b"x" * 100
 MODES = {"every-ack": "0", "scheduled": None}  # the rate-limit flag of each mode (None: the default)
 TOPIC = "persistent://public/default/bench-acks"
-
-
-class Server:
-    """``compactd serve`` as a subprocess on its own data dir."""
-
-    def __init__(self, data_dir: str, flags: list[str]) -> None:
-        executable = os.path.join(os.path.dirname(sys.executable), "compactd")
-        self.process = subprocess.Popen(
-            [executable, "serve", "--broker-port", "0", "--http-port", "0", "--data-dir", data_dir,
-             "--compaction-monitor-interval-seconds", "0", *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
-        lines: queue.Queue[str] = queue.Queue()
-        stdout = self.process.stdout
-        assert stdout is not None
-        threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-        try:
-            line = lines.get(timeout=READY_TIMEOUT_S)
-        except queue.Empty:
-            self.process.kill()
-            raise SystemExit("compactd serve did not print its ready line") from None
-        if not line.startswith("compactd ready broker="):
-            self.process.kill()
-            raise SystemExit(f"compactd serve failed to start: {line!r}")
-        broker, http = line.split()[2:4]
-        self.url = broker.removeprefix("broker=")
-        self.http_url = http.removeprefix("http=")
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 def _stats(http: httpx.Client) -> list[dict[str, Any]]:
@@ -171,7 +129,7 @@ def one_mode(args: argparse.Namespace, rate_limit: str | None, client_kind: str)
     """Acks/s the broker applied, and the consumers' own rate, for one mode."""
     data_dir = tempfile.mkdtemp(prefix="bench-acks-")
     flags = [] if rate_limit is None else ["--managed-ledger-mark-delete-rate-limit", rate_limit]
-    server = Server(data_dir, flags)
+    server = Server(data_dir, "group", flags=("--compaction-monitor-interval-seconds", "0", *flags))
     try:
         client = pulsar.Client(server.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         for index in range(args.subscriptions):  # the subscriptions exist before the messages

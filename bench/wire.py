@@ -55,12 +55,12 @@ PAYLOAD_SIZES = (100, 1024)
 class Server:
     """``compactd serve`` as a subprocess on its own data dir."""
 
-    def __init__(self, data_dir: str, fsync: str, deduplication: bool = False) -> None:
+    def __init__(self, data_dir: str, fsync: str, deduplication: bool = False, flags: tuple[str, ...] = ()) -> None:
         executable = os.path.join(os.path.dirname(sys.executable), "compactd")
         dedup = "--broker-deduplication-enabled" if deduplication else "--no-broker-deduplication-enabled"
         self.process = subprocess.Popen(
             [executable, "serve", "--broker-port", "0", "--http-port", "0", "--data-dir", data_dir,
-             "--fsync", fsync, dedup],
+             "--fsync", fsync, dedup, *flags],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         lines: queue.Queue[str] = queue.Queue()
