@@ -1,28 +1,33 @@
-"""Local engine vs Spark engine: one full compaction run of the same topic, each in its own process.
+"""Local engine, bounded local engine and Spark engine: one full compaction run of the same topic, each in its own process.
 
-Run: ``.venv/bin/python bench/spark.py [--messages 5000000] [--keys 1000000] [--master local[2]]``
+Run: ``.venv/bin/python -m bench.spark [--messages 20000000] [--keys 5000000] [--master local[2]] [--json]``
 (needs the ``spark`` extra and Java; ``--messages 500000 --keys 100000`` for a quick look).
 
 Workload (``bench/_workload.py``, seeded): ``--messages`` messages over ``--keys`` keys drawn
 uniformly, ``--value-bytes`` random bytes each, a ``--tombstones`` fraction of tombstones, in
 batch entries of ``--batch-size`` slots (a producer with batching on). It is written once
 into a data dir (``DataDir`` + ``ManagedLedger``, ``--entries-per-ledger`` entries a ledger,
-``SyncPolicy.NONE`` for setup speed) and copied afresh for each run.
+``SyncPolicy.NONE`` for setup speed), beside a ten-message warm-up topic, and copied afresh
+for each run.
 
-Each run is a fresh child process that opens its copy and times ``Compactor.compact`` with
-``CompactionConfig(engine=...)``:
+Each run is a fresh child process, the *broker*, that opens its copy and times
+``Compactor.compact`` of the topic with ``CompactionConfig(engine=...)``:
 
-* **local**: phase one in the process (``compactor.algorithm``);
-* **spark**: phase one as a Spark job on ``--master`` (default ``local[2]``); the Spark
-  session is started, and warmed with a phase one over the first ten entries (which starts
-  the Python planner and workers), *before* the timed run, and that start is reported
-  apart (``session s``): a broker keeps its session for every run.
+* **local**: the whole run in the process, with the default memory budget;
+* **local-bounded**: the same with ``--bounded-budget-bytes`` as the budget, so the run
+  goes in rounds (``compactor.rounds``);
+* **spark**: the run as Spark jobs on ``--master`` (default ``local[2]``); the session is
+  started and warmed by compacting the warm-up topic *before* the timed run, and that start
+  is reported apart (``session_s``): a broker keeps its session for every run.
 
 Figures per engine (median of ``--runs``): wall time of the run and of phase one,
-records/s (messages read / wall time, and / phase-one time), and the driver's peak RSS:
-the Python process's ``VmHWM`` (``/proc/self/status``) and, for Spark, the driver JVM's
-(``local[N]`` runs the executors in that JVM too; the Python workers are not counted). The
-two engines' compacted ledgers are hashed: the bench fails if they differ.
+``records_per_s`` (messages read / wall time), ``broker_peak_rss_bytes`` (the broker's
+Python process, ``VmHWM``), and ``driver_peak_rss_bytes``: the Spark driver's Python
+process (the broker) plus its JVM (``local[N]`` runs the executors in that JVM too; the
+Python workers are not counted); for the local engines the driver is the broker. The
+engines' compacted views (every entry's position and bytes, in order) are hashed:
+``identical`` is true when they agree across engines and runs, and the bench exits 1 when
+they do not.
 """
 
 from __future__ import annotations
@@ -43,17 +48,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import _child
 from bench._child import peak_rss_bytes
 from bench._workload import Workload
-from compactor.engine import LedgerRange, PhaseOneInput
 from compactor.runner import CompactionConfig, Compactor
 from compactor.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
-from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 
 TOPIC = "persistent://public/default/bench-spark"
+WARMUP_TOPIC = "persistent://public/default/bench-spark-warmup"
+WARMUP_MESSAGES = 10
 MIB = 1024 * 1024
+ENGINES = ("local", "local-bounded", "spark")
 
 
 def _ledger_config(spec: dict[str, Any]) -> ManagedLedgerConfig:
@@ -61,11 +67,15 @@ def _ledger_config(spec: dict[str, Any]) -> ManagedLedgerConfig:
 
 
 def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
-    """Write the topic into ``spec["dir"]``."""
+    """Write the topic, and the warm-up topic, into ``spec["dir"]``."""
     workload = Workload(spec["messages"], spec["keys"], value_bytes=spec["value_bytes"],
                         tombstone_fraction=spec["tombstones"], batch_size=spec["batch_size"], seed=spec["seed"])
     started = time.perf_counter()
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy.NONE)
+    warmup = ManagedLedger.open(WARMUP_TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
+    for data in Workload(WARMUP_MESSAGES, WARMUP_MESSAGES, value_bytes=10, batch_size=1, seed=0).encoded():
+        warmup.append(data)
+    warmup.close()
     ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
     size = 0
     for data in workload.encoded():
@@ -77,29 +87,37 @@ def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - started, "entries": workload.entries, "bytes": size, "ledgers": ledgers}
 
 
+def _config(spec: dict[str, Any]) -> CompactionConfig:
+    if spec["engine"] == "local-bounded":
+        return CompactionConfig(engine="local", memory_budget_bytes=spec["bounded_budget_bytes"])
+    return CompactionConfig(engine=spec["engine"], spark_master=spec["master"])
+
+
+def _jvm_pid() -> int:
+    """The pid of the Spark driver's JVM this process started (0: none)."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    gateway = None if context is None else context._gateway
+    return int(gateway.proc.pid) if gateway is not None and gateway.proc is not None else 0
+
+
 def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     """One ``Compactor.compact`` of the topic in ``spec["dir"]`` on ``spec["engine"]``."""
-    engine = spec["engine"]
-    spark_engine: Any = None
-    session_s, jvm_pid = 0.0, 0
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy.NONE)
-    ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
-    topic = CompactedTopic.restore(ledger, CursorStore(data_dir.database))
-    if engine == "spark":
-        from compactor.spark import SparkPhaseOne
-
+    cursors = CursorStore(data_dir.database)
+    compactor = Compactor(_config(spec))
+    session_s, jvm_pid = 0.0, 0
+    if spec["engine"] == "spark":
+        # Warm up as a broker's long-lived session is: the first job starts the JVM, the
+        # Python planner and workers and compiles the plans (seconds); later ones reuse them.
         started = time.perf_counter()
-        spark_engine = SparkPhaseOne(spec["master"])
-        # Warm up as a broker's long-lived session is: the first phase-one job starts the
-        # Python planner and workers and compiles the aggregation (seconds); later ones
-        # reuse them. The warm-up reads the first ten entries only.
-        first = ledger.ledger_list()[0]
-        spark_engine.phase_one(PhaseOneInput(
-            data_dir.ledgers.root, (LedgerRange(first.ledger_id, 0, min(9, first.entries - 1)),),
-            Position(first.ledger_id, 9)))
+        warmup = ManagedLedger.open(WARMUP_TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
+        compactor.compact(CompactedTopic.restore(warmup, cursors))
         session_s = time.perf_counter() - started
-        jvm_pid = spark_engine.session().sparkContext._gateway.proc.pid
-    compactor = Compactor(CompactionConfig(engine=engine, spark_master=spec["master"]), spark_engine=spark_engine)
+        jvm_pid = _jvm_pid()
+    ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
+    topic = CompactedTopic.restore(ledger, cursors)
     started = time.perf_counter()
     figures = compactor.compact(topic)
     wall_s = time.perf_counter() - started
@@ -110,16 +128,15 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     if view is not None:
         for entry in view.iter_all():
             digest.update(entry.position.ledger_id.to_bytes(8, "big") + entry.position.entry_id.to_bytes(8, "big"))
-            digest.update(entry.data)
+            digest.update(len(entry.data).to_bytes(8, "big") + entry.data)
     ledger.close()
+    compactor.close()
     data_dir.close()
-    if spark_engine is not None:
-        spark_engine.stop()
     return {
         "wall_s": wall_s, "phase_one_s": figures.phase_one_s, "phase_two_s": figures.phase_two_s,
         "session_s": session_s, "messages_read": figures.messages_read, "entries_read": figures.entries_read,
         "entries_written": figures.entries_written, "removed_events": figures.removed_events,
-        "python_rss": python_rss, "jvm_rss": jvm_rss, "digest": digest.hexdigest(),
+        "rounds": figures.rounds, "python_rss": python_rss, "jvm_rss": jvm_rss, "digest": digest.hexdigest(),
     }
 
 
@@ -132,6 +149,43 @@ def spawn(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     return _child.spawn(__file__, kind, spec, env=env, quiet=True)
 
 
+def _summary(runs: list[dict[str, Any]], messages: int) -> dict[str, Any]:
+    """One engine's figures: medians over its runs; records/s count the topic's ``messages``
+    once (a run in rounds reads some of them again)."""
+    def median(name: str) -> float:
+        return statistics.median(float(run[name]) for run in runs)
+
+    python_rss, jvm_rss = int(median("python_rss")), int(median("jvm_rss"))
+    return {
+        "records_per_s": messages / median("wall_s"), "wall_s": median("wall_s"),
+        "phase_one_s": median("phase_one_s"), "phase_two_s": median("phase_two_s"),
+        "phase_one_records_per_s": messages / max(median("phase_one_s"), 1e-9),
+        "session_s": median("session_s"), "rounds": int(median("rounds")), "messages_read": int(median("messages_read")),
+        "entries_written": runs[0]["entries_written"], "broker_peak_rss_bytes": python_rss,
+        "driver_peak_rss_bytes": python_rss + jvm_rss, "driver_python_peak_rss_bytes": python_rss,
+        "driver_jvm_peak_rss_bytes": jvm_rss, "runs": len(runs),
+    }
+
+
+def _print_table(args: argparse.Namespace, setup: dict[str, Any], engines: dict[str, dict[str, Any]],
+                 identical: bool) -> None:
+    print(f"workload: {args.messages:,} messages over {args.keys:,} keys, {args.value_bytes} B values, "
+          f"{args.tombstones:.1%} tombstones, batches of {args.batch_size}; {setup['entries']:,} entries in "
+          f"{setup['ledgers']} ledgers, {setup['bytes'] / MIB:,.1f} MiB (written in {setup['seconds']:.1f} s)")
+    print(f"spark master: {args.master}; {os.cpu_count()} CPUs; bounded budget {args.bounded_budget_bytes / MIB:,.0f} "
+          f"MiB; median of {args.runs} run(s), each in a fresh process")
+    print()
+    print(f"  {'engine':<14} {'wall s':>7} {'p1 s':>7} {'p2 s':>7} {'rounds':>6} {'rec/s':>10} "
+          f"{'broker MiB':>10} {'driver MiB':>10} {'JVM MiB':>8} {'session s':>9}")
+    for name, figures in engines.items():
+        print(f"  {name:<14} {figures['wall_s']:>7.2f} {figures['phase_one_s']:>7.2f} {figures['phase_two_s']:>7.2f} "
+              f"{figures['rounds']:>6} {figures['records_per_s']:>10,.0f} "
+              f"{figures['broker_peak_rss_bytes'] / MIB:>10,.0f} {figures['driver_peak_rss_bytes'] / MIB:>10,.0f} "
+              f"{figures['driver_jvm_peak_rss_bytes'] / MIB:>8,.0f} {figures['session_s']:>9.1f}")
+    print()
+    print(f"compacted views identical across engines and runs: {identical}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=5_000_000)
@@ -141,9 +195,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100, help="messages per batch entry")
     parser.add_argument("--entries-per-ledger", type=int, default=5000)
     parser.add_argument("--master", default="local[2]", help="Spark master URL of the spark engine")
+    parser.add_argument("--bounded-budget-bytes", type=int, default=32 * MIB,
+                        help="memory budget of the local-bounded engine")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of " + ", ".join(ENGINES))
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dir", default=None, help="where the data dirs go (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -151,13 +209,16 @@ def main() -> None:
         print(json.dumps(CHILDREN[kind](json.loads(spec))))
         return
 
+    names = [name for name in args.engines.split(",") if name]
+    if unknown := set(names) - set(ENGINES):
+        parser.error(f"unknown engine(s) {sorted(unknown)}; choose from {', '.join(ENGINES)}")
     base = {
         "messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes, "tombstones": args.tombstones,
         "batch_size": args.batch_size, "entries_per_ledger": args.entries_per_ledger, "seed": args.seed,
-        "master": args.master,
+        "master": args.master, "bounded_budget_bytes": args.bounded_budget_bytes,
     }
     root = tempfile.mkdtemp(prefix="bench-spark-", dir=args.dir)
-    results: dict[str, list[dict[str, Any]]] = {"local": [], "spark": []}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
         template = os.path.join(root, "template")
         setup = spawn("setup", {**base, "dir": template})
@@ -172,25 +233,17 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    print(f"workload: {args.messages:,} messages over {args.keys:,} keys, {args.value_bytes} B values, "
-          f"{args.tombstones:.1%} tombstones, batches of {args.batch_size}; {setup['entries']:,} entries in "
-          f"{setup['ledgers']} ledgers, {setup['bytes'] / MIB:,.1f} MiB (written in {setup['seconds']:.1f} s)")
-    print(f"spark master: {args.master}; {os.cpu_count()} CPUs; median of {args.runs} run(s), each in a fresh process")
-    print()
-    print(f"  {'engine':<7} {'wall s':>7} {'p1 s':>7} {'p2 s':>7} {'rec/s (wall)':>13} {'rec/s (p1)':>12} "
-          f"{'py RSS MiB':>11} {'JVM RSS MiB':>12} {'session s':>10}")
-    for engine, runs in results.items():
-        def median(name: str, runs: list[dict[str, Any]] = runs) -> float:
-            return statistics.median(float(run[name]) for run in runs)
-        messages = runs[0]["messages_read"]
-        print(f"  {engine:<7} {median('wall_s'):>7.2f} {median('phase_one_s'):>7.2f} {median('phase_two_s'):>7.2f} "
-              f"{messages / median('wall_s'):>13,.0f} {messages / median('phase_one_s'):>12,.0f} "
-              f"{median('python_rss') / MIB:>11,.0f} {median('jvm_rss') / MIB:>12,.0f} {median('session_s'):>10.1f}")
-    digests = {run["digest"] for runs in results.values() for run in runs}
-    kept = results["local"][0]["entries_written"]
-    print()
-    print(f"compacted ledgers identical across engines and runs: {len(digests) == 1} ({kept:,} entries kept)")
-    if len(digests) != 1:
+    engines = {name: _summary(runs, args.messages) for name, runs in results.items()}
+    identical = len({run["digest"] for runs in results.values() for run in runs}) == 1
+    if args.json:
+        print(json.dumps({
+            "workload": {**{k: v for k, v in base.items() if k != "seed"}, "entries": setup["entries"],
+                         "bytes": setup["bytes"], "ledgers": setup["ledgers"], "cpus": os.cpu_count()},
+            "engines": engines, "identical": identical,
+        }))
+    else:
+        _print_table(args, setup, engines, identical)
+    if not identical:
         sys.exit(1)
 
 
