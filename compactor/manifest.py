@@ -34,10 +34,12 @@ from ledger.database import Database, TopicTable
 from ledger.errors import LedgerNotFoundError
 from ledger.storage.base import LedgerStore
 
-__all__ = ["COMPONENT", "MIGRATIONS", "CompactedManifests"]
+__all__ = ["COMPONENT", "GRACE_PERIOD_S_DEFAULT", "MIGRATIONS", "CompactedManifests"]
 
 log = logging.getLogger(__name__)
 
+# The broker's default grace period of replaced compacted ledgers (``compacted_ledger_grace_period_s``).
+GRACE_PERIOD_S_DEFAULT = 60.0
 COMPONENT = "compacted_manifest"
 MIGRATIONS: tuple[str, ...] = (
     # 1: each topic's compacted ledgers in stream order; replaced ones awaiting deletion.
