@@ -429,14 +429,16 @@ class Compactor:
     ) -> CompactedView:
         """Publish the sealed ``ledger_ids`` (in stream order: their entries concatenated are
         the compacted stream) as the view up to ``stop``, and return it. On any failure
-        (``Exception``) every one of ``ledger_ids`` is deleted and the previous view keeps
-        serving; the previous view's ledgers become garbage (``CompactedTopic.publish``)."""
+        (``Exception``) every one of ``ledger_ids`` the previous view does not hold is deleted
+        and the previous view keeps serving; once published, the previous view's ledgers the
+        new one does not hold become garbage (``CompactedTopic.publish``)."""
         store = topic.ledger.store
         try:
             view = CompactedView(store, ledger_ids, stop)
             topic.publish(cursor, view, previous)  # the one transaction
         except Exception:
-            for ledger_id in ledger_ids:
+            held = set(previous.ledger_ids) if previous is not None else set()
+            for ledger_id in (i for i in ledger_ids if i not in held):
                 try:
                     store.delete(ledger_id)
                 except Exception as error:  # noqa: BLE001 - an orphan now: collected at the next start

@@ -153,7 +153,7 @@ class CompactedTopic:
                 raise CompactorError(f"{self.name}: the __compaction subscription was deleted during the run")
             if previous is not self._view or self._missing_ledger_id is not None:
                 raise CompactorError(f"{self.name}: the compacted view changed during the run")
-            replaced = () if previous is None else previous.ledger_ids
+            replaced = () if previous is None else tuple(i for i in previous.ledger_ids if i not in view.ledger_ids)
             also = functools.partial(self.manifests.write, topic=self.name, ledger_ids=view.ledger_ids,
                                      garbage=replaced, delete_after_ms=self._delete_after_ms(now_ms))
             cursor.mark_delete(view.horizon, {**cursor.properties, COMPACTED_TOPIC_LEDGER: view.ledger_id},

@@ -331,3 +331,29 @@ def test_deleting_the_topic_deletes_the_view_at_once(tmp_path: Path) -> None:
     world.topic.delete()
     assert not set(world.data_dir.ledgers.list()) & set(view.ledger_ids)
     assert CompactedManifests(world.data_dir.database).ledger_ids(TOPIC) == ()
+
+
+def test_a_ledger_the_new_view_keeps_from_the_previous_one_is_neither_garbage_nor_deleted(tmp_path: Path) -> None:
+    clock = Clock()
+    world = start(tmp_path, clock)  # no grace period: replaced ledgers go at once
+    stop = append(world, 10)
+    old = publish_split(world, stop, cuts=(2,))
+    kept, replaced = old.ledger_ids
+    refused = write_pieces(world, [], ())
+
+    def refuse(**_: object) -> None:
+        raise OSError("refused")
+
+    world.data_dir.database.fault_points["compaction.manifest.write"] = refuse
+    with pytest.raises(OSError, match="refused"):  # a failed publish deletes only its own new ledgers
+        Compactor()._publish(world.topic, world.topic.cursor, stop, [kept, *refused], old)
+    assert kept in world.data_dir.ledgers.list() and refused[0] not in world.data_dir.ledgers.list()
+    del world.data_dir.database.fault_points["compaction.manifest.write"]
+
+    rest = write_pieces(world, reference(world, stop)[2:], ())
+    new = Compactor()._publish(world.topic, world.topic.cursor, stop, [kept, *rest], old)
+    assert new.ledger_ids == (kept, rest[0])
+    on_disk = set(world.data_dir.ledgers.list())
+    assert kept in on_disk and replaced not in on_disk
+    assert CompactedManifests(world.data_dir.database).garbage() == {}
+    assert read_compacted(world.topic) == expected(world, stop)
