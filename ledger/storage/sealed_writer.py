@@ -28,7 +28,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ledger.errors import LedgerError, LedgerIOError
-from ledger.storage.record import RECORD_BYTES_MAX, RecordKind, encode_meta, encode_record, encode_seal
+from ledger.storage.record import (
+    RECORD_BYTES_MAX,
+    RecordKind,
+    encode_meta,
+    encode_record,
+    encode_seal,
+)
 
 __all__ = ["TEMP_PREFIX", "SealedLedger", "ledger_file_name", "remove_temp_files", "write_sealed_ledger"]
 
