@@ -53,7 +53,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
@@ -71,6 +71,7 @@ from compactor.engine import (
 )
 from compactor.errors import CompactionTimeoutError, MalformedEntryError, SparkEngineError
 from compactor.lag import stop_before_young, young_after
+from compactor.manifest import CompactedManifests
 from compactor.message import parse_header
 from compactor.record import LATENCY_BUCKETS_MS, RunFigures, latency_bucket
 from compactor.rounds import RoundPhaseOne, capacity_keys, round_phase_one, round_phase_two
@@ -84,7 +85,8 @@ from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 
-__all__ = ["MEMORY_BUDGET_BYTES_DEFAULT", "CompactionConfig", "Compactor", "Progress", "collect_orphans"]
+__all__ = ["MEMORY_BUDGET_BYTES_DEFAULT", "CompactionConfig", "Compactor", "Progress", "collect_orphans",
+           "sweep_compacted_garbage"]
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +203,7 @@ class Compactor:
             topic, _Round(cursor, previous, horizon), stop, functools.partial(phase_two, result=first, retain_null_key=self.config.retain_null_key,
                                            keep_tombstones_since_ms=cutoff),
             _Counted("phase-two", total, progress), latencies, run.throttle)
-        self._publish(topic, cursor, stop, new_ledger_id, previous)
+        self._publish(topic, cursor, stop, [new_ledger_id], previous)
         duration_s = time.monotonic() - started
         return RunFigures(
             engine=engine,
@@ -247,7 +249,7 @@ class Compactor:
                                                      retain_null_key=self.config.retain_null_key,
                                                      keep_tombstones_since_ms=cutoff),
                 _Counted("phase-two", total, progress), rounds.latencies, run.throttle)
-            at = _Round(cursor, self._publish(topic, cursor, round_stop, written[0], previous), round_stop)
+            at = _Round(cursor, self._publish(topic, cursor, round_stop, [written[0]], previous), round_stop)
             rounds.add(one, written)
             if round_stop >= stop:
                 return rounds.figures(started, stop, run)
@@ -306,8 +308,8 @@ class Compactor:
         root = getattr(topic.ledger.store, "root", None)
         if not isinstance(root, str):
             raise SparkEngineError(f"{topic.name}: the spark engine reads ledger files, and this store has none")
-        ranges = [] if previous is None or previous.entries == 0 else [
-            LedgerRange(previous.ledger_id, 0, previous.entries - 1, compacted=True)]
+        ranges = [] if previous is None else [
+            LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
         ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
         request = PhaseOneInput(root, tuple(ranges), stop, self.config.retain_null_key, cutoff)
         counted.start()
@@ -417,22 +419,25 @@ class Compactor:
         return entries, size, messages
 
     def _publish(
-        self, topic: CompactedTopic, cursor: ManagedCursor, stop: Position, ledger_id: int,
+        self, topic: CompactedTopic, cursor: ManagedCursor, stop: Position, ledger_ids: Sequence[int],
         previous: CompactedView | None,
     ) -> CompactedView:
-        """Publish the sealed ``ledger_id`` as the view up to ``stop``, and return it."""
+        """Publish the sealed ``ledger_ids`` (in stream order: their entries concatenated are
+        the compacted stream) as the view up to ``stop``, and return it. On any failure
+        (``Exception``) every one of ``ledger_ids`` is deleted and the previous view keeps
+        serving; the previous view's ledgers become garbage (``CompactedTopic.publish``)."""
         store = topic.ledger.store
-        view = CompactedView(store, ledger_id, stop)
         try:
+            view = CompactedView(store, ledger_ids, stop)
             topic.publish(cursor, view, previous)  # the one transaction
         except Exception:
-            store.delete(ledger_id)
+            for ledger_id in ledger_ids:
+                try:
+                    store.delete(ledger_id)
+                except Exception as error:  # noqa: BLE001 - an orphan now: collected at the next start
+                    log.warning("%s: could not delete unpublished compacted ledger %d: %s",
+                                topic.name, ledger_id, error)
             raise
-        if previous is not None:
-            try:
-                store.delete(previous.ledger_id)
-            except Exception as error:  # noqa: BLE001 - published; the old ledger is only garbage now
-                log.warning("%s: could not delete old compacted ledger %d: %s", topic.name, previous.ledger_id, error)
         return view
 
     def _now_ms(self) -> int:
@@ -554,7 +559,19 @@ def _read_previous(previous: CompactedView, first: int, last: int) -> list[Entry
     return [Entry(compacted.position, compacted.data) for compacted in previous.read(first, last)]
 
 
-def collect_orphans(data_dir: DataDir) -> list[int]:
-    """At start: delete every ledger no topic and no ``__compaction`` cursor references."""
+def collect_orphans(data_dir: DataDir, *, now_ms: int | None = None) -> list[int]:
+    """At start: delete the replaced compacted ledgers whose grace period is over, then every
+    ledger no topic, no ``__compaction`` cursor, no manifest and no garbage still in its
+    grace period references (orphans of an aborted or crashed run)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    manifests = CompactedManifests(data_dir.database)
+    swept = manifests.sweep(data_dir.ledgers, now_ms)
     live = CursorStore(data_dir.database).cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
-    return data_dir.collect_orphans(also_live=live)
+    return swept + data_dir.collect_orphans(also_live=live | manifests.live_ledger_ids(now_ms))
+
+
+def sweep_compacted_garbage(data_dir: DataDir, *, now_ms: int | None = None) -> list[int]:
+    """Delete the replaced compacted ledgers whose grace period is over (``compactor.manifest``);
+    the ids deleted. The broker calls it periodically, off its event loop."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return CompactedManifests(data_dir.database).sweep(data_dir.ledgers, now_ms)

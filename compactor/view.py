@@ -13,25 +13,31 @@ This is Pulsar's RawMessage layout; ``ack_set`` is the surviving-slot mask that 
 sends with the message, because the C++ client ignores ``compacted_out`` (bit i set = slot
 i is delivered).
 
-``CompactedView`` is one immutable value (ledger id, horizon, entries, size) and answers
-the questions readers ask of one published compacted ledger:
+``CompactedView`` is one immutable value (ledger ids, horizon, entries, size) and answers
+the questions readers ask of one published compacted view: one or more sealed compacted
+ledgers in stream order (a run's output may be several, each one contiguous piece of the
+stream), whose entries are concatenated into one index space ``0..entries-1``; an empty
+ledger in the list holds no index. It answers
 its ``horizon`` (the last raw position it covers), the ceiling search for the first
 compacted entry at or after a position (batch index ignored, Pulsar's ``findStartPoint``
-with its 100-entry id cache), reading n entries from a position, every entry in order
-(the compactor's input for the next run), and the last surviving message id.
+with its 100-entry id cache), reading n entries from a position (across ledgers), every
+entry in order (the compactor's input for the next run), and the last surviving message
+id, exactly as over one ledger holding the same entries.
 """
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from google.protobuf.message import DecodeError
 
 from compactor.algorithm import CompactedEntry
 from compactor.errors import CompactorError
 from compactor.proto import pulsar_api_pb2 as pb
+from ledger.errors import PositionOutOfRangeError
 from ledger.position import Position
 from ledger.storage.base import LedgerStore
 
@@ -84,29 +90,45 @@ def decode_compacted_entry(data: bytes) -> CompactedEntry:
 
 
 class CompactedView:
-    """One published compacted ledger and the horizon it covers: an immutable value.
+    """One published compacted view and the horizon it covers: an immutable value.
 
-    ``ledger_id``, ``horizon``, ``entries`` and ``size`` (bytes) are fixed when the view is
+    ``ledger_ids`` (stream order), ``segments`` (``(ledger_id, entry_count)`` per ledger),
+    ``horizon``, ``entries`` and ``size`` (bytes, all ledgers) are fixed when the view is
     built; a run publishes a new view and the topic swaps it in whole
-    (``CompactedTopic.publish``). The only thing that changes inside is the id cache of the
-    start-point search, a memo of what the ledger holds.
+    (``CompactedTopic.publish``). ``ledger_id`` is the first ledger (Pulsar's one
+    ``CompactedTopicLedger``: stats, the cursor property). The only thing that changes
+    inside is the id cache of the start-point search, a memo of what the ledgers hold.
     """
 
-    __slots__ = ("_ids", "entries", "horizon", "ledger_id", "size", "store")
+    __slots__ = ("_ids", "_starts", "entries", "horizon", "ledger_ids", "segments", "size", "sizes", "store")
 
     store: LedgerStore
-    ledger_id: int
+    ledger_ids: tuple[int, ...]
+    segments: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
     horizon: Position
     entries: int
     size: int
+    _starts: tuple[int, ...]
     _ids: OrderedDict[int, Position]
 
-    def __init__(self, store: LedgerStore, ledger_id: int, horizon: Position) -> None:
-        """Read the sealed ledger's entry count and size (raises if the ledger is gone)."""
-        entries = store.last_add_confirmed(ledger_id) + 1
-        fields = {"store": store, "ledger_id": ledger_id, "horizon": horizon.entry_position(),
-                  "entries": entries, "size": store.info(ledger_id).size_bytes,
-                  "_ids": OrderedDict[int, Position]()}
+    def __init__(self, store: LedgerStore, ledger_ids: Sequence[int] | int, horizon: Position) -> None:
+        """Read each sealed ledger's entry count and size (``LedgerNotFoundError`` naming
+        the first one that is gone). ``ledger_ids``: at least one, in stream order (a bare
+        id is a one-ledger view)."""
+        ids = (ledger_ids,) if isinstance(ledger_ids, int) else tuple(int(i) for i in ledger_ids)
+        if not ids:
+            raise ValueError("a compacted view needs at least one ledger (an empty one when nothing survived)")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"a compacted view lists a ledger twice: {ids}")
+        counts = tuple(store.last_add_confirmed(ledger_id) + 1 for ledger_id in ids)
+        sizes = tuple(store.info(ledger_id).size_bytes for ledger_id in ids)
+        starts = [0]
+        for count in counts:
+            starts.append(starts[-1] + count)
+        fields = {"store": store, "ledger_ids": ids, "segments": tuple(zip(ids, counts, strict=True)),
+                  "sizes": sizes, "horizon": horizon.entry_position(), "entries": starts[-1],
+                  "size": sum(sizes), "_starts": tuple(starts), "_ids": OrderedDict[int, Position]()}
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 
@@ -114,12 +136,36 @@ class CompactedView:
         raise AttributeError(f"CompactedView is immutable: cannot set {name}")
 
     def __repr__(self) -> str:
-        return (f"CompactedView(ledger_id={self.ledger_id}, horizon={self.horizon}, "
+        return (f"CompactedView(ledger_ids={list(self.ledger_ids)}, horizon={self.horizon}, "
                 f"entries={self.entries}, size={self.size})")
 
+    @property
+    def ledger_id(self) -> int:
+        """The first compacted ledger (Pulsar's ``CompactedTopicLedger``)."""
+        return self.ledger_ids[0]
+
     def read(self, first_index: int, last_index: int) -> list[CompactedEntry]:
-        """Compacted entries ``first_index..last_index`` (inclusive) of the ledger."""
-        return [decode_compacted_entry(d) for d in self.store.read(self.ledger_id, first_index, last_index)]
+        """Compacted entries ``first_index..last_index`` (inclusive) of the view, across
+        its ledgers; ``PositionOutOfRangeError`` unless ``0 <= first <= last < entries``."""
+        if not 0 <= first_index <= last_index < self.entries:
+            raise PositionOutOfRangeError(
+                f"compacted view {list(self.ledger_ids)}: read {first_index}..{last_index} "
+                f"outside 0..{self.entries - 1}", ledger_id=self.ledger_id)
+        entries: list[CompactedEntry] = []
+        index = first_index
+        while index <= last_index:
+            segment = self._segment_of(index)
+            start, end = self._starts[segment], self._starts[segment + 1]  # end: exclusive
+            last = min(last_index, end - 1)
+            entries.extend(decode_compacted_entry(d) for d in
+                           self.store.read(self.ledger_ids[segment], index - start, last - start))
+            index = last + 1
+        return entries
+
+    def _segment_of(self, index: int) -> int:
+        """The place in ``ledger_ids`` of the ledger holding ``index`` (0 <= index <
+        entries): the last one starting at or before it, so empty ledgers are skipped."""
+        return bisect.bisect_right(self._starts, index, hi=len(self.ledger_ids)) - 1
 
     def position_at(self, index: int) -> Position:
         """The original position of compacted entry ``index`` (through the id cache)."""

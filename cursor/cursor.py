@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from cursor.errors import CursorError, InvalidMarkDeletePositionError, MarkDeleteBackwardsError
 from cursor.ranges import AckedRanges
-from cursor.store import CursorRecord, CursorStore
+from cursor.store import Also, CursorRecord, CursorStore
 from ledger.managed_ledger import Entry, ManagedLedger
 from ledger.position import EARLIEST, LATEST, Position
 
@@ -244,13 +244,19 @@ class ManagedCursor:
 
     # -- acknowledging --------------------------------------------------------------
 
-    def mark_delete(self, position: Position, properties: Mapping[str, int] | None = None) -> None:
+    def mark_delete(self, position: Position, properties: Mapping[str, int] | None = None, *,
+                    also: Also | None = None) -> None:
         """Cumulative acknowledgement of everything up to and including ``position``.
 
         ``properties=None`` keeps the latest properties. Raises
         ``InvalidMarkDeletePositionError`` past the last confirmed entry and
-        ``MarkDeleteBackwardsError`` before MD; nothing changes then.
+        ``MarkDeleteBackwardsError`` before MD; nothing changes then. ``also(db)`` runs
+        inside the persisting transaction (``CursorStore.save``); only a durable cursor that
+        persists at once (not ``deferred``) takes it.
         """
+        if also is not None and (self.store is None or self._persists_later):
+            raise CursorError(f"cursor {self.name}: only a cursor persisted at once runs statements with its save",
+                              topic=self.ledger.name, cursor=self.name)
         position = position.entry_position()
         self._check_confirmed([position])
         if position < self._mark_delete_position:
@@ -259,7 +265,7 @@ class ManagedCursor:
                 topic=self.ledger.name, cursor=self.name,
             )
         new_properties = self._properties if properties is None else dict(properties)
-        self._apply(position, self._acked.copy(), new_properties)
+        self._apply(position, self._acked.copy(), new_properties, also)
 
     def delete(self, positions: Iterable[Position]) -> None:
         """Individual acknowledgement of ``positions``; already acknowledged ones are skipped.
@@ -322,7 +328,8 @@ class ManagedCursor:
                     topic=self.ledger.name, cursor=self.name,
                 )
 
-    def _apply(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> None:
+    def _apply(self, position: Position, acked: AckedRanges, properties: Mapping[str, int],
+               also: Also | None = None) -> None:
         """Advance MD over acknowledged runs, persist, and only then change memory."""
         before = self._mark_delete_position
         while True:
@@ -334,7 +341,7 @@ class ManagedCursor:
         acked.drop_through(position)
         later = self._persists_later
         if not later:
-            self._persist(position, acked, properties)
+            self._persist(position, acked, properties, also)
         self.messages_consumed_counter += self.ledger.entries_between(before, position)
         self._mark_delete_position = position
         self._acked = acked
@@ -349,10 +356,12 @@ class ManagedCursor:
         """Acknowledgements go to the persist schedule (see "Deferred persistence")."""
         return self.deferred and self.store is not None and self.store.mark_delete_rate_limit > 0
 
-    def _persist(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> None:
-        """Write ``(MD, ranges, properties)`` in one transaction, now (durable cursors only)."""
+    def _persist(self, position: Position, acked: AckedRanges, properties: Mapping[str, int],
+                 also: Also | None = None) -> None:
+        """Write ``(MD, ranges, properties)`` in one transaction, now (durable cursors only),
+        with ``also``'s statements."""
         if self.store is not None:
-            self.store.save(self._record(position, acked, properties))
+            self.store.save(self._record(position, acked, properties), also)
 
     def _record(self, position: Position, acked: AckedRanges, properties: Mapping[str, int]) -> CursorRecord:
         runs = tuple(itertools.islice(acked.runs(), UNACKED_RANGES_PERSIST_MAX))
@@ -390,10 +399,11 @@ class ManagedCursor:
         """Bytes after MD, estimated as Pulsar does (individual acks ignored)."""
         return self.ledger.estimate_backlog_bytes(self._mark_delete_position)
 
-    def delete_durable(self) -> None:
-        """Remove a durable cursor's persisted state (unsubscribe); it stops holding data."""
+    def delete_durable(self, also: Also | None = None) -> None:
+        """Remove a durable cursor's persisted state (unsubscribe); it stops holding data.
+        ``also(db)`` runs inside the delete transaction."""
         if self.store is not None:
-            self.store.delete(self.ledger.name, self.name)
+            self.store.delete(self.ledger.name, self.name, also)
 
 
 def _clamp_recovered(ledger: ManagedLedger, position: Position) -> Position:

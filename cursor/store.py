@@ -15,7 +15,10 @@ ledger never trims past the slowest one, persisted.
 rows but through this class. Faults are injected through the database's fault points
 (``ledger.database``): the transactions here are named ``cursor.save``,
 ``cursor.save_batch`` (each with a ``cursor.save.between_position_and_properties``
-checkpoint per cursor inside) and ``cursor.delete``.
+checkpoint per cursor inside) and ``cursor.delete``. ``save`` and ``delete`` take an
+optional ``also(connection)``: more statements of a layer above, run inside the same
+transaction after the cursor's rows (the compactor's manifest is published with the
+``__compaction`` cursor's mark-delete this way).
 
 **Deferred saves: the persist schedule.** ``save`` writes at once, on the caller's thread.
 ``save_later`` (a subscription's acknowledgements) only queues the cursor's latest record;
@@ -53,7 +56,7 @@ from dataclasses import dataclass, field
 from ledger.database import Database, TopicTable
 from ledger.position import Position
 
-__all__ = ["COMPONENT", "MARK_DELETE_RATE_LIMIT", "MIGRATIONS", "TOPIC_TABLES", "CursorRecord", "CursorStore"]
+__all__ = ["COMPONENT", "MARK_DELETE_RATE_LIMIT", "MIGRATIONS", "TOPIC_TABLES", "Also", "CursorRecord", "CursorStore"]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,8 @@ class CursorRecord:
 
 
 CursorKey = tuple[str, str]  # (topic, cursor name)
+Also = Callable[[sqlite3.Connection], None]
+"""More statements run inside a cursor write's transaction (``save``, ``delete``)."""
 
 
 class CursorStore:
@@ -142,9 +147,10 @@ class CursorStore:
 
     # -- writing ----------------------------------------------------------------------
 
-    def save(self, record: CursorRecord) -> None:
+    def save(self, record: CursorRecord, also: Also | None = None) -> None:
         """Persist position, ranges and properties of a cursor **in one transaction**, now;
-        a record of the cursor queued before is dropped (this one is newer)."""
+        a record of the cursor queued before is dropped (this one is newer). ``also(db)``
+        runs inside that transaction, after the cursor's rows (raising: nothing is written)."""
         key = (record.topic, record.name)
         with self._write_lock:
             with self._state:
@@ -152,6 +158,8 @@ class CursorStore:
                 self._due.pop(key, None)
             with self.database.transaction("cursor.save", record=record) as db:
                 self._write_rows(db, record)
+                if also is not None:
+                    also(db)
             with self._state:
                 self._written_at[key] = self._clock()
 
@@ -341,8 +349,9 @@ class CursorStore:
         )
         return {row[0] for row in rows}
 
-    def delete(self, topic: str, name: str) -> bool:
-        """Forget cursor ``name``, queued record included; False when it was not persisted."""
+    def delete(self, topic: str, name: str, also: Also | None = None) -> bool:
+        """Forget cursor ``name``, queued record included; False when it was not persisted.
+        ``also(db)`` runs inside the delete transaction (as ``save``'s)."""
         with self._write_lock:
             with self._state:
                 self._queued.pop((topic, name), None)
@@ -350,4 +359,7 @@ class CursorStore:
                 self._written_at.pop((topic, name), None)
             with self.database.transaction("cursor.delete", topic=topic, name=name) as db:
                 db.execute("DELETE FROM cursor_properties WHERE topic = ? AND cursor = ?", (topic, name))
-                return db.execute("DELETE FROM cursors WHERE topic = ? AND name = ?", (topic, name)).rowcount == 1
+                deleted = db.execute("DELETE FROM cursors WHERE topic = ? AND name = ?", (topic, name)).rowcount == 1
+                if also is not None:
+                    also(db)
+                return deleted

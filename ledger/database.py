@@ -284,9 +284,21 @@ class Database:
 
     @contextmanager
     def reading(self) -> Iterator[None]:
-        """Hold the connection for several queries that must see one state."""
+        """Hold the connection for several queries that must see one state: one read
+        transaction (WAL: one snapshot, even while another process commits), unless a
+        transaction is already open on the connection. No write may be made inside."""
         with self._lock:
-            yield
+            if self._db.in_transaction:
+                yield
+                return
+            try:
+                self._db.execute("BEGIN DEFERRED")
+            except sqlite3.Error as error:
+                raise _metadata_error(self.path, error) from error
+            try:
+                yield
+            finally:
+                self._rollback()
 
     @contextmanager
     def backed_up_to(self, path: str) -> Iterator[None]:

@@ -31,7 +31,7 @@ at most ``ROWS_PER_BATCH_MAX``, so an executor's memory stays bounded whatever t
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -57,6 +57,7 @@ __all__ = [
     "open_store",
     "phase_one_batches",
     "read_range",
+    "snapshot_ranges",
 ]
 
 # Entries per store read: a few MiB of entry bytes at typical sizes.
@@ -93,6 +94,17 @@ _SIGN = 1 << 63
 def open_store(ledgers_root: str) -> FileLedgerStore:
     """A read-only view of the ledger files under ``ledgers_root`` (no lock, no writes)."""
     return FileLedgerStore(ledgers_root, sync=SyncPolicy.NONE, read_only=True)
+
+
+def snapshot_ranges(store: FileLedgerStore, ledger_ids: Sequence[int]) -> list[LedgerRange]:
+    """The ranges of a compacted view's ledgers (``ledger_ids``, stream order), whole;
+    empty ledgers are left out."""
+    ranges = []
+    for ledger_id in ledger_ids:
+        last = store.last_add_confirmed(ledger_id)
+        if last >= 0:
+            ranges.append(LedgerRange(ledger_id, 0, last, compacted=True))
+    return ranges
 
 
 def read_range(store: FileLedgerStore, ledger_range: LedgerRange) -> Iterator[CompactedEntry]:

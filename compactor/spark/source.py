@@ -22,8 +22,10 @@ parallel. Options:
 * ``topic`` (required): ``persistent://tenant/namespace/topic``, ``tenant/namespace/topic``
   or a short name in ``public/default``.
 * ``readCompacted``: ``"true"`` reads what a read-compacted reader gets: the published
-  compacted ledger (surviving messages only, at their original ids), then the raw ledgers
-  after the horizon; ``"false"`` (default) reads the raw ledgers.
+  compacted view (its ledgers in the manifest's order: surviving messages only, at their
+  original ids), then the raw ledgers after the horizon; ``"false"`` (default) reads the
+  raw ledgers. A replaced view's ledgers stay readable for the broker's grace period
+  (``compacted_ledger_grace_period_s``), so a scan planned before a publish reads whole.
 * ``includeOpenLedger``: ``"true"`` also reads the open (current) ledger up to its last
   confirmed entry at planning time; default ``"false"``: sealed ledgers only, which never
   change under a running broker.
@@ -44,12 +46,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
+from compactor.manifest import CompactedManifests
 from compactor.spark import rows
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
 from cursor.store import CursorStore
@@ -57,7 +60,8 @@ from ledger.errors import LedgerNotFoundError
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
 
-__all__ = ["CompactdDataSource", "PhaseOneDataSource", "full_topic_name", "plan_ranges", "topic_state"]
+__all__ = ["CompactdDataSource", "CompactedSnapshot", "PhaseOneDataSource", "full_topic_name", "plan_ranges",
+           "topic_state"]
 
 METADATA_FILE = "metadata.db"  # ledger.data_dir's layout
 TRUE_WORDS = {"true": True, "false": False}
@@ -82,34 +86,50 @@ def _flag(options: Any, name: str) -> bool:
     return TRUE_WORDS[value]
 
 
-def topic_state(data_dir: str, topic: str, *, read_compacted: bool) -> tuple[list[LedgerRecord], Any]:
-    """``topic``'s ledger records and, if ``read_compacted``, its persisted ``__compaction``
-    cursor row (None when absent), from one read-only look at the metadata."""
+class CompactedSnapshot(NamedTuple):
+    """A topic's published compacted view as persisted: its ledgers in stream order (the
+    manifest, ``compactor.manifest``) and its horizon (the ``__compaction`` mark-delete)."""
+
+    ledger_ids: tuple[int, ...]
+    horizon: Position
+
+
+def topic_state(
+    data_dir: str, topic: str, *, read_compacted: bool
+) -> tuple[list[LedgerRecord], CompactedSnapshot | None]:
+    """``topic``'s ledger records and, if ``read_compacted``, its published compacted view
+    (None when there is none), from one read-only look at the metadata."""
     path = os.path.join(os.path.abspath(data_dir), METADATA_FILE)
     metadata = MetadataStore(path, read_only=True)
     try:
-        records = metadata.topic_ledgers(topic)
-        if not records and not metadata.topic_exists(topic):
-            raise CompactorError(f"topic {topic} not found in data dir {data_dir}")
-        cursor = CursorStore(metadata.database).load(topic, COMPACTION_SUBSCRIPTION) if read_compacted else None
+        with metadata.database.reading():
+            records = metadata.topic_ledgers(topic)
+            if not records and not metadata.topic_exists(topic):
+                raise CompactorError(f"topic {topic} not found in data dir {data_dir}")
+            snapshot = _snapshot(metadata, topic) if read_compacted else None
     finally:
         metadata.close()
-    return list(records), cursor
+    return list(records), snapshot
+
+
+def _snapshot(metadata: MetadataStore, topic: str) -> CompactedSnapshot | None:
+    cursor = CursorStore(metadata.database).load(topic, COMPACTION_SUBSCRIPTION)
+    if cursor is None or COMPACTED_TOPIC_LEDGER not in cursor.properties:
+        return None
+    ledger_ids = CompactedManifests(metadata.database).view_ledger_ids(topic, cursor.properties[COMPACTED_TOPIC_LEDGER])
+    return CompactedSnapshot(ledger_ids, cursor.mark_delete_position)
 
 
 def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool) -> list[LedgerRange]:
     """The ledger ranges a read of ``topic`` covers, in topic order (see the module docstring)."""
-    records, cursor = topic_state(data_dir, topic, read_compacted=read_compacted)
+    records, snapshot = topic_state(data_dir, topic, read_compacted=read_compacted)
     store = rows.open_store(rows.ledgers_root_of(data_dir))
     try:
         ranges: list[LedgerRange] = []
         horizon = Position(-1, -1)
-        if cursor is not None and COMPACTED_TOPIC_LEDGER in cursor.properties:
-            compacted_id = cursor.properties[COMPACTED_TOPIC_LEDGER]
-            horizon = cursor.mark_delete_position
-            last = store.last_add_confirmed(compacted_id)
-            if last >= 0:
-                ranges.append(LedgerRange(compacted_id, 0, last, compacted=True))
+        if snapshot is not None:
+            horizon = snapshot.horizon
+            ranges.extend(rows.snapshot_ranges(store, snapshot.ledger_ids))
         ranges.extend(_raw_after(store, records, horizon, include_open_ledger))
         return ranges
     finally:

@@ -5,8 +5,9 @@
 (``rows.MESSAGE_SCHEMA_DDL``) as micro-batches:
 
 * ``startingOffsets`` ``"earliest"`` (default): the first micro-batch is the published
-  compacted snapshot (the compacted ledger, whole, up to its horizon; none when the topic
-  was never compacted), then the raw entries after the horizon; ``"latest"``: only entries
+  compacted snapshot (the compacted view's ledgers, whole, in the manifest's order, up to
+  its horizon; none when the topic was never compacted), then the raw entries after the
+  horizon; ``"latest"``: only entries
   appended after the query started. ``startingTime`` (ms since the epoch; overrides
   ``startingOffsets``): the raw entries from the first one published at or after it (no
   snapshot).
@@ -18,13 +19,15 @@
 
 An offset is ``{"ledger": L, "entry": E, "snapshot": C}``: every entry at or before
 position (L, E) was delivered; ``C`` >= 0 marks the batch ending there as the snapshot of
-compacted ledger ``C``, -2 an earliest query's start (the snapshot is still to be read),
--1 any other offset. A batch's input is fixed by its two offsets (a task retry or a
-restarted query reads the same entries): the snapshot names its compacted ledger and the
-raw entries never change once confirmed. A later compaction publishes a new compacted
-ledger; the query keeps the one it started from for its snapshot batch, which stays
-readable as long as the broker keeps a replaced compacted ledger (issue 13 point 1's grace
-period) and reads the raw ledgers after it.
+the compacted view whose first ledger is ``C`` (its ledgers, in order, are the offset's
+``"snapshotLedgers"``; an offset without them names the one ledger ``C``), -2 an earliest
+query's start (the snapshot is still to be read), -1 any other offset. A batch's input is
+fixed by its two offsets (a task retry or a restarted query reads the same entries): the
+snapshot names its compacted ledgers and the raw entries never change once confirmed. A
+later compaction publishes a new view; the query keeps the one it started from for its
+snapshot batch, which stays readable for the broker's grace period
+(``compacted_ledger_grace_period_s``, ``compactor.manifest``) and reads the raw ledgers
+after it.
 
 ``next_end`` and ``tail_ranges`` are the pure planning steps over the topic's readable
 ledgers (``(ledger_id, last_entry_id)`` pairs, in order).
@@ -42,20 +45,31 @@ from compactor.engine import LedgerRange
 from compactor.errors import CompactorError, MalformedEntryError
 from compactor.message import parse_entry
 from compactor.spark import rows
-from compactor.topic import COMPACTED_TOPIC_LEDGER
 from ledger.errors import LedgerNotFoundError
 from ledger.position import Position
 
 __all__ = ["StreamReader", "next_end", "offset", "tail_ranges"]
 
 Ledgers = Sequence[tuple[int, int]]
-TopicState = Callable[..., tuple[list[Any], Any]]
+TopicState = Callable[..., tuple[list[Any], Any]]  # compactor.spark.source.topic_state
 EARLIEST = {"ledger": -1, "entry": -1, "snapshot": -2}
 
 
-def offset(position: Position, snapshot: int = -1) -> dict[str, int]:
-    """The offset after ``position`` (see the module docstring)."""
-    return {"ledger": position.ledger_id, "entry": position.entry_id, "snapshot": snapshot}
+def offset(position: Position, snapshot: Sequence[int] = ()) -> dict[str, Any]:
+    """The offset after ``position``; ``snapshot``: the ledgers of the compacted view the
+    batch ending there reads (see the module docstring)."""
+    if not snapshot:
+        return {"ledger": position.ledger_id, "entry": position.entry_id, "snapshot": -1}
+    return {"ledger": position.ledger_id, "entry": position.entry_id, "snapshot": snapshot[0],
+            "snapshotLedgers": list(snapshot)}
+
+
+def _snapshot_ledgers(value: dict[str, Any]) -> list[int]:
+    """The compacted ledgers an offset's batch reads (none when it is no snapshot)."""
+    first = int(value.get("snapshot", -1))
+    if first < 0:
+        return []
+    return [int(ledger_id) for ledger_id in value.get("snapshotLedgers", [first])]
 
 
 def _position(value: dict[str, Any]) -> Position:
@@ -101,9 +115,10 @@ class _Topic:
     def __init__(self, data_dir: str, topic: str, topic_state: TopicState) -> None:
         self.data_dir, self.topic, self.topic_state = data_dir, topic, topic_state
 
-    def state(self) -> tuple[list[tuple[int, int]], int, Position]:
-        """The readable ledgers, the published compacted ledger (-1: none) and its horizon."""
-        records, cursor = self.topic_state(self.data_dir, self.topic, read_compacted=True)
+    def state(self) -> tuple[list[tuple[int, int]], tuple[int, ...], Position]:
+        """The readable ledgers, the published compacted view's ledgers (none: never
+        compacted) and its horizon."""
+        records, snapshot = self.topic_state(self.data_dir, self.topic, read_compacted=True)
         store = rows.open_store(rows.ledgers_root_of(self.data_dir))
         try:
             ledgers = []
@@ -115,9 +130,9 @@ class _Topic:
                 ledgers.append((record.ledger_id, last))
         finally:
             store.shutdown()
-        if cursor is None or COMPACTED_TOPIC_LEDGER not in cursor.properties:
-            return ledgers, -1, Position(-1, -1)
-        return ledgers, int(cursor.properties[COMPACTED_TOPIC_LEDGER]), cursor.mark_delete_position
+        if snapshot is None:
+            return ledgers, (), Position(-1, -1)
+        return ledgers, tuple(snapshot.ledger_ids), snapshot.horizon
 
     def before_time(self, ledgers: Ledgers, time_ms: int) -> Position:
         """The position just before the first raw entry published at or after ``time_ms``
@@ -152,7 +167,7 @@ class StreamReader(DataSourceStreamReader):
         if self.max_entries is not None and self.max_entries < 1:
             raise CompactorError(f"option maxEntriesPerTrigger: {self.max_entries} is not a positive number")
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         ledgers, _, _ = self.source.state()
         if self.starting_time is not None:
             return offset(self.source.before_time(ledgers, self.starting_time))
@@ -163,9 +178,9 @@ class StreamReader(DataSourceStreamReader):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable() if self.max_entries is None else ReadMaxRows(self.max_entries)
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         ledgers, compacted, horizon = self.source.state()
-        if start == EARLIEST and compacted >= 0:  # an earliest query's first batch: the snapshot
+        if start == EARLIEST and compacted:  # an earliest query's first batch: the snapshot
             return offset(horizon, compacted)
         cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = next_end(ledgers, _position(start), cap)
@@ -174,14 +189,14 @@ class StreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if start == end:
             return []
-        snapshot = int(end.get("snapshot", -1))
-        if snapshot >= 0:
+        snapshot = _snapshot_ledgers(end)
+        if snapshot:
             store = rows.open_store(rows.ledgers_root_of(self.source.data_dir))
             try:
-                last = store.last_add_confirmed(snapshot)
+                pieces = rows.snapshot_ranges(store, snapshot)
             finally:
                 store.shutdown()
-            return [InputPartition(LedgerRange(snapshot, 0, last, compacted=True))] if last >= 0 else []
+            return [InputPartition(piece) for piece in pieces]
         ledgers, _, _ = self.source.state()
         return [InputPartition(piece) for piece in tail_ranges(ledgers, _position(start), _position(end))]
 

@@ -1,0 +1,144 @@
+"""The compactor's manifest tables: which ledgers make each topic's compacted view, and
+which replaced compacted ledgers wait for their grace period to end.
+
+``CompactedManifests`` owns the ``compacted_manifest`` component of
+``ledger.database.Database``:
+
+* ``compacted_manifest``: per topic, the compacted ledgers of its published view in stream
+  order (``seq`` 0, 1, ...). Written **inside the publish transaction** of the
+  ``__compaction`` cursor (``write``, through ``CursorStore.save``'s ``also`` hook), so the
+  persisted horizon, the ``CompactedTopicLedger`` property (the first ledger: Pulsar's one
+  long) and the list always change together. Declared as the topic's rows: deleting the
+  topic removes them in the ledger layer's delete transaction. A topic published before the
+  manifest existed has the property only; ``CompactedTopic.restore`` reads it as a
+  one-ledger view.
+* ``compacted_garbage``: replaced compacted ledgers (the previous view's at a publish, a
+  dropped view's) with the time (ms since the epoch) after which they may be deleted, also
+  recorded in the publish transaction. Until then a Spark scan or a task retry still
+  reading the previous view keeps its input. ``sweep`` deletes the due ones (the broker
+  periodically and at start, ``compactd compact-topic``); ``live_ledger_ids`` (what
+  ``collect_orphans`` keeps) counts every manifest ledger and the garbage not yet due. The
+  rows are not the topic's: a deleted topic's garbage is still swept on time.
+
+The one write outside the publish transaction is the named transaction
+``compaction.garbage_sweep`` (fault points: ``ledger.database``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+from ledger.database import Database, TopicTable
+from ledger.errors import LedgerNotFoundError
+from ledger.storage.base import LedgerStore
+
+__all__ = ["COMPONENT", "MIGRATIONS", "CompactedManifests"]
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "compacted_manifest"
+MIGRATIONS: tuple[str, ...] = (
+    # 1: each topic's compacted ledgers in stream order; replaced ones awaiting deletion.
+    """
+    CREATE TABLE compacted_manifest (
+        topic TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        ledger_id INTEGER NOT NULL,
+        PRIMARY KEY (topic, seq)
+    );
+    CREATE TABLE compacted_garbage (
+        ledger_id INTEGER PRIMARY KEY,
+        topic TEXT NOT NULL,
+        delete_after_ms INTEGER NOT NULL
+    )
+    """,
+)
+TOPIC_TABLES = (TopicTable("compacted_manifest", "topic"),)
+
+
+class CompactedManifests:
+    """The manifest and garbage rows kept in ``database`` (whose tables it brings up to
+    date; a read-only database without them reads as holding no manifest)."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self._present = not (database.read_only and database.version(COMPONENT) == 0)
+        if self._present:
+            database.register(COMPONENT, MIGRATIONS, topic_tables=TOPIC_TABLES)
+
+    # -- inside the publish transaction ---------------------------------------------------
+
+    @staticmethod
+    def write(db: sqlite3.Connection, topic: str, ledger_ids: Sequence[int] | None,
+              garbage: Iterable[int] = (), delete_after_ms: int = 0) -> None:
+        """Inside the caller's transaction ``db``: make ``ledger_ids`` (None: no view) the
+        manifest of ``topic`` and record ``garbage`` as deletable after ``delete_after_ms``."""
+        db.execute("DELETE FROM compacted_manifest WHERE topic = ?", (topic,))
+        if ledger_ids is not None:
+            db.executemany("INSERT INTO compacted_manifest (topic, seq, ledger_id) VALUES (?, ?, ?)",
+                           [(topic, seq, ledger_id) for seq, ledger_id in enumerate(ledger_ids)])
+        db.executemany(
+            "INSERT OR REPLACE INTO compacted_garbage (ledger_id, topic, delete_after_ms) VALUES (?, ?, ?)",
+            [(ledger_id, topic, delete_after_ms) for ledger_id in garbage])
+
+    # -- reading --------------------------------------------------------------------------
+
+    def ledger_ids(self, topic: str) -> tuple[int, ...]:
+        """The manifest of ``topic`` in stream order; empty when it has none."""
+        if not self._present:
+            return ()
+        rows = self.database.query("SELECT ledger_id FROM compacted_manifest WHERE topic = ? ORDER BY seq", (topic,))
+        return tuple(int(row[0]) for row in rows)
+
+    def view_ledger_ids(self, topic: str, first_ledger_id: int) -> tuple[int, ...]:
+        """The ledgers of ``topic``'s published view whose ``CompactedTopicLedger`` property
+        is ``first_ledger_id``: the manifest, or that one ledger when the manifest does not
+        start with it (a view published before the manifest existed)."""
+        ledger_ids = self.ledger_ids(topic)
+        return ledger_ids if ledger_ids and ledger_ids[0] == first_ledger_id else (first_ledger_id,)
+
+    def garbage(self) -> dict[int, int]:
+        """Every replaced compacted ledger awaiting deletion: ledger id → delete-after (ms)."""
+        if not self._present:
+            return {}
+        return {int(ledger_id): int(after) for ledger_id, after in
+                self.database.query("SELECT ledger_id, delete_after_ms FROM compacted_garbage")}
+
+    def live_ledger_ids(self, now_ms: int) -> set[int]:
+        """Ledgers that must not be collected as orphans at ``now_ms``: every manifest's,
+        and the garbage whose grace period has not ended."""
+        if not self._present:
+            return set()
+        rows = self.database.query(
+            "SELECT ledger_id FROM compacted_manifest UNION "
+            "SELECT ledger_id FROM compacted_garbage WHERE delete_after_ms > ?", (now_ms,))
+        return {int(row[0]) for row in rows}
+
+    # -- deleting garbage -----------------------------------------------------------------
+
+    def sweep(self, store: LedgerStore, now_ms: int, *, only: Iterable[int] | None = None) -> list[int]:
+        """Delete the garbage due at ``now_ms`` (of ``only``, when given), file first, then
+        its row (a crash between leaves a row whose file is gone, forgotten next time).
+        A ledger some manifest lists is never deleted. Returns the ids deleted."""
+        wanted = None if only is None else set(only)
+        rows = self.database.query(
+            "SELECT ledger_id FROM compacted_garbage WHERE delete_after_ms <= ? "
+            "AND ledger_id NOT IN (SELECT ledger_id FROM compacted_manifest) ORDER BY ledger_id", (now_ms,))
+        due = [int(row[0]) for row in rows if wanted is None or int(row[0]) in wanted]
+        deleted = []
+        for ledger_id in due:
+            try:
+                store.delete(ledger_id)
+            except LedgerNotFoundError:
+                pass
+            except Exception as error:  # noqa: BLE001 - the row stays: the next sweep tries again
+                log.warning("could not delete replaced compacted ledger %d: %s", ledger_id, error)
+                continue
+            deleted.append(ledger_id)
+        if deleted:
+            with self.database.transaction("compaction.garbage_sweep", ledger_ids=deleted) as db:
+                db.executemany("DELETE FROM compacted_garbage WHERE ledger_id = ?", [(i,) for i in deleted])
+            log.info("deleted replaced compacted ledgers %s (grace period over)", deleted)
+        return deleted
