@@ -380,7 +380,7 @@ def _dropped_chunks(aggregated: Any, live: Any, retain_null_key: bool) -> Any:
         at_or_after = F.filter("chunks", lambda other: other["chunk_last"] & (
             (other["ledger_id"] > chunk["ledger_id"])
             | ((other["ledger_id"] == chunk["ledger_id"]) & (other["entry_id"] >= chunk["entry_id"]))))
-        return F.struct(chunk.alias("chunk"), F.element_at(at_or_after, 1).alias("end"))
+        return F.struct(chunk.alias("chunk"), F.try_element_at(at_or_after, F.lit(1)).alias("end"))
 
     every = (aggregated.where(F.col("kind") == 1).select(F.explode(F.transform("chunks", completion)).alias("c"))
              .where(F.col("c.end").isNotNull())
