@@ -10,25 +10,27 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    within the lag, and the stop marker moves back to the entry before it. Nothing after
    the horizon (an empty topic, nothing new, or nothing old enough): no ledger is written
    and the run succeeds with ``ledger_id = -1``.
-3. Phase one over the input stream: the previous compacted ledger's entries (with their
+3. Phase one over the input stream: the previous compacted view's entries (with their
    original positions), then the raw entries after the horizon up to the stop marker.
-   The engine (``compactor.engine.choose_engine``: ``local``, ``spark``, or ``auto``) runs
-   it: ``local`` here, where every store read must finish within
-   ``phase_one_read_timeout_s``; ``spark`` as a Spark job over the same ledgers
-   (``compactor.spark.engine``), whose result phase two takes alike. The local engine keeps
-   its key map within ``memory_budget_bytes`` (``compactor.rounds``): when the keys after
-   the horizon would pass it, phase one stops where the map filled, and steps 4 and 5 run
-   up to there as a *round*; the next round starts from the view just published, until
-   the view reaches the stop marker. Every round is published like a whole run, so a run
-   that fails or dies between rounds leaves the last round's view serving.
+   The engine (``compactor.engine.choose_engine``: ``local``, ``spark``, or ``auto``)
+   decides where. ``local``: here, where every store read must finish within
+   ``phase_one_read_timeout_s``. The local engine keeps its key map within
+   ``memory_budget_bytes`` (``compactor.rounds``): when the keys after the horizon would
+   pass it, phase one stops where the map filled, and steps 4 and 5 run up to there as a
+   *round*; the next round starts from the view just published, until the view reaches
+   the stop marker. Every round is published like a whole run, so a run that fails or
+   dies between rounds leaves the last round's view serving. ``spark``: steps 3 and 4 run
+   whole on the Spark executors over the same ledgers (``compactor.spark.engine``), which
+   write one sealed compacted ledger per group of the input; step 5 publishes their list.
 4. Phase two over the same stream writes the survivors to a new ledger (metadata:
    component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
    original message id and, for batches, the surviving-slot mask. If every key was
    deleted, the new ledger is empty and is published all the same.
-5. Publish (``CompactedTopic.publish``): seal the new ledger → **one transaction**
-   persisting the cursor's mark-delete = stop marker with ``CompactedTopicLedger = new id``
-   → swap the in-memory view → delete the previous compacted ledger. A run whose cursor
-   was deleted, or whose previous view was replaced, meanwhile fails here.
+5. Publish (``CompactedTopic.publish``): seal the new ledger(s) → **one transaction**
+   persisting the cursor's mark-delete = stop marker with the view's ledgers (the
+   manifest, ``compactor.manifest``) → swap the in-memory view; the previous view's
+   ledgers are deleted after a grace period. A run whose cursor was deleted, or whose
+   previous view was replaced, meanwhile fails here.
 
 Every read batch and every append of a run is charged to the run's I/O throttle
 (``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
@@ -39,8 +41,8 @@ topic's ``CompactionRecord``. Who may run when (one run per topic, the slots, th
 the persisted status) is ``compactor.runs``'s; calling ``compact`` directly (tests,
 benchmarks) skips it.
 
-Any failure (an ``Exception``) before the transaction deletes the new ledger and leaves the
-previous view serving. A crash (the process dying, ``SimulatedCrash`` in tests) leaves at
+Any failure (an ``Exception``) before the transaction deletes the new ledger(s) and leaves
+the previous view serving. A crash (the process dying, ``SimulatedCrash`` in tests) leaves at
 worst an unreferenced ledger, which ``collect_orphans`` removes at the next start: the
 persisted state always names a complete, sealed compacted ledger or none.
 """
