@@ -7,6 +7,8 @@ generated streams (batches, tombstones young and old, key-less messages with and
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,7 +62,7 @@ def test_groups_rewritten_apart_give_the_local_phase_two_byte_for_byte(
 
     bounds = sorted({0, len(entries), *(min(cut, len(entries)) for cut in cuts)})
     rewritten = []
-    for first, last in zip(bounds, bounds[1:], strict=False):
+    for first, last in itertools.pairwise(bounds):
         group = entries[first:last]
         slots, ats = _in_group(group, retained, dropped)
         rewritten.extend(group_phase_two(iter(group), slots, ats, retain_null_key=retain_null_key,
