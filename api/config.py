@@ -135,7 +135,7 @@ class Settings:
     compaction_max_concurrent_runs: int = _setting(
         2, "Compaction runs at once on this broker.", minimum=1)
     compaction_engine: EngineName = _setting(  # noqa: RUF009 - a str, immutable
-        _COMPACTION.engine, "Engine of phase one: auto, local or spark.")
+        _COMPACTION.engine, "Engine of a compaction run: auto, local or spark.")
     spark_master: str = _setting(_COMPACTION.spark_master, "Spark master URL of the spark engine.")
     compaction_memory_budget_bytes: int = _setting(
         _COMPACTION.memory_budget_bytes, "Most memory the local engine's key map may hold (24 bytes a key); past it a run "

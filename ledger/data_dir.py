@@ -27,6 +27,7 @@ from ledger.lock import DataDirLock
 from ledger.metadata import MetadataStore
 from ledger.storage.base import LedgerStore, SyncPolicy
 from ledger.storage.file import MAX_OPEN_FILES_DEFAULT, FileLedgerStore
+from ledger.storage.sealed_writer import remove_temp_files
 
 __all__ = ["DataDir"]
 
@@ -67,8 +68,14 @@ class DataDir:
         """Delete every ledger neither a topic nor ``also_live`` references; return their ids.
 
         Call it at start, before any ledger is created: a ledger created by a run that
-        crashed before referencing it is garbage (Pulsar leaks these).
+        crashed before referencing it is garbage (Pulsar leaks these). So are the
+        temporary files of ledgers written whole elsewhere (``ledger.storage.sealed_writer``)
+        by a writer that died: they are deleted too.
         """
+        if isinstance(self.ledgers, FileLedgerStore):
+            stale = remove_temp_files(self.ledgers.root)
+            if stale:
+                log.info("removed temporary ledger files %s", stale)
         live = self.metadata.referenced_ledger_ids() | set(also_live)
         orphans = [ledger_id for ledger_id in self.ledgers.list() if ledger_id not in live]
         for ledger_id in orphans:

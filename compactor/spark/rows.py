@@ -14,13 +14,15 @@ Both Spark data sources read ledger files directly through a read-only ``FileLed
   null for a key-less message. ``value`` is null for a ``send(None)``. A
   chunked message gives one row per chunk, whose ``value`` is the chunk's piece of the
   compressed whole as stored (the rows are not put back together).
-* ``phase_one_batches`` — phase one's view of the stream (``PHASE_ONE_SCHEMA``), exactly
-  what ``compactor.algorithm.phase_one`` reads: one row per keyed live message with its
-  key's 128-bit hash (two signed int64 halves), its position and whether it deletes the
-  key (an old tombstone; a young one counts as a value); for a chunked message, only its
-  last chunk gives a keyed row, and also a *chunk end* row (null hash; the hash of its
-  uuid, its position, whether it is key-less: ``compactor.chunks``); and one *figures* row
-  per range (null hashes) counting entries, messages, bytes, markers and opaque entries.
+* ``phase_one_batches`` — phase one's view of one piece of the stream
+  (``PHASE_ONE_SCHEMA``), exactly what ``compactor.algorithm.phase_one`` reads, every row
+  tagged with the piece's group (``grp``): one row per keyed live message with its key's
+  128-bit hash (two signed int64 halves), its position and whether it deletes the key (an
+  old tombstone; a young one counts as a value); for a chunked message, only its last
+  chunk gives a keyed row; every chunk gives a *chunk* row (null hash; the hash of its
+  uuid, its position, whether it is the last chunk and key-less: ``compactor.chunks``); and
+  one *figures* row per piece (null hashes) counting entries, messages, bytes, markers
+  and opaque entries.
 
 Reads go ``READ_BATCH_ENTRIES_MAX`` entries at a time and rows leave in record batches of
 at most ``ROWS_PER_BATCH_MAX``, so an executor's memory stays bounded whatever the ledger.
@@ -75,14 +77,14 @@ MESSAGE_SCHEMA = pa.schema([
     ("tombstone", pa.bool_()), ("key_bytes", pa.binary()),
 ])
 PHASE_ONE_SCHEMA_DDL = (
-    "hash_high bigint, hash_low bigint, ledger_id bigint, entry_id bigint, batch_index int, "
-    "deletes boolean, uuid_high bigint, uuid_low bigint, keyless boolean, "
+    "grp int, hash_high bigint, hash_low bigint, ledger_id bigint, entry_id bigint, batch_index int, "
+    "deletes boolean, uuid_high bigint, uuid_low bigint, chunk_last boolean, keyless boolean, "
     "entries bigint, messages bigint, entry_bytes bigint, markers bigint, opaque_entries bigint"
 )
 PHASE_ONE_SCHEMA = pa.schema([
-    ("hash_high", pa.int64()), ("hash_low", pa.int64()), ("ledger_id", pa.int64()),
+    ("grp", pa.int32()), ("hash_high", pa.int64()), ("hash_low", pa.int64()), ("ledger_id", pa.int64()),
     ("entry_id", pa.int64()), ("batch_index", pa.int32()), ("deletes", pa.bool_()),
-    ("uuid_high", pa.int64()), ("uuid_low", pa.int64()), ("keyless", pa.bool_()),
+    ("uuid_high", pa.int64()), ("uuid_low", pa.int64()), ("chunk_last", pa.bool_()), ("keyless", pa.bool_()),
     ("entries", pa.int64()), ("messages", pa.int64()), ("entry_bytes", pa.int64()),
     ("markers", pa.int64()), ("opaque_entries", pa.int64()),
 ])
@@ -194,12 +196,13 @@ def _add_messages(columns: _Columns, entry: CompactedEntry) -> None:
 
 
 def phase_one_batches(
-    ledgers_root: str, ledger_range: LedgerRange, keep_tombstones_since_ms: int | None
+    ledgers_root: str, ledger_range: LedgerRange, group: int, keep_tombstones_since_ms: int | None
 ) -> Iterator[pa.RecordBatch]:
-    """Phase one's rows of the range (see the module docstring)."""
+    """Phase one's rows of the piece ``ledger_range`` of group ``group`` (see the module
+    docstring)."""
     store = open_store(ledgers_root)
     try:
-        keys = _KeyColumns()
+        keys = _KeyColumns(group)
         figures = [0, 0, 0, 0, 0]  # entries, messages, entry bytes, markers, opaque entries
         for entry in read_range(store, ledger_range):
             _add_keys(keys, entry, figures, keep_tombstones_since_ms)
@@ -208,17 +211,18 @@ def phase_one_batches(
         if keys.ledger_ids:
             yield keys.take()
         figures_row = _Columns(PHASE_ONE_SCHEMA)
-        figures_row.add(*[None] * 9, *figures)
+        figures_row.add(group, *[None] * 10, *figures)
         yield figures_row.take()
     finally:
         store.shutdown()
 
 
 class _KeyColumns:
-    """Phase one's keyed and chunk end rows, column by column (the figures columns are all
-    null; a keyed row has null uuid columns, a chunk end row null hash columns)."""
+    """Phase one's keyed and chunk rows, column by column (the figures columns are all
+    null; a keyed row has null uuid columns, a chunk row null hash columns)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group: int) -> None:
+        self.group = group
         self.highs: list[int | None] = []
         self.lows: list[int | None] = []
         self.ledger_ids: list[int] = []
@@ -227,14 +231,16 @@ class _KeyColumns:
         self.deletes: list[bool | None] = []
         self.uuid_highs: list[int | None] = []
         self.uuid_lows: list[int | None] = []
+        self.chunk_last: list[bool | None] = []
         self.keyless: list[bool | None] = []
 
     def _all(self) -> tuple[list[Any], ...]:
         return (self.highs, self.lows, self.ledger_ids, self.entry_ids, self.batch_indexes, self.deletes,
-                self.uuid_highs, self.uuid_lows, self.keyless)
+                self.uuid_highs, self.uuid_lows, self.chunk_last, self.keyless)
 
-    def add_key(self, key: str, position: Position, batch_index: int, deletes: bool) -> None:
-        """A keyed message (every message of a topic: appended column by column)."""
+    def add_key(self, key: str, position: Position, batch_index: int, deletes: bool, *, chunk: bool = False) -> None:
+        """A keyed message (every message of a topic: appended column by column);
+        ``chunk``: it is the last chunk of a chunked message (``chunk_last`` true)."""
         high, low = key_hash(key)
         self.highs.append(high - (1 << 64) if high >= _SIGN else high)
         self.lows.append(low - (1 << 64) if low >= _SIGN else low)
@@ -244,21 +250,23 @@ class _KeyColumns:
         self.deletes.append(deletes)
         self.uuid_highs.append(None)
         self.uuid_lows.append(None)
+        self.chunk_last.append(True if chunk else None)
         self.keyless.append(None)
 
-    def add_chunk_end(self, uuid: str, position: Position, keyless: bool) -> None:
-        """The last chunk of a chunked message (``compactor.chunks``)."""
+    def add_chunk(self, uuid: str, position: Position, last: bool, keyless: bool) -> None:
+        """A chunk of a chunked message (``compactor.chunks``)."""
         high, low = key_hash(uuid)
         row = (None, None, position.ledger_id, position.entry_id, -1, None,
-               high - (1 << 64) if high >= _SIGN else high, low - (1 << 64) if low >= _SIGN else low, keyless)
+               high - (1 << 64) if high >= _SIGN else high, low - (1 << 64) if low >= _SIGN else low, last, keyless)
         for column, value in zip(self._all(), row, strict=True):
             column.append(value)
 
     def take(self) -> pa.RecordBatch:
         count = len(self.ledger_ids)
-        columns = [
+        columns = [pa.array([self.group] * count, pa.int32())]
+        columns += [
             pa.array(column, field.type)
-            for column, field in zip(self._all(), list(PHASE_ONE_SCHEMA)[:9], strict=True)
+            for column, field in zip(self._all(), list(PHASE_ONE_SCHEMA)[1:11], strict=True)
         ]
         columns += [pa.nulls(count, pa.int64()) for _ in range(5)]
         for column in self._all():
@@ -278,12 +286,11 @@ def _add_keys(keys: _KeyColumns, entry: CompactedEntry, figures: list[int], cuto
         figures[3] += 1
         return
     figures[1] += len(scan.messages)
-    if scan.chunk is not None:  # only a last chunk counts, at its position (compactor.chunks)
-        if scan.chunk.is_last:
-            [(_, key, _)] = scan.messages
-            keys.add_chunk_end(scan.chunk.uuid, entry.position, key is None)
-            if key is not None:
-                keys.add_key(key, entry.position, -1, False)
+    if scan.chunk is not None:  # only a last chunk counts as a value, at its position (compactor.chunks)
+        [(_, key, _)] = scan.messages
+        keys.add_chunk(scan.chunk.uuid, entry.position, scan.chunk.is_last, key is None)
+        if scan.chunk.is_last and key is not None:
+            keys.add_key(key, entry.position, -1, False, chunk=True)
         return
     young = cutoff is not None and scan.publish_time >= cutoff
     for batch_index, key, tombstone in scan.messages:

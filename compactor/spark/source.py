@@ -34,7 +34,8 @@ parallel. Options:
 snapshot, then the live tail): ``compactor.spark.stream``.
 
 ``PhaseOneDataSource`` (format ``"compactd-phase-one"``) is the Spark engine's internal
-input: the ranges of one run (a JSON option) as ``rows.PHASE_ONE_SCHEMA_DDL`` rows.
+input: the pieces of one run and their groups (a JSON option) as
+``rows.PHASE_ONE_SCHEMA_DDL`` rows, one partition per piece.
 
 Only ``compactor.spark`` imports PySpark; this module is loaded on first use of
 ``compactor.spark.CompactdDataSource``.
@@ -207,8 +208,8 @@ class PhaseOneDataSource(DataSource):
     """Format ``"compactd-phase-one"``: the Spark engine's view of one run's stream.
 
     Options: ``ledgersRoot``, ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
-    last_entry_id, compacted]``) and ``keepTombstonesSinceMs`` (absent: every tombstone
-    deletes).
+    last_entry_id, compacted, group]``, one per piece) and ``keepTombstonesSinceMs``
+    (absent: every tombstone deletes).
     """
 
     @classmethod
@@ -227,14 +228,16 @@ class _PhaseOneReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         lowered = {key.lower(): value for key, value in options.items()}
         self.ledgers_root = lowered["ledgersroot"]
-        self.ranges = [LedgerRange(int(a), int(b), int(c), bool(d)) for a, b, c, d in json.loads(lowered["ranges"])]
+        self.pieces = [(LedgerRange(int(a), int(b), int(c), bool(d)), int(group))
+                       for a, b, c, d, group in json.loads(lowered["ranges"])]
         cutoff = lowered.get("keeptombstonessincems")
         self.keep_tombstones_since_ms = None if cutoff in (None, "") else int(cutoff)
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [InputPartition(ledger_range) for ledger_range in self.ranges]
+        return [InputPartition(piece) for piece in self.pieces]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if partition is None or partition.value is None:  # no range to read: Spark's one empty partition
             return
-        yield from rows.phase_one_batches(self.ledgers_root, partition.value, self.keep_tombstones_since_ms)
+        ledger_range, group = partition.value
+        yield from rows.phase_one_batches(self.ledgers_root, ledger_range, group, self.keep_tombstones_since_ms)

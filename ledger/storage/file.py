@@ -9,6 +9,9 @@ the files' lifecycle and durability:
   its appends gather in memory and are written in blocks of ``UNSYNCED_BLOCK_BYTES`` on
   the appending thread, so they never queue behind (nor delay) the flusher's syncs of
   live topics; the seal's fsync makes them durable.
+* ``reserve_ids`` allocates several ids in one durable bump of the sequence, for ledgers
+  written whole elsewhere (``ledger.storage.sealed_writer``); the store reads such a file,
+  once it exists, as any sealed ledger.
 * ``append`` frames the entry and, by ``SyncPolicy``: ALWAYS writes and fsyncs inline;
   GROUP queues it for the flusher thread, which writes every queued record of every ledger,
   fdatasyncs each file once, advances ``last_add_confirmed`` and resolves the futures in
@@ -513,8 +516,25 @@ class FileLedgerStore:
         with self._lock:
             self._handles.unpin(handle)
 
-    def _next_ledger_id(self) -> int:
-        """Allocate an id durably (sequence file, then the directory); caller holds _lock."""
+    def reserve_ids(self, count: int) -> builtins.list[int]:
+        """Allocate ``count`` ledger ids durably at once (one sequence-file write) without
+        creating their files: a writer elsewhere (``ledger.storage.sealed_writer``, on a
+        Spark executor) writes each as a whole sealed ledger. An id never comes out again;
+        one whose file is never written, or never referenced, is an orphan like any other."""
+        self._check_writable()
+        if count <= 0:
+            return []
+        with self._lock:
+            try:
+                first = self._next_ledger_id(count)
+                _fsync_dir(self.root)  # the new sequence file's name survives a crash
+            except OSError as error:
+                raise LedgerIOError(f"ledger store {self.root}: cannot reserve ledger ids: {error}") from error
+        return builtins.list(range(first, first + count))
+
+    def _next_ledger_id(self, count: int = 1) -> int:
+        """Allocate ``count`` consecutive ids durably (sequence file, then the directory);
+        the first of them. The caller holds _lock."""
         sequence_path = os.path.join(self.root, _SEQUENCE_FILE)
         if self._next_id is None:  # once: this store owns the directory from then on
             try:
@@ -527,11 +547,11 @@ class FileLedgerStore:
         next_id = self._next_id
         temporary = sequence_path + ".tmp"
         with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="ascii") as sequence:
-            sequence.write(str(next_id + 1))
+            sequence.write(str(next_id + count))
             sequence.flush()
             os.fsync(sequence.fileno())
         os.replace(temporary, sequence_path)
-        self._next_id = next_id + 1
+        self._next_id = next_id + count
         return next_id
 
     def _path(self, ledger_id: int) -> str:

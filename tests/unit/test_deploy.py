@@ -149,6 +149,7 @@ def test_compose_runs_compactd_with_spark_master_and_worker_sharing_the_data_vol
     assert volume in compose["volumes"] and path == settings.data_dir
     worker_volume = services["spark-worker"]["volumes"][0].split(":")
     assert worker_volume[:2] == [volume, path], "the worker reads the data dir at the broker's path"
+    assert worker_volume[2:] in ([], ["rw"]), "the executors write the compacted ledgers there"
     assert broker["hostname"] == "compactd", "the workers reach the driver by its host name"
     for name in ("spark-master", "spark-worker"):
         assert services[name]["image"] == broker["image"], "executors need compactd's code"

@@ -1,11 +1,15 @@
-"""A real Spark standalone cluster (issue 7, point 5): one master and one worker on 127.0.0.1.
+"""A real Spark standalone cluster (issue 7, point 5; issue 13, point 7): one master and one
+worker on 127.0.0.1.
 
 Both are started from the PySpark distribution (``bin/spark-class`` with the Master and
 Worker classes, as ``sbin/start-master.sh`` and ``start-worker.sh`` do) on free ports.
 ``compactd compact-topic --engine spark --spark-master spark://127.0.0.1:PORT`` then
-compacts a stopped broker's topic on that cluster; the compacted ledger it publishes must
-be byte for byte the one ``--engine local`` publishes on a copy of the data dir, and the
-master must list the run as a completed application. Every wait is bounded; the master
+compacts a stopped broker's topic on that cluster, the whole pipeline: phase one and phase
+two run on the worker's executor, which writes the compacted ledgers (one per group: two
+here, for the worker's two cores) into the data dir, and the driver publishes their list.
+The compacted view it publishes — its ledgers' entries concatenated — must be byte for
+byte the compacted ledger ``--engine local`` publishes on a copy of the data dir, with
+the same figures, and the master must list the run as a completed application. Every wait is bounded; the master
 and the worker are stopped (then killed, if need be) whatever happens, and their output
 goes to files, not pipes.
 """
@@ -133,7 +137,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def _entries() -> list[bytes]:
-    """Keyed singles and batches, tombstones and key-less messages over several ledgers."""
+    """Keyed singles and batches, tombstones and key-less messages over several ledgers;
+    keys written once are spread over the topic, so that every group keeps something."""
     entries = []
     for index in range(40):
         metadata = pb.MessageMetadata(producer_name="p", sequence_id=index, publish_time=1_700_000_000_000 + index)
@@ -143,7 +148,7 @@ def _entries() -> list[bytes]:
             slots.append((pb.SingleMessageMetadata(payload_size=1), b"n"))
             entries.append(encode_batch(metadata, slots, pb.LZ4, with_checksum=True))
             continue
-        metadata.partition_key = f"k{index % 7}"
+        metadata.partition_key = f"k{index % 7}" if index % 5 else f"once-{index}"  # some keys written once, early
         value = b"" if index % 9 == 5 else b"v%d" % index  # now and then a tombstone
         entries.append(encode_entry(metadata, value, with_checksum=True))
     return entries
@@ -172,12 +177,36 @@ def test_compact_topic_on_a_standalone_cluster_publishes_what_the_local_engine_d
     local = _compact_topic(tmp_path / "local", "--engine", "local")
 
     assert on_cluster["status"] == "SUCCESS"
-    for field in ("ledgerId", "removedEvents", "entriesRead", "messagesRead", "entriesWritten", "bytesWritten"):
+    for field in ("removedEvents", "entriesRead", "messagesRead", "entriesWritten", "bytesWritten"):
         assert on_cluster[field] == local[field], field
     assert on_cluster["entriesRead"] == 40
     spark_horizon, spark_ledger = published_compacted_ledger(tmp_path / "spark")
     local_horizon, local_ledger = published_compacted_ledger(tmp_path / "local")
     assert (spark_horizon, spark_ledger) == (local_horizon, local_ledger)
     assert len(spark_ledger) > 0
+    spark_view = _published_ledgers(tmp_path / "spark")
+    assert len(spark_view) == 2 and len(_published_ledgers(tmp_path / "local")) == 1  # a group per worker core
+    assert on_cluster["ledgerId"] == spark_view[0]
     completed = _master_state(cluster.web_port)["completedapps"]
     assert [app["name"] for app in completed] == ["compactd"]
+
+
+def _published_ledgers(path: Path) -> tuple[int, ...]:
+    """The ledgers of the compacted view published in the (stopped) data dir at ``path``,
+    each a sealed compacted ledger of the topic."""
+    from compactor.spark.source import topic_state
+    from ledger.storage.base import LedgerState, SyncPolicy
+    from ledger.storage.file import FileLedgerStore
+
+    _, snapshot = topic_state(str(path), TOPIC, read_compacted=True)
+    assert snapshot is not None
+    store = FileLedgerStore(str(path / "ledgers"), sync=SyncPolicy.NONE, read_only=True)
+    try:
+        for ledger_id in snapshot.ledger_ids:
+            info = store.info(ledger_id)
+            assert info.state is LedgerState.CLOSED
+            assert (info.metadata["component"], info.metadata["topic"]) == ("compacted-ledger", TOPIC)
+            assert info.metadata["compactedTo"] == str(snapshot.horizon)
+    finally:
+        store.shutdown()
+    return snapshot.ledger_ids

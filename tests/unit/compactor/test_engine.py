@@ -38,10 +38,11 @@ BUDGET = 1000 * KEY_MAP_BYTES_PER_KEY
     ("auto", 1000, True, 0, "local"),  # exactly the budget fits one local round
     ("auto", 1001, True, 0, "spark"),  # Spark saves rounds and keeps the broker's memory flat
     ("auto", 1001, False, 0, "local"),  # without PySpark, auto stays local
-    # Collecting every key to the driver (77 B each) costs the broker more than the local
-    # rounds (24 B each, within the budget): auto stays local, however many keys.
-    ("auto", 1001, True, SPARK_DRIVER_BYTES_PER_KEY, "local"),
-    ("auto", 10**9, True, SPARK_DRIVER_BYTES_PER_KEY, "local"),
+    # An engine collecting every key to the driver (77 B each, as the former Spark engine
+    # did) costs the broker more than the local rounds (24 B each, within the budget):
+    # auto stays local, however many keys.
+    ("auto", 1001, True, 77, "local"),
+    ("auto", 10**9, True, 77, "local"),
     ("auto", 30000, True, 1, "local"),  # even a small cost per key can pass the budget
     ("auto", 2000, True, 1, "spark"),
 ])
@@ -50,9 +51,12 @@ def test_choose_engine(engine: str, keys: int, available: bool, driver_bytes: in
                          spark_available=available, driver_bytes_per_key=driver_bytes) == chosen
 
 
-def test_auto_never_picks_the_spark_engine_that_collects_every_key_to_the_broker() -> None:
-    assert all(choose_engine("auto", estimated_keys=keys, memory_budget_bytes=BUDGET, spark_available=True) == "local"
-               for keys in (0, 1000, 1001, 10**6, 10**10))
+def test_auto_picks_the_spark_engine_exactly_when_one_local_round_would_not_do() -> None:
+    # The Spark engine keeps every key on the executors (issue 13): nothing per key on the broker.
+    assert SPARK_DRIVER_BYTES_PER_KEY == 0
+    chosen = {keys: choose_engine("auto", estimated_keys=keys, memory_budget_bytes=BUDGET, spark_available=True)
+              for keys in (0, 1000, 1001, 10**6, 10**10)}
+    assert chosen == {0: "local", 1000: "local", 1001: "spark", 10**6: "spark", 10**10: "spark"}
 
 
 def _record(ledger_id: int, entries: int) -> LedgerRecord:

@@ -1,0 +1,195 @@
+"""Phase two of one group, on an executor: a contiguous group of pieces into one compacted ledger.
+
+The Spark engine (``compactor.spark.engine``) cuts a run's input stream into pieces and
+the pieces into contiguous *groups*; phase one's decisions reach each group's task
+co-partitioned with it (never through the driver). A task rewrites its group alone:
+
+* ``group_phase_two`` keeps exactly what ``compactor.algorithm.phase_two`` keeps of the
+  group's entries, given the group's share of phase one's decisions: ``retained``, the
+  positions ``(ledger_id, entry_id, batch_index)`` that are some key's latest (a young
+  tombstone included; a keyed last chunk at batch index -1), and ``dropped_chunks``, the
+  entries ``(ledger_id, entry_id)`` of chunks whose chunked message completes in the run's
+  stream and does not survive (``compactor.chunks``; the message may complete in a later
+  group, so this is decided over the whole stream, not here). Key-less messages survive
+  iff ``retain_null_key``; old tombstones and markers never survive; opaque entries
+  survive whole. It is ``algorithm.phase_two`` with the lookups given as sets rather than
+  a key map, and reuses its helpers (``kept_entry``, ``is_young``, ``scan_entry``).
+* ``rewrite_group`` reads the group's pieces straight from the ledger files (a read-only
+  ``FileLedgerStore``), encodes the survivors (``compactor.view.encode_compacted_entry``)
+  and writes them as one whole sealed ledger at the id the driver reserved for the group
+  (``ledger.storage.sealed_writer``: temporary file, fsync, atomic rename). A retried or
+  speculative attempt writes the same bytes again (the plan fixes ``created_at_ms``), so
+  whichever attempt's file stays, it is the same ledger. It returns the group's *report*:
+  one small row (``REPORT_SCHEMA_DDL``).
+
+No PySpark here; PyArrow only in ``rewrite_group``'s input and output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from compactor.algorithm import CompactedEntry, is_young, kept_entry
+from compactor.engine import LedgerRange
+from compactor.scan import scan_entry
+from compactor.view import encode_compacted_entry
+from ledger.managed_ledger import Entry
+from ledger.storage.sealed_writer import write_sealed_ledger
+
+__all__ = [
+    "DECISION_DROPPED_CHUNK",
+    "DECISION_FIGURES",
+    "DECISION_RETAINED",
+    "REPORT_SCHEMA_DDL",
+    "GroupReport",
+    "GroupSpec",
+    "RewriteJob",
+    "group_phase_two",
+    "rewrite_group",
+]
+
+Slot = tuple[int, int, int]
+"""A message's ``(ledger_id, entry_id, batch_index)`` (-1 for a non-batched message)."""
+At = tuple[int, int]
+"""An entry's ``(ledger_id, entry_id)``."""
+
+# What a decision row co-partitioned with a group says (its ``kind`` column).
+DECISION_RETAINED = 0  # the position is some key's latest
+DECISION_DROPPED_CHUNK = 1  # the chunk at the entry is dropped with its chunked message
+DECISION_FIGURES = 2  # one piece's phase-one figures (every piece has one: no group is without rows)
+FIGURES = ("entries", "messages", "entry_bytes", "markers", "opaque_entries")
+REPORT_SCHEMA_DDL = (
+    "grp int, ledger_id bigint, entries_written bigint, bytes_written bigint, messages_kept bigint, "
+    "keys_kept bigint, entries_read bigint, messages_read bigint, bytes_read bigint, markers bigint, "
+    "opaque_entries bigint"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """One group of the plan: what its task reads and where it writes.
+
+    Attributes:
+        index: the group's place in the stream (0, 1, ...).
+        pieces: its pieces, contiguous, in stream order.
+        ledger_id: the id reserved for its compacted ledger.
+    """
+
+    index: int
+    pieces: tuple[LedgerRange, ...]
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReport:
+    """What a group's task reports: one row of ``REPORT_SCHEMA_DDL``.
+
+    Attributes:
+        group, ledger_id: the group and the ledger it wrote.
+        entries_written, bytes_written: the compacted ledger's entries and entry bytes.
+        messages_kept: messages the compacted entries deliver.
+        keys_kept: live keys whose latest position lies in the group.
+        entries_read, messages_read, bytes_read, markers, opaque_entries: phase one's
+            figures of the group's pieces (``compactor.algorithm.PhaseOneResult``'s).
+    """
+
+    group: int
+    ledger_id: int
+    entries_written: int
+    bytes_written: int
+    messages_kept: int
+    keys_kept: int
+    entries_read: int
+    messages_read: int
+    bytes_read: int
+    markers: int
+    opaque_entries: int
+
+
+def group_phase_two(
+    entries: Iterable[Entry], retained: Collection[Slot], dropped_chunks: Collection[At], *,
+    retain_null_key: bool = False, keep_tombstones_since_ms: int | None = None,
+) -> Iterator[CompactedEntry]:
+    """The surviving entries of a group's ``entries``, in order (see the module docstring)."""
+    for entry in entries:
+        scan = scan_entry(entry.data)
+        if scan.kind == "opaque":
+            yield CompactedEntry(entry.position, entry.data)
+            continue
+        if scan.kind == "marker":
+            continue
+        at = (entry.position.ledger_id, entry.position.entry_id)
+        if scan.chunk is not None:
+            if at not in dropped_chunks:
+                yield CompactedEntry(entry.position, entry.data)
+            continue
+        young = is_young(scan.publish_time, keep_tombstones_since_ms)
+        keep = []
+        for batch_index, key, tombstone in scan.messages:
+            if tombstone and not young:
+                continue
+            if key is None:
+                if retain_null_key:
+                    keep.append(batch_index)
+            elif (*at, batch_index) in retained:
+                keep.append(batch_index)
+        if keep:
+            yield kept_entry(entry, scan, keep)
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteJob:
+    """What every group's task shares: where the ledgers are and how the run decides."""
+
+    ledgers_root: str
+    metadata: dict[str, str]
+    created_at_ms: int
+    retain_null_key: bool
+    keep_tombstones_since_ms: int | None
+
+
+def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupReport:
+    """Rewrite the group ``spec`` given its decision rows (a ``pyarrow.Table`` with the
+    columns ``kind``, ``ledger_id``, ``entry_id``, ``batch_index`` and the ``FIGURES``):
+    write its sealed compacted ledger and report (see the module docstring)."""
+    from compactor.spark.rows import open_store, read_range  # PyArrow, on the executor only
+
+    columns = decisions.to_pydict()
+    kinds = columns["kind"]
+    rows = zip(kinds, columns["ledger_id"], columns["entry_id"], columns["batch_index"], strict=True)
+    retained: set[Slot] = set()
+    dropped: set[At] = set()
+    for kind, ledger_id, entry_id, batch_index in rows:
+        if kind == DECISION_RETAINED:
+            retained.add((ledger_id, entry_id, batch_index))
+        elif kind == DECISION_DROPPED_CHUNK:
+            dropped.add((ledger_id, entry_id))
+    figures = [sum(value or 0 for kind, value in zip(kinds, columns[name], strict=True) if kind == DECISION_FIGURES)
+               for name in FIGURES]
+    store = open_store(job.ledgers_root)
+    try:
+        stream = (Entry(kept.position, kept.data) for piece in spec.pieces for kept in read_range(store, piece))
+        survivors = group_phase_two(stream, retained, dropped, retain_null_key=job.retain_null_key,
+                                    keep_tombstones_since_ms=job.keep_tombstones_since_ms)
+        counted = _Counted(survivors)
+        written = write_sealed_ledger(job.ledgers_root, spec.ledger_id, job.metadata, counted.encoded(),
+                                      created_at_ms=job.created_at_ms)
+    finally:
+        store.shutdown()
+    return GroupReport(spec.index, spec.ledger_id, written.entries, written.size_bytes, counted.messages,
+                       len(retained), *figures)
+
+
+class _Counted:
+    """The survivors, encoded as compacted-ledger entries, counting their messages."""
+
+    def __init__(self, survivors: Iterator[CompactedEntry]) -> None:
+        self.survivors = survivors
+        self.messages = 0
+
+    def encoded(self) -> Iterator[bytes]:
+        for survivor in self.survivors:
+            self.messages += survivor.messages
+            yield encode_compacted_entry(survivor)
