@@ -1,14 +1,17 @@
-"""Which engine runs phase one, and what a phase one run elsewhere is given to read.
+"""Which engine runs a compaction, and what a run elsewhere is given to read and write.
 
-Phase one is the only phase whose memory grows with the topic (the key map holds every
-live key); phase two walks the stream once more and publishing is local. So an engine is
-a *phase one*: given the input stream as ranges of ledgers (``PhaseOneInput``), it returns
-a ``PhaseOneResult`` that the local phase two consumes unchanged. Two exist:
+Two engines exist:
 
-* ``local``: ``compactor.algorithm.phase_one`` in this process, in rounds within the memory
-  budget (``compactor.rounds``);
-* ``spark``: ``compactor.spark.engine.SparkPhaseOne``, a distributed aggregation on Apache
-  Spark over the same ledgers, read by the executors straight from the ledger files.
+* ``local``: ``compactor.algorithm``'s two phases in this process, in rounds within the
+  memory budget (``compactor.rounds``), writing one compacted ledger per round;
+* ``spark``: ``compactor.spark.engine.SparkEngine``, the whole pipeline on Apache Spark
+  (``RewriteEngine``): given the input stream as ranges of ledgers (``RewriteInput``),
+  phase one's aggregation and phase two's rewrite both run on the executors, read straight
+  from the ledger files, and the result (``RewriteResult``) is the list of sealed
+  compacted ledgers the executors wrote, in stream order, at ids the engine reserved in
+  the broker's store (``OutputLedgers``); the runner publishes that list. No per-key
+  structure ever reaches the driver, which is the broker: it holds O(pieces + output
+  ledgers).
 
 ``choose_engine`` is the pure selection rule: ``local`` and ``spark`` are what they say.
 The local engine never needs more than the memory budget (``compactor.rounds``: when the
@@ -20,27 +23,24 @@ local engine's extra rounds *without* costing the broker more memory than the bu
 * the local key map would pass the budget (``estimated_keys`` × ``KEY_MAP_BYTES_PER_KEY``
   > ``memory_budget_bytes``): one local round would not do;
 * what the Spark engine brings back to the driver, which is the broker, fits the budget
-  (``estimated_keys`` × ``driver_bytes_per_key`` ≤ ``memory_budget_bytes``). Today's
-  Spark engine collects every live key to the driver as Arrow
-  (``SPARK_DRIVER_BYTES_PER_KEY``, about 77 bytes a key measured, three times the local
-  map's 24), so this never holds and ``auto`` stays local; an engine that keeps the keys on
-  the executors says so with a ``driver_bytes_per_key`` attribute of 0, and then ``auto``
-  moves every run that needs more than one local round to Spark. So ``auto`` never moves a
-  run to a path that needs more broker memory, and never reaches
-  ``spark.driver.maxResultSize`` (1 GiB by default: 14 M keys at 77 bytes) unless the
-  budget is set above it.
+  (``estimated_keys`` × ``driver_bytes_per_key`` ≤ ``memory_budget_bytes``). The Spark
+  engine keeps every key on the executors (``SPARK_DRIVER_BYTES_PER_KEY`` = 0: its
+  ``driver_bytes_per_key`` attribute), so this always holds for it and ``auto`` moves every
+  run that needs more than one local round to Spark; an engine that collected keys to the
+  driver would say so with a positive ``driver_bytes_per_key`` (the former collecting
+  engine measured 77 bytes a key), and ``auto`` would keep such a run local. Nothing per key is
+  collected, so ``spark.driver.maxResultSize`` is never reached.
 
-The estimate is what the runner has for free: the previous compacted ledger's entries plus
+The estimate is what the runner has for free: the previous compacted view's entries plus
 the raw entries after the horizon (a key written twice is counted twice, a batch once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from compactor.algorithm import PhaseOneResult
 from ledger.metadata import LedgerRecord
 from ledger.position import Position
 
@@ -49,8 +49,10 @@ __all__ = [
     "SPARK_DRIVER_BYTES_PER_KEY",
     "EngineName",
     "LedgerRange",
-    "PhaseOneEngine",
-    "PhaseOneInput",
+    "OutputLedgers",
+    "RewriteEngine",
+    "RewriteInput",
+    "RewriteResult",
     "choose_engine",
     "raw_ranges",
 ]
@@ -59,9 +61,9 @@ EngineName = Literal["auto", "local", "spark"]
 # What one live key costs the local key map (compactor.keymap: two hash halves and a packed
 # position, three uint64); the merge buffer adds at most a quarter more.
 KEY_MAP_BYTES_PER_KEY = 24
-# What the Spark engine (compactor.spark.engine) costs the driver per live key: every key
-# comes back as Arrow (``toArrow()``), about 77 bytes a key measured (issue 13).
-SPARK_DRIVER_BYTES_PER_KEY = 77
+# What the Spark engine (compactor.spark.engine) costs the driver per live key: nothing,
+# the keys stay in Spark's shuffle (the former engine collected them: 77 bytes a key).
+SPARK_DRIVER_BYTES_PER_KEY = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,29 +86,73 @@ class LedgerRange:
 
 
 @dataclass(frozen=True, slots=True)
-class PhaseOneInput:
-    """The input stream of one run, as ledgers to read, and how to read it.
+class RewriteInput:
+    """The input stream of one run, as ledgers to read, and how to compact it.
 
     Attributes:
-        ledgers_root: directory of the ledger files (``FileLedgerStore.root``).
-        ranges: the previous compacted ledger (if any) first, then the raw ledgers after
-            the horizon up to the stop marker, in stream order.
+        ledgers_root: directory of the ledger files (``FileLedgerStore.root``), the same
+            path on the broker and the executors.
+        ranges: the previous compacted view's ledgers (if any, non-empty ones) first, then
+            the raw ledgers after the horizon up to the stop marker, in stream order.
         stop: the stop marker (the last entry of the stream).
-        retain_null_key, keep_tombstones_since_ms: as ``compactor.algorithm.phase_one``.
+        metadata: the custom metadata of every output ledger (component, topic, compactedTo).
+        retain_null_key, keep_tombstones_since_ms: as ``compactor.algorithm``'s phases.
     """
 
     ledgers_root: str
     ranges: tuple[LedgerRange, ...]
     stop: Position
+    metadata: Mapping[str, str] = field(default_factory=dict)
     retain_null_key: bool = False
     keep_tombstones_since_ms: int | None = None
 
 
-class PhaseOneEngine(Protocol):
-    """Runs phase one somewhere else; the result must equal ``algorithm.phase_one``'s over
-    the same stream: the same live keys at the same latest positions."""
+@dataclass(frozen=True, slots=True)
+class RewriteResult:
+    """What a whole-pipeline run produced: sealed compacted ledgers, not yet published.
 
-    def phase_one(self, request: PhaseOneInput) -> PhaseOneResult: ...
+    Attributes:
+        ledger_ids: the output ledgers in stream order; their entries concatenated are
+            what ``compactor.algorithm.compact`` gives of the input stream. At least one
+            (one empty ledger when nothing survives).
+        keys_kept: live keys after the run.
+        entries_read, messages_read, bytes_read, markers, opaque_entries: phase one's
+            figures of the input stream (``PhaseOneResult``'s).
+        entries_written, bytes_written, messages_kept: the output ledgers' entries, entry
+            bytes and the messages they deliver.
+        groups: the groups the input was rewritten in.
+    """
+
+    ledger_ids: tuple[int, ...]
+    keys_kept: int = 0
+    entries_read: int = 0
+    messages_read: int = 0
+    bytes_read: int = 0
+    markers: int = 0
+    opaque_entries: int = 0
+    entries_written: int = 0
+    bytes_written: int = 0
+    messages_kept: int = 0
+    groups: int = 0
+
+
+class OutputLedgers(Protocol):
+    """The broker's ledger store as a whole-pipeline engine uses it: ids reserved for the
+    ledgers written elsewhere, and deleted when they are not published."""
+
+    def reserve_ids(self, count: int) -> list[int]: ...
+
+    def delete(self, ledger_id: int) -> None: ...
+
+
+class RewriteEngine(Protocol):
+    """Runs a whole compaction elsewhere; the output ledgers' entries, concatenated, must
+    equal ``compactor.algorithm.compact``'s over the same stream, byte for byte.
+    ``driver_bytes_per_key``: what it brings back to the driver per live key."""
+
+    driver_bytes_per_key: int
+
+    def compact(self, request: RewriteInput, ledgers: OutputLedgers) -> RewriteResult: ...
 
 
 def choose_engine(

@@ -59,13 +59,13 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from compactor.algorithm import CompactedEntry, PhaseOneResult, phase_two
+from compactor.algorithm import CompactedEntry
 from compactor.engine import (
     SPARK_DRIVER_BYTES_PER_KEY,
     EngineName,
     LedgerRange,
-    PhaseOneEngine,
-    PhaseOneInput,
+    RewriteEngine,
+    RewriteInput,
     choose_engine,
     raw_ranges,
 )
@@ -128,10 +128,10 @@ class Compactor:
 
     def __init__(
         self, config: CompactionConfig | None = None, *, clock: Callable[[], float] = time.time,
-        spark_engine: PhaseOneEngine | None = None, throttle: Callable[..., Throttle] = Throttle,
+        spark_engine: RewriteEngine | None = None, throttle: Callable[..., Throttle] = Throttle,
     ) -> None:
         """``spark_engine`` runs phase one when the spark engine is chosen; by default a
-        ``compactor.spark.SparkPhaseOne`` on ``config.spark_master``, made on first use.
+        ``compactor.spark.SparkEngine`` on ``config.spark_master``, made on first use.
         ``clock`` (seconds since the epoch) gives each run its "now" (tombstone retention,
         the minimum lag); ``throttle(bytes_per_second, interrupt=event)`` makes each run's
         I/O throttle (tests pass one on a fake clock)."""
@@ -195,35 +195,41 @@ class Compactor:
         log.debug("%s: phase one on the %s engine", topic.name, engine)
         if engine == "local":
             return self._local_run(topic, _Round(cursor, previous, horizon), started, cutoff, progress, run, stop)
-        first = self._spark_phase_one(topic, previous, horizon, stop, cutoff,
-                                      _Counted("phase-one", total, progress))
-        phase_one_s = time.monotonic() - started
-        latencies = [0] * (len(LATENCY_BUCKETS_MS) + 1)  # appends per bucket
-        new_ledger_id, entries_written, bytes_written, kept = self._phase_two(
-            topic, _Round(cursor, previous, horizon), stop, functools.partial(phase_two, result=first, retain_null_key=self.config.retain_null_key,
-                                           keep_tombstones_since_ms=cutoff),
-            _Counted("phase-two", total, progress), latencies, run.throttle)
-        self._publish(topic, cursor, stop, [new_ledger_id], previous)
+        return self._spark_run(topic, _Round(cursor, previous, horizon), stop, cutoff,
+                               _Counted("phase-one", total, progress), started, run)
+
+    def _spark_run(
+        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: _Counted,
+        started: float, run: _RunIo,
+    ) -> RunFigures:
+        """The run on the spark engine: both phases in one Spark job over the same stream as
+        ``_stream`` reads, writing the compacted ledgers on the executors; the driver
+        publishes their list. ``phase_one_s`` is the job's whole time."""
+        cursor, previous, horizon = start
+        store = topic.ledger.store
+        root = getattr(store, "root", None)
+        if not isinstance(root, str) or not hasattr(store, "reserve_ids"):
+            raise SparkEngineError(f"{topic.name}: the spark engine reads and writes ledger files, and this store "
+                                   "has none")
+        ranges = [] if previous is None else [
+            LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
+        ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
+        request = RewriteInput(root, tuple(ranges), stop, _compacted_metadata(topic, stop),
+                               self.config.retain_null_key, cutoff)
+        counted.start()
+        result = self._spark().compact(request, store)  # type: ignore[arg-type]  # has reserve_ids
+        counted.done = result.entries_read
+        counted.end()
+        job_s = time.monotonic() - started
+        self._publish(topic, cursor, stop, result.ledger_ids, previous)
         duration_s = time.monotonic() - started
         return RunFigures(
-            engine=engine,
-            horizon=str(stop),
-            keys_kept=len(first.key_map),
-            throttled_s=run.throttle.throttled_s,
-            io_bytes=run.throttle.charged_bytes,
-            ledger_id=new_ledger_id,
-            removed_events=first.messages_read - kept,
-            entries_read=first.entries_read,
-            messages_read=first.messages_read,
-            bytes_read=first.bytes_read,
-            entries_written=entries_written,
-            bytes_written=bytes_written,
-            phase_one_s=phase_one_s,
-            phase_two_s=duration_s - phase_one_s,
-            duration_s=duration_s,
-            key_map_bytes=first.key_map.nbytes,
-            append_latency_counts=tuple(latencies) if entries_written else (),
-            rounds=1,
+            engine="spark", horizon=str(stop), keys_kept=result.keys_kept, throttled_s=run.throttle.throttled_s,
+            io_bytes=run.throttle.charged_bytes, ledger_id=result.ledger_ids[0],
+            removed_events=result.messages_read - result.messages_kept, entries_read=result.entries_read,
+            messages_read=result.messages_read, bytes_read=result.bytes_read, entries_written=result.entries_written,
+            bytes_written=result.bytes_written, phase_one_s=job_s, phase_two_s=duration_s - job_s,
+            duration_s=duration_s, key_map_bytes=0, append_latency_counts=(), rounds=1,
         )
 
     def _local_run(
@@ -300,30 +306,12 @@ class Compactor:
             spark_available=_spark_installed(), driver_bytes_per_key=driver_bytes_per_key,
         )
 
-    def _spark_phase_one(
-        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        cutoff: int | None, counted: _Counted,
-    ) -> PhaseOneResult:
-        """Phase one on the spark engine, over the same stream as ``_stream`` reads."""
-        root = getattr(topic.ledger.store, "root", None)
-        if not isinstance(root, str):
-            raise SparkEngineError(f"{topic.name}: the spark engine reads ledger files, and this store has none")
-        ranges = [] if previous is None else [
-            LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
-        ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
-        request = PhaseOneInput(root, tuple(ranges), stop, self.config.retain_null_key, cutoff)
-        counted.start()
-        result = self._spark().phase_one(request)
-        counted.done = result.entries_read
-        counted.end()
-        return result
-
-    def _spark(self) -> PhaseOneEngine:
+    def _spark(self) -> RewriteEngine:
         with self._spark_lock:
             if self._spark_engine is None:
-                from compactor.spark.engine import SparkPhaseOne  # PySpark loads only here
+                from compactor.spark.engine import SparkEngine  # PySpark loads only here
 
-                self._spark_engine = SparkPhaseOne(self.config.spark_master)
+                self._spark_engine = SparkEngine(self.config.spark_master)
                 self._owns_spark_engine = True
             return self._spark_engine
 
@@ -379,10 +367,7 @@ class Compactor:
         """Write the survivors (``survivors_of`` the input stream from ``start`` up to
         ``stop``) to a new sealed ledger: (ledger id, entries, bytes, messages)."""
         store = topic.ledger.store
-        ledger_id = store.create({
-            "application": "compactd", "component": "compacted-ledger",
-            "topic": topic.name, "compactedTo": str(stop),
-        }, durable_at_seal=True)  # of use only once sealed: never queues behind the live topics' syncs
+        ledger_id = store.create(_compacted_metadata(topic, stop), durable_at_seal=True)  # of use only once sealed: never queues behind the live topics' syncs
         try:
             stream = self._stream(topic, start.previous, start.horizon, stop, lambda read: counted(read()), throttle)
             counted.start()
@@ -544,6 +529,11 @@ class _RunIo:
 def _charged(throttle: Throttle, batch: list[Entry]) -> list[Entry]:
     throttle.charge(sum(len(entry.data) for entry in batch))
     return batch
+
+
+def _compacted_metadata(topic: CompactedTopic, stop: Position) -> dict[str, str]:
+    """The custom metadata of a compacted ledger of ``topic`` compacted up to ``stop``."""
+    return {"application": "compactd", "component": "compacted-ledger", "topic": topic.name, "compactedTo": str(stop)}
 
 
 def _publish_time(data: bytes) -> int:

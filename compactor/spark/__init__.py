@@ -5,8 +5,9 @@
   ``spark.read.format("compactd")`` works where compactd is not installed.
 * ``CompactdDataSource`` (``compactor.spark.source``): a topic, or its compacted view, as
   a DataFrame (``spark.read.format("compactd")``).
-* ``SparkPhaseOne`` (``compactor.spark.engine``): phase one as a distributed aggregation,
-  the ``spark`` engine of ``compactor.runner.Compactor``.
+* ``SparkEngine`` (``compactor.spark.engine``): the whole compaction pipeline on Spark
+  (both phases on the executors; the driver plans and commits), the ``spark`` engine of
+  ``compactor.runner.Compactor``. ``SparkPhaseOne`` is its former name.
 
 This package is the only one that imports PySpark, and it does so lazily: importing
 ``compactor.spark`` loads nothing; the names above load their module (and PySpark) on
@@ -19,15 +20,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from compactor.spark.engine import SparkPhaseOne
+    from compactor.spark.engine import SparkEngine, SparkPhaseOne
     from compactor.spark.shipping import register
     from compactor.spark.source import CompactdDataSource, PhaseOneDataSource
 
-__all__ = ["CompactdDataSource", "PhaseOneDataSource", "SparkPhaseOne", "register"]
+__all__ = ["CompactdDataSource", "PhaseOneDataSource", "SparkEngine", "SparkPhaseOne", "register"]
 
 _MODULES = {
     "CompactdDataSource": "compactor.spark.source",
     "PhaseOneDataSource": "compactor.spark.source",
+    "SparkEngine": "compactor.spark.engine",
     "SparkPhaseOne": "compactor.spark.engine",
     "register": "compactor.spark.shipping",
 }

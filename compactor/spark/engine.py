@@ -1,35 +1,44 @@
-"""The Spark engine: phase one as a distributed aggregation on Apache Spark.
+"""The Spark engine: the whole compaction pipeline on Apache Spark; the driver plans and commits.
 
-``SparkPhaseOne.phase_one(request)`` computes what ``compactor.algorithm.phase_one``
-computes over the same stream, as one Spark job:
+``SparkEngine.compact(request, ledgers)`` (a ``compactor.engine.RewriteEngine``) turns a
+run's input stream into sealed compacted ledgers written by the executors, the pattern of
+Delta's OPTIMIZE or Iceberg's rewrite_data_files: plan immutable input groups, rewrite them
+in parallel into new files, commit once.
 
-1. Read: ``PhaseOneDataSource`` gives one partition per piece of a ledger range (ranges
-   are cut so that every core gets work: ``piece_entries``), read by the executors straight from the
-   ledger files, and one row per keyed live message: the key's 128-bit hash, its position
-   and whether it deletes the key (an old tombstone), one chunk end row per last chunk of
-   a chunked message (its uuid's hash, position, key-less or not; ``compactor.chunks``),
-   plus a figures row per partition.
-2. Aggregate: group by key hash and keep the row with the greatest position
-   (``max(struct(ledger_id, entry_id, batch_index, deletes))``: a message has one position,
-   so the order is total within a key). The stream is in position order (the previous
-   compacted ledger holds positions at or before the horizon, the raw ledgers after it), so
-   the greatest position is the *last* update, exactly what the local key map keeps. A
-   key whose last update deletes it is dropped; key-less messages never had a row.
-   The figures rows (null hashes) are summed in the same pass, and every chunk end row is
-   a group of its own (grouped by its position too): one per chunked message, not per key.
-3. Collect the live keys (hash halves and position: 24 bytes a key, as Arrow) and the
-   chunk ends to the driver and build the ``PhaseOneResult`` the local phase two takes: a
-   ``KeyMap`` of the hashes, a ``PositionPacker`` that knows exactly the retained
-   positions' ledgers, and the ``ChunkedMessages`` the local phase one would have built.
+1. Plan (driver, O(pieces)): the ranges are cut into pieces (``piece_entries``: enough to
+   keep every core busy), and the pieces into contiguous *groups* in stream order
+   (``plan_groups``: at most ``GROUP_ENTRIES_MAX`` input entries each, at least one group
+   per core when there are pieces enough). One ledger id per group is reserved in the
+   broker's store (``OutputLedgers.reserve_ids``).
+2. Phase one (executors): ``PhaseOneDataSource`` reads one partition per piece straight
+   from the ledger files (``compactor.spark.rows.phase_one_batches``), every row tagged with
+   its piece's group. Keyed rows are grouped by key hash and the greatest position kept
+   (``max(struct(ledger_id, entry_id, batch_index, ...))``: the stream is in position
+   order, so that is the key's last update); a key whose last update deletes it is dropped.
+   Chunked messages (``compactor.chunks``): each uuid's chunks, sorted, tell every chunk
+   where its instance completes; an instance that completes is dropped unless its last
+   chunk is its key's latest (key-less: unless ``retain_null_key``). The dropped chunks'
+   positions, the live positions and one figures row per group are the *decision rows*,
+   each tagged with the group its position lies in.
+3. Phase two (executors): the decision rows are co-partitioned with their group — one
+   Spark partition per group, by a key whose hash is the group's index
+   (``partition_keys``) — and each group's task rewrites its pieces into one sealed
+   compacted ledger at its reserved id (``compactor.spark.rewrite.rewrite_group``), keeping
+   exactly what ``compactor.algorithm.phase_two`` keeps. Nothing is broadcast from the
+   driver (joins are sort-merge joins), nothing per key is collected.
+4. Commit (driver, O(groups)): each task returns one report row; ``commit_reports`` accepts
+   them only if every group reported exactly once, at its reserved id (Spark keeps one
+   successful attempt per partition; a duplicate or a missing report fails the run). The
+   result lists the non-empty groups' ledgers in stream order (one empty ledger when every
+   group is empty); the unused reserved ledgers are deleted, and on any failure all of
+   them, so the previous view keeps serving.
 
-The driver holds the retained set once, as the local engine does at the end of phase one;
-what Spark spreads over executors is the reading, decoding, hashing and the aggregation.
-
-Sessions: one ``SparkSession`` per ``SparkPhaseOne``, created on first use with
-``master`` (``local[*]``, ``spark://host:port``); Spark reuses a session already running in
-the process whatever its master. The Python workers run this interpreter
-(``PYSPARK_PYTHON``, when unset); compactd's own code is shipped to them
-(``compactor.spark.register``), its third-party dependencies must be installed there.
+Sessions: one ``SparkSession`` per ``SparkEngine``, created on first use with ``master``
+(``local[*]``, ``spark://host:port``); Spark reuses a session already running in the
+process whatever its master. The Python workers run this interpreter (``PYSPARK_PYTHON``,
+when unset); compactd's own code is shipped to them (``compactor.spark.register``), its
+third-party dependencies must be installed there. The executors write into the data dir's
+ledger directory, so it must be the same path, shared, on the broker and every executor.
 Errors from PySpark and py4j leave as ``SparkEngineError``.
 """
 
@@ -40,29 +49,55 @@ import logging
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
+import pyarrow as pa
 
-from compactor.algorithm import PhaseOneResult
-from compactor.chunks import ChunkedMessages
-from compactor.engine import LedgerRange, PhaseOneInput
+from compactor.engine import LedgerRange, OutputLedgers, RewriteInput, RewriteResult
 from compactor.errors import SparkEngineError
-from compactor.keymap import KeyMap, PositionPacker
+from compactor.spark.rewrite import (
+    DECISION_DROPPED_CHUNK,
+    DECISION_FIGURES,
+    DECISION_RETAINED,
+    FIGURES,
+    REPORT_SCHEMA_DDL,
+    GroupReport,
+    GroupSpec,
+    RewriteJob,
+    rewrite_group,
+)
 
-__all__ = ["PARTITION_ENTRIES_MAX", "PARTITION_ENTRIES_MIN", "SparkPhaseOne", "piece_entries", "split_ranges"]
+__all__ = [
+    "GROUP_ENTRIES_MAX",
+    "PARTITION_ENTRIES_MAX",
+    "PARTITION_ENTRIES_MIN",
+    "SparkEngine",
+    "SparkPhaseOne",
+    "commit_reports",
+    "partition_keys",
+    "piece_entries",
+    "plan_groups",
+    "split_ranges",
+]
 
 log = logging.getLogger(__name__)
 
-# Entries per Spark partition: at most PARTITION_ENTRIES_MAX, so that a 50 000-entry ledger
-# keeps several cores busy and a failed task redoes little; at least PARTITION_ENTRIES_MIN
-# (enough work to amortise a task's start, tens of ms), else as many partitions as
-# PARTITIONS_PER_CORE times the cluster's cores.
+# Entries per Spark partition of phase one: at most PARTITION_ENTRIES_MAX, so that a
+# 50 000-entry ledger keeps several cores busy and a failed task redoes little; at least
+# PARTITION_ENTRIES_MIN (enough work to amortise a task's start, tens of ms), else as many
+# partitions as PARTITIONS_PER_CORE times the cluster's cores.
 PARTITION_ENTRIES_MAX = 10_000
 PARTITION_ENTRIES_MIN = 500
 PARTITIONS_PER_CORE = 2
+# Input entries per group (one output ledger each): large output ledgers, and a failed
+# task redoes at most this much.
+GROUP_ENTRIES_MAX = 1_000_000
+# Partitions of phase one's aggregated rows: one per piece, at most Spark's shuffle
+# partitions (``spark.sql.shuffle.partitions``, this when unset).
+AGGREGATE_PARTITIONS_MAX = 200
 APP_NAME = "compactd"
-_U64_MASK = (1 << 64) - 1  # a signed int64 hash half back to the unsigned one key_hash gives
 
 
 def piece_entries(ranges: tuple[LedgerRange, ...], cores: int) -> int:
@@ -82,14 +117,111 @@ def split_ranges(ranges: tuple[LedgerRange, ...], entries_max: int = PARTITION_E
     return pieces
 
 
-class SparkPhaseOne:
-    """A ``compactor.engine.PhaseOneEngine`` on Spark; see the module docstring."""
+def plan_groups(pieces: Sequence[LedgerRange], cores: int, group_entries: int = GROUP_ENTRIES_MAX) -> list[
+        tuple[LedgerRange, ...]]:
+    """``pieces`` as contiguous groups in stream order, of about equal entries: as many as
+    ``cores`` (when there are pieces enough) or as needed to stay within ``group_entries``
+    input entries a group, whichever is more."""
+    sizes = [piece.last_entry_id - piece.first_entry_id + 1 for piece in pieces]
+    total = sum(sizes)
+    count = min(len(pieces), max(cores, -(-total // max(1, group_entries))))
+    if count == 0:
+        return []
+    groups: list[tuple[LedgerRange, ...]] = []
+    current: list[LedgerRange] = []
+    done = 0
+    for index, (piece, size) in enumerate(zip(pieces, sizes, strict=True)):
+        current.append(piece)
+        done += size
+        left_pieces, left_groups = len(pieces) - index - 1, count - len(groups) - 1
+        if left_groups > 0 and (done * count >= total * (len(groups) + 1) or left_pieces == left_groups):
+            groups.append(tuple(current))
+            current = []
+    groups.append(tuple(current))
+    return groups
 
-    def __init__(self, master: str, *, config: dict[str, str] | None = None) -> None:
+
+def commit_reports(specs: Sequence[GroupSpec], reports: Sequence[GroupReport]) -> tuple[RewriteResult, list[int]]:
+    """The run's result from its groups' reports, and the reserved ledgers it leaves unused.
+
+    ``SparkEngineError`` unless every group of ``specs`` reported exactly once, at its
+    reserved ledger id. The result lists the ledgers of the groups that kept something, in
+    stream order; when none did, the first group's empty ledger alone.
+    """
+    by_group: dict[int, GroupReport] = {}
+    for report in reports:
+        if not 0 <= report.group < len(specs) or report.ledger_id != specs[report.group].ledger_id:
+            raise SparkEngineError(f"spark rewrite: a report for no planned group: {report}", retriable=True)
+        if report.group in by_group:
+            raise SparkEngineError(f"spark rewrite: group {report.group} reported twice", retriable=True)
+        by_group[report.group] = report
+    missing = [spec.index for spec in specs if spec.index not in by_group]
+    if missing:
+        raise SparkEngineError(f"spark rewrite: groups {missing} did not report", retriable=True)
+    ordered = [by_group[spec.index] for spec in specs]
+    kept = [report for report in ordered if report.entries_written] or ordered[:1]
+    used = {report.ledger_id for report in kept}
+
+    def total(name: str) -> int:
+        return sum(getattr(report, name) for report in ordered)
+
+    result = RewriteResult(
+        ledger_ids=tuple(report.ledger_id for report in kept), keys_kept=total("keys_kept"),
+        entries_read=total("entries_read"), messages_read=total("messages_read"), bytes_read=total("bytes_read"),
+        markers=total("markers"), opaque_entries=total("opaque_entries"), entries_written=total("entries_written"),
+        bytes_written=total("bytes_written"), messages_kept=total("messages_kept"), groups=len(specs),
+    )
+    return result, [spec.ledger_id for spec in specs if spec.ledger_id not in used]
+
+
+def partition_keys(groups: int) -> list[int]:
+    """For each group index g, an int whose Spark hash puts it in partition g of ``groups``
+    (``HashPartitioning``: ``pmod(murmur3(key, 42), groups)``), so that a shuffle by it
+    gives every group a partition of its own."""
+    keys: list[int | None] = [None] * groups
+    left, candidate = groups, 0
+    while left:
+        slot = _spark_hash_int(candidate) % groups
+        if keys[slot] is None:
+            keys[slot] = candidate
+            left -= 1
+        candidate += 1
+    return [key for key in keys if key is not None]
+
+
+def _spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of one int column (Murmur3_x86_32.hashInt), as a signed int."""
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    k1 = rotl((value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = (rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+
+
+class SparkEngine:
+    """A ``compactor.engine.RewriteEngine`` on Spark; see the module docstring."""
+
+    driver_bytes_per_key = 0  # no key ever reaches the driver (compactor.engine)
+
+    def __init__(
+        self, master: str, *, config: dict[str, str] | None = None, piece_entries: int | None = None,
+        group_entries: int = GROUP_ENTRIES_MAX,
+    ) -> None:
         """An engine on the Spark ``master`` URL (the ``spark_master`` setting, whose default
-        is ``CompactionConfig``'s); ``config``: more Spark settings of the session."""
+        is ``CompactionConfig``'s); ``config``: more Spark settings of the session;
+        ``piece_entries`` (default: ``piece_entries()``) and ``group_entries`` size the
+        pieces and groups (tests make them small)."""
         self.master = master
         self.config = dict(config or {})
+        self.piece_entries = piece_entries
+        self.group_entries = group_entries
         self._session: Any = None
         self._lock = threading.Lock()
 
@@ -100,43 +232,64 @@ class SparkPhaseOne:
                 self._session = _start_session(self.master, self.config)
             return self._session
 
-    def phase_one(self, request: PhaseOneInput) -> PhaseOneResult:
-        """Phase one of ``request`` on Spark (see the module docstring)."""
+    def compact(self, request: RewriteInput, ledgers: OutputLedgers) -> RewriteResult:
+        """The whole run of ``request`` on Spark (see the module docstring)."""
         if not request.ranges:
-            return PhaseOneResult(last_position=None)
+            raise SparkEngineError("spark rewrite: an empty input stream has nothing to compact")
         try:
-            cores = int(self.session().sparkContext.defaultParallelism)
-            pieces = split_ranges(request.ranges, piece_entries(request.ranges, cores))
-            table = self._aggregate(request, pieces)
+            cores = self._cores()
         except SparkEngineError:
             raise
         except Exception as error:  # py4j and PySpark errors cross the boundary as ours
-            raise SparkEngineError(f"spark phase one failed: {type(error).__name__}: {error}", retriable=True) from error
-        return _result(table, request)
+            raise SparkEngineError(f"spark rewrite failed: {type(error).__name__}: {error}", retriable=True) from error
+        pieces = split_ranges(request.ranges, self.piece_entries or piece_entries(request.ranges, cores))
+        groups = plan_groups(pieces, cores, self.group_entries)
+        ids = ledgers.reserve_ids(len(groups))
+        specs = [GroupSpec(index, group, ledger_id) for index, (group, ledger_id) in enumerate(zip(groups, ids, strict=True))]
+        try:
+            try:
+                reports = self._rewrite(request, specs)
+            except SparkEngineError:
+                raise
+            except Exception as error:
+                raise SparkEngineError(f"spark rewrite failed: {type(error).__name__}: {error}",
+                                       retriable=True) from error
+            result, unused = commit_reports(specs, reports)
+        except BaseException:
+            _delete(ledgers, ids)
+            raise
+        _delete(ledgers, unused)
+        log.info("spark rewrite: %d pieces in %d groups into ledgers %s, %d live keys",
+                 len(pieces), len(specs), list(result.ledger_ids), result.keys_kept)
+        return result
 
-    def _aggregate(self, request: PhaseOneInput, pieces: list[LedgerRange]) -> Any:
+    def _cores(self) -> int:
+        return int(self.session().sparkContext.defaultParallelism)
+
+    def _rewrite(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> list[GroupReport]:
+        """The Spark job: phase one, the decision rows co-partitioned with the groups, one
+        rewrite task per group; the groups' reports."""
+        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        ranges = [[p.ledger_id, p.first_entry_id, p.last_entry_id, p.compacted] for p in pieces]
-        cutoff = request.keep_tombstones_since_ms
-        frame = (
-            self.session().read.format("compactd-phase-one")
-            .option("ledgersRoot", request.ledgers_root)
-            .option("ranges", json.dumps(ranges))
-            .option("keepTombstonesSinceMs", "" if cutoff is None else str(cutoff))
-            .load()
-        )
-        latest = F.max(F.struct("ledger_id", "entry_id", "batch_index", "deletes")).alias("latest")
-        sums = [F.sum(name).alias(name) for name in ("entries", "messages", "entry_bytes", "markers", "opaque_entries")]
-        chunk_end = F.when(F.col("uuid_high").isNotNull(), F.struct("ledger_id", "entry_id")).alias("chunk_end")
-        grouped = frame.groupBy("hash_high", "hash_low", "uuid_high", "uuid_low", chunk_end).agg(
-            latest, F.max("keyless").alias("keyless"), *sums)
-        live = grouped.where(F.col("hash_high").isNull() | ~F.col("latest.deletes")).select(
-            "hash_high", "hash_low", "latest.ledger_id", "latest.entry_id", "latest.batch_index",
-            "uuid_high", "uuid_low", "keyless",
-            *[F.col(name) for name in ("entries", "messages", "entry_bytes", "markers", "opaque_entries")],
-        )
-        return live.toArrow()
+        spark = self.session()
+        partitions = min(sum(len(spec.pieces) for spec in specs),
+                         int(spark.conf.get("spark.sql.shuffle.partitions", str(AGGREGATE_PARTITIONS_MAX))))
+        aggregated = _aggregate(spark, request, specs).coalesce(max(1, partitions)).persist(
+            StorageLevel.MEMORY_AND_DISK)
+        try:
+            aggregated.count()  # the stream is read once: the decisions' three branches use the cache
+            decisions = _decisions(aggregated, request.retain_null_key)
+            keys = partition_keys(len(specs))
+            slot = F.element_at(F.array(*[F.lit(key) for key in keys]), F.col("grp") + 1).cast("int")
+            job = RewriteJob(request.ledgers_root, dict(request.metadata), int(time.time() * 1000),
+                             request.retain_null_key, request.keep_tombstones_since_ms)
+            task = _task(job, {spec.index: spec for spec in specs})
+            rows = (decisions.withColumn("slot", slot).repartition(len(specs), "slot")
+                    .groupBy("slot", "grp").applyInArrow(task, REPORT_SCHEMA_DDL).collect())
+        finally:
+            aggregated.unpersist()
+        return [GroupReport(*row) for row in rows]
 
     def stop(self) -> None:
         """Stop the session this engine started (idempotent)."""
@@ -144,6 +297,111 @@ class SparkPhaseOne:
             if self._session is not None:
                 self._session.stop()
                 self._session = None
+
+
+SparkPhaseOne = SparkEngine  # the former name, for callers that only want its session
+
+
+def _task(job: RewriteJob, specs: dict[int, GroupSpec]) -> Callable[[tuple[pa.Scalar, ...], pa.Table], pa.Table]:
+    """The function ``applyInArrow`` runs once per group on an executor (its type hints say
+    which form it is: the group's key, (slot, group), and its decision rows as one table)."""
+    def rewrite(key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
+        report = rewrite_group(job, specs[int(key[1].as_py())], table)
+        return pa.Table.from_pylist([dict(zip(_REPORT_NAMES, _report_row(report), strict=True))], schema=_REPORT)
+
+    return rewrite
+
+
+_REPORT_NAMES = [column.split()[0] for column in REPORT_SCHEMA_DDL.split(", ")]
+_REPORT = pa.schema([(name, pa.int32() if name == "grp" else pa.int64()) for name in _REPORT_NAMES])
+
+
+def _report_row(report: GroupReport) -> tuple[int, ...]:
+    return (report.group, report.ledger_id, report.entries_written, report.bytes_written, report.messages_kept,
+            report.keys_kept, report.entries_read, report.messages_read, report.bytes_read, report.markers,
+            report.opaque_entries)
+
+
+def _aggregate(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
+    """Phase one's one pass over the stream: the rows grouped by ``kind`` (0: keyed, by key
+    hash, with the key's ``latest``; 1: chunks, by uuid hash, with their sorted
+    ``chunks``; 2: figures, by group, summed)."""
+    from pyspark.sql import functions as F
+
+    ranges = [[p.ledger_id, p.first_entry_id, p.last_entry_id, p.compacted, spec.index]
+              for spec in specs for p in spec.pieces]
+    cutoff = request.keep_tombstones_since_ms
+    frame = (spark.read.format("compactd-phase-one").option("ledgersRoot", request.ledgers_root)
+             .option("ranges", json.dumps(ranges))
+             .option("keepTombstonesSinceMs", "" if cutoff is None else str(cutoff)).load())
+    is_key, is_chunk = F.col("hash_high").isNotNull(), F.col("uuid_high").isNotNull()
+    kind = F.when(is_key, 0).when(is_chunk, 1).otherwise(2)
+    first_key = F.when(is_key, F.col("hash_high")).when(is_chunk, F.col("uuid_high")).otherwise(F.col("grp"))
+    second_key = F.when(is_key, F.col("hash_low")).when(is_chunk, F.col("uuid_low")).otherwise(F.lit(0))
+    latest = F.max(F.when(is_key, F.struct("ledger_id", "entry_id", "batch_index", "deletes", "grp",
+                                           F.coalesce("chunk_last", F.lit(False)).alias("chunk")))).alias("latest")
+    chunks = F.collect_list(F.when(is_chunk, F.struct("ledger_id", "entry_id", "chunk_last", "keyless", "grp")))
+    sums = [F.sum(name).alias(name) for name in FIGURES]
+    return (frame.withColumn("kind", kind).groupBy("kind", first_key.alias("k1"), second_key.alias("k2"))
+            .agg(latest, F.array_sort(chunks).alias("chunks"), *sums))
+
+
+def _decisions(aggregated: Any, retain_null_key: bool) -> Any:
+    """The decision rows ``(grp, kind, ledger_id, entry_id, batch_index, *FIGURES)`` of
+    every group, from phase one's ``aggregated`` rows (see the module docstring)."""
+    from pyspark.sql import functions as F
+
+    live = aggregated.where((F.col("kind") == 0) & ~F.col("latest.deletes")).select("latest.*")
+    figures = aggregated.where(F.col("kind") == 2).select(
+        F.col("k1").cast("int").alias("grp"), F.lit(DECISION_FIGURES).alias("kind"),
+        *[F.lit(None).cast(t).alias(n) for n, t in (("ledger_id", "bigint"), ("entry_id", "bigint"),
+                                                     ("batch_index", "int"))], *FIGURES)
+    return _rows(live, DECISION_RETAINED).unionByName(
+        _rows(_dropped_chunks(aggregated, live, retain_null_key), DECISION_DROPPED_CHUNK)).unionByName(figures)
+
+
+def _rows(frame: Any, kind: int) -> Any:
+    """``frame``'s ``grp, ledger_id, entry_id, batch_index`` as decision rows of ``kind``."""
+    from pyspark.sql import functions as F
+
+    return frame.select(F.col("grp").cast("int").alias("grp"), F.lit(kind).alias("kind"), "ledger_id", "entry_id",
+                        F.col("batch_index").cast("int").alias("batch_index"),
+                        *[F.lit(None).cast("bigint").alias(name) for name in FIGURES])
+
+
+def _dropped_chunks(aggregated: Any, live: Any, retain_null_key: bool) -> Any:
+    """The chunks dropped with their chunked message (``compactor.chunks``): each chunk's
+    instance completes at the first last chunk of its uuid at or after it; a completed
+    keyed instance survives iff that last chunk is its key's latest (in ``live``), a
+    key-less one iff ``retain_null_key``; a pending one always does."""
+    from pyspark.sql import functions as F
+
+    def completion(chunk: Any) -> Any:
+        at_or_after = F.filter("chunks", lambda other: other["chunk_last"] & (
+            (other["ledger_id"] > chunk["ledger_id"])
+            | ((other["ledger_id"] == chunk["ledger_id"]) & (other["entry_id"] >= chunk["entry_id"]))))
+        return F.struct(chunk.alias("chunk"), F.element_at(at_or_after, 1).alias("end"))
+
+    every = (aggregated.where(F.col("kind") == 1).select(F.explode(F.transform("chunks", completion)).alias("c"))
+             .where(F.col("c.end").isNotNull())
+             .select("c.chunk.grp", "c.chunk.ledger_id", "c.chunk.entry_id", F.lit(-1).alias("batch_index"),
+                     F.col("c.end.ledger_id").alias("end_ledger"), F.col("c.end.entry_id").alias("end_entry"),
+                     F.col("c.end.keyless").alias("keyless")))
+    keyless = every.where(F.col("keyless") & F.lit(not retain_null_key))
+    retained_ends = live.where(F.col("chunk")).select(F.col("ledger_id").alias("end_ledger"),
+                                                      F.col("entry_id").alias("end_entry"))
+    keyed = every.where(~F.col("keyless")).hint("merge").join(retained_ends, ["end_ledger", "end_entry"], "left_anti")
+    return keyless.unionByName(keyed)
+
+
+def _delete(ledgers: OutputLedgers, ids: Sequence[int]) -> None:
+    """Delete reserved ledgers (whose files may or may not exist); an id that cannot be
+    deleted is an orphan, collected at the next start."""
+    for ledger_id in ids:
+        try:
+            ledgers.delete(ledger_id)
+        except Exception as error:  # noqa: BLE001 - an orphan now
+            log.warning("could not delete unpublished compacted ledger %d: %s", ledger_id, error)
 
 
 def _start_session(master: str, config: dict[str, str]) -> Any:
@@ -164,41 +422,3 @@ def _start_session(master: str, config: dict[str, str]) -> Any:
         raise SparkEngineError(f"cannot start Spark on {master}: {type(error).__name__}: {error}") from error
     register(session)  # the data sources, and compactd's code for workers that lack it
     return session
-
-
-def _result(table: Any, request: PhaseOneInput) -> PhaseOneResult:
-    """The ``PhaseOneResult`` of the aggregated Arrow table (see the module docstring)."""
-    import pyarrow.compute as pc
-
-    unkeyed = pc.is_null(table.column("hash_high"))
-    chunk_ends = pc.is_valid(table.column("uuid_high"))
-    figures = table.filter(pc.and_(unkeyed, pc.invert(chunk_ends)))
-    keys = table.filter(pc.invert(unkeyed))
-    ends = table.filter(chunk_ends).select(["uuid_high", "uuid_low", "ledger_id", "entry_id", "keyless"]).to_pylist()
-
-    def total(name: str) -> int:
-        return int(pc.sum(figures.column(name)).as_py() or 0)
-
-    def column(name: str) -> Any:
-        return keys.column(name).to_numpy().astype(np.int64)
-
-    packer = PositionPacker()
-    packed = packer.pack_many(
-        column("ledger_id").astype(np.uint64), column("entry_id").astype(np.uint64), column("batch_index"))
-    key_map = KeyMap.from_latest(column("hash_high").view(np.uint64), column("hash_low").view(np.uint64), packed)
-    chunks = ChunkedMessages.from_ends(
-        ((row["uuid_high"] & _U64_MASK, row["uuid_low"] & _U64_MASK), (row["ledger_id"], row["entry_id"]),
-         bool(row["keyless"])) for row in ends)
-    result = PhaseOneResult(
-        key_map=key_map,
-        packer=packer,
-        chunks=chunks,
-        entries_read=total("entries"),
-        messages_read=total("messages"),
-        bytes_read=total("entry_bytes"),
-        markers=total("markers"),
-        opaque_entries=total("opaque_entries"),
-        last_position=request.stop,
-    )
-    log.info("spark phase one: %d live keys over %d entries", len(packed), result.entries_read)
-    return result

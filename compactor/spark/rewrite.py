@@ -45,6 +45,7 @@ __all__ = [
     "REPORT_SCHEMA_DDL",
     "GroupReport",
     "GroupSpec",
+    "RewriteJob",
     "group_phase_two",
     "rewrite_group",
 ]

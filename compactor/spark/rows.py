@@ -238,8 +238,9 @@ class _KeyColumns:
         return (self.highs, self.lows, self.ledger_ids, self.entry_ids, self.batch_indexes, self.deletes,
                 self.uuid_highs, self.uuid_lows, self.chunk_last, self.keyless)
 
-    def add_key(self, key: str, position: Position, batch_index: int, deletes: bool) -> None:
-        """A keyed message (every message of a topic: appended column by column)."""
+    def add_key(self, key: str, position: Position, batch_index: int, deletes: bool, *, chunk: bool = False) -> None:
+        """A keyed message (every message of a topic: appended column by column);
+        ``chunk``: it is the last chunk of a chunked message (``chunk_last`` true)."""
         high, low = key_hash(key)
         self.highs.append(high - (1 << 64) if high >= _SIGN else high)
         self.lows.append(low - (1 << 64) if low >= _SIGN else low)
@@ -249,7 +250,7 @@ class _KeyColumns:
         self.deletes.append(deletes)
         self.uuid_highs.append(None)
         self.uuid_lows.append(None)
-        self.chunk_last.append(None)
+        self.chunk_last.append(True if chunk else None)
         self.keyless.append(None)
 
     def add_chunk(self, uuid: str, position: Position, last: bool, keyless: bool) -> None:
@@ -289,7 +290,7 @@ def _add_keys(keys: _KeyColumns, entry: CompactedEntry, figures: list[int], cuto
         [(_, key, _)] = scan.messages
         keys.add_chunk(scan.chunk.uuid, entry.position, scan.chunk.is_last, key is None)
         if scan.chunk.is_last and key is not None:
-            keys.add_key(key, entry.position, -1, False)
+            keys.add_key(key, entry.position, -1, False, chunk=True)
         return
     young = cutoff is not None and scan.publish_time >= cutoff
     for batch_index, key, tombstone in scan.messages:

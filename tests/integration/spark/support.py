@@ -56,11 +56,13 @@ class TopicDir:
         return compactor.compact(self.topic, delete_retention_ms=delete_retention_ms)
 
     def compacted_ledger(self) -> list[bytes]:
-        """Every entry of the published compacted ledger, as stored ([] when none)."""
+        """Every entry of the published compacted view, as stored: its ledgers' entries
+        concatenated in stream order ([] when none)."""
         view = self.topic.view
-        if view is None or view.entries == 0:
+        if view is None:
             return []
-        return list(self.data_dir.ledgers.read(view.ledger_id, 0, view.entries - 1))
+        return [data for ledger_id, entries in view.segments if entries
+                for data in self.data_dir.ledgers.read(ledger_id, 0, entries - 1)]
 
     def close(self) -> None:
         self.ledger.close()
@@ -156,22 +158,20 @@ def pyspark_home() -> str:
 
 
 def published_compacted_ledger(path: Path) -> tuple[Position, list[bytes]]:
-    """The horizon and the entries of the compacted ledger published in the (stopped) data
-    dir at ``path``, read without opening it for writing."""
-    from compactor.topic import COMPACTED_TOPIC_LEDGER
-    from ledger.metadata import MetadataStore
+    """The horizon and the entries of the compacted view published in the (stopped) data
+    dir at ``path`` (its ledgers' entries concatenated, from the manifest), read without
+    opening it for writing."""
+    from compactor.spark.source import topic_state
     from ledger.storage.file import FileLedgerStore
 
-    metadata = MetadataStore(str(path / "metadata.db"), read_only=True)
-    try:
-        cursor = CursorStore(metadata.database).load(TOPIC, COMPACTION_SUBSCRIPTION)
-    finally:
-        metadata.close()
-    assert cursor is not None and COMPACTED_TOPIC_LEDGER in cursor.properties
+    _, snapshot = topic_state(str(path), TOPIC, read_compacted=True)
+    assert snapshot is not None
     store = FileLedgerStore(str(path / "ledgers"), sync=SyncPolicy.NONE, read_only=True)
     try:
-        ledger_id = cursor.properties[COMPACTED_TOPIC_LEDGER]
-        last = store.last_add_confirmed(ledger_id)
-        return cursor.mark_delete_position, list(store.read(ledger_id, 0, last)) if last >= 0 else []
+        entries = []
+        for ledger_id in snapshot.ledger_ids:
+            last = store.last_add_confirmed(ledger_id)
+            entries.extend(store.read(ledger_id, 0, last) if last >= 0 else [])
+        return snapshot.horizon, entries
     finally:
         store.shutdown()

@@ -1,17 +1,25 @@
-"""The Spark engine and the ``compactd`` data source on Spark ``local[2]`` (issue 7, points 2-4).
+"""The Spark engine and the ``compactd`` data source on Spark ``local[2]`` (issue 7, points 2-4;
+issue 13, points 2 and 3).
 
 One SparkSession for the module (starting one costs seconds). Agreement: generated topics
-(batches, tombstones, key-less messages, markers, undecodable entries, several runs with
-and without young tombstones) compacted by the local and the Spark engines give identical
-compacted ledgers — the same entries, byte for byte, hence the same message ids — and the
-same figures. The data source gives exactly the messages the local reader sees, raw and
-read-compacted, one partition per ledger, while the data dir is locked by its owner.
+(batches, tombstones, key-less messages, chunked messages, markers, undecodable entries,
+several runs with and without young tombstones) compacted by the local engine and by the
+Spark engine — both phases on the executors, in several groups, each into its own
+compacted ledger — publish the same compacted entries: the Spark engine's ledgers
+concatenated equal the local engine's ledger, entry for entry and byte for byte (ledger
+ids named by their place in the topic, as the engines allocate different numbers of
+compacted ledger ids), with the same figures. The commit takes every group's report
+exactly once: a missing or duplicated report fails the run, deletes the reserved ledgers
+and leaves the previous view serving; the next run converges. The data source gives
+exactly the messages the local reader sees, raw and read-compacted, one partition per
+ledger, while the data dir is locked by its owner.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -23,27 +31,32 @@ pytest.importorskip("pyspark")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.algorithm import PhaseOneResult
-from compactor.engine import SPARK_DRIVER_BYTES_PER_KEY, LedgerRange, PhaseOneInput
+from compactor.algorithm import CompactedEntry
+from compactor.engine import LedgerRange, OutputLedgers, RewriteInput, RewriteResult
 from compactor.errors import SparkEngineError
 from compactor.runner import CompactionConfig, Compactor
-from compactor.spark import CompactdDataSource, SparkPhaseOne
+from compactor.spark import CompactdDataSource, SparkEngine
+from compactor.spark.engine import partition_keys
+from compactor.spark.rewrite import GroupReport, GroupSpec
+from compactor.view import decode_compacted_entry, encode_compacted_entry
 from ledger.position import Position
 from tests.integration.spark.support import NOW_S, TopicDir, local_messages, run_both, spark_rows
 from tests.strategies import stream_entries
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-EXAMPLES = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Parts appended between runs: a few entries each, so that a topic spans several ledgers
-# of TopicDir's five entries and a run reads the previous compacted ledger.
+# of TopicDir's five entries and a run reads the previous compacted view.
 parts_strategy = st.lists(stream_entries(max_size=12).map(lambda stream: [item.data for item in stream]),
                           min_size=1, max_size=3)
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[SparkPhaseOne]:
-    spark_engine = SparkPhaseOne("local[2]")
+def engine() -> Iterator[SparkEngine]:
+    # Pieces of 3 entries, groups of about 6: a run of a few dozen entries is rewritten in
+    # several groups, each into its own compacted ledger.
+    spark_engine = SparkEngine("local[2]", piece_entries=3, group_entries=6)
     spark_engine.session()
     yield spark_engine
     spark_engine.stop()
@@ -52,25 +65,58 @@ def engine() -> Iterator[SparkPhaseOne]:
 class CountingEngine:
     """The Spark engine, counting its runs (to see which engine ``auto`` chose)."""
 
-    def __init__(self, inner: SparkPhaseOne, driver_bytes_per_key: int = SPARK_DRIVER_BYTES_PER_KEY) -> None:
+    def __init__(self, inner: SparkEngine, driver_bytes_per_key: int = 0) -> None:
         self.inner, self.runs = inner, 0
         self.driver_bytes_per_key = driver_bytes_per_key  # what auto weighs (compactor.engine)
 
-    def phase_one(self, request: PhaseOneInput) -> PhaseOneResult:
+    def compact(self, request: RewriteInput, ledgers: OutputLedgers) -> RewriteResult:
         self.runs += 1
-        return self.inner.phase_one(request)
+        return self.inner.compact(request, ledgers)
 
 
 def _figures(figures: Any) -> tuple[int, ...]:
-    return (figures.ledger_id, figures.removed_events, figures.entries_read, figures.messages_read,
-            figures.bytes_read, figures.entries_written, figures.bytes_written)
+    return (figures.removed_events, figures.entries_read, figures.messages_read, figures.bytes_read,
+            figures.entries_written, figures.bytes_written, figures.keys_kept)
+
+
+def _named_by_place(entries: list[bytes], topic_ledgers: Sequence[int]) -> list[bytes]:
+    """Compacted entries with each original ledger id replaced by its place among the
+    topic's ledgers; everything else as stored."""
+    place = {ledger_id: index for index, ledger_id in enumerate(topic_ledgers)}
+    renamed = []
+    for data in entries:
+        entry = decode_compacted_entry(data)
+        position = Position(place[entry.position.ledger_id], entry.position.entry_id)
+        renamed.append(encode_compacted_entry(CompactedEntry(position, entry.data, entry.batch_size, entry.surviving)))
+        assert encode_compacted_entry(entry) == data  # the renaming changes the id only
+    return renamed
+
+
+def _compact_both(
+    parts: list[list[bytes]], directory: Path, compactors: dict[str, Compactor], retentions: list[int],
+) -> dict[str, list[tuple[list[bytes], Any]]]:
+    """``run_both``, each run's compacted entries named by place (``_named_by_place``)."""
+    results: dict[str, list[tuple[list[bytes], Any]]] = {}
+    for name, compactor in compactors.items():
+        topic_dir = TopicDir(directory / name)
+        try:
+            runs = []
+            for number, part in enumerate(parts):
+                topic_dir.append(part)
+                figures = topic_dir.compact(compactor, delete_retention_ms=retentions[number])
+                topic_ledgers = [record.ledger_id for record in topic_dir.ledger.ledger_list()]
+                runs.append((_named_by_place(topic_dir.compacted_ledger(), topic_ledgers), figures))
+            results[name] = runs
+        finally:
+            topic_dir.close()
+    return results
 
 
 @EXAMPLES
 @given(parts=parts_strategy, retain_null_key=st.booleans(),
        retentions=st.lists(st.sampled_from([0, 1]), min_size=3, max_size=3))
-def test_local_and_spark_engines_write_identical_compacted_ledgers(
-    engine: SparkPhaseOne, parts: list[list[bytes]], retain_null_key: bool, retentions: list[int],
+def test_the_spark_engine_publishes_the_local_engines_compacted_entries_byte_for_byte(
+    engine: SparkEngine, parts: list[list[bytes]], retain_null_key: bool, retentions: list[int],
 ) -> None:
     compactors = {
         name: Compactor(CompactionConfig(engine=name, retain_null_key=retain_null_key),  # type: ignore[arg-type]
@@ -79,23 +125,103 @@ def test_local_and_spark_engines_write_identical_compacted_ledgers(
     }
     with TemporaryDirectory() as directory:
         # deleteRetentionMs 1 makes every tombstone young: the entries' publish time is now.
-        results = run_both(parts, Path(directory), compactors, retention=lambda run: retentions[run])
+        results = _compact_both(parts, Path(directory), compactors, retentions)
 
     for (local_ledger, local_figures), (spark_ledger, spark_figures) in zip(
             results["local"], results["spark"], strict=True):
         assert spark_ledger == local_ledger
         assert _figures(spark_figures) == _figures(local_figures)
+        assert spark_figures.engine == "spark"
 
 
-def test_auto_moves_a_run_to_spark_only_where_spark_keeps_the_broker_within_the_budget(
-    engine: SparkPhaseOne, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+def test_a_run_is_rewritten_in_several_groups_each_into_its_own_ledger(engine: SparkEngine, tmp_path: Path) -> None:
+    data = [_message(f"key-{index % 9}", b"v%d" % index) for index in range(40)]
+    local = run_both([data], tmp_path, {"local": Compactor(CompactionConfig(engine="local"))})["local"]
+    topic_dir = TopicDir(tmp_path / "spark")
+    try:
+        topic_dir.append(data)
+        figures = topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine))
+        view = topic_dir.topic.view
+        assert view is not None and len(view.ledger_ids) > 2  # several groups kept something
+        assert all(entries for _, entries in view.segments)  # no empty ledger published
+        assert topic_dir.compacted_ledger() == local[0][0]
+        assert figures.ledger_id == view.ledger_ids[0]
+        assert figures.keys_kept == 9
+        files = sorted(int(name.split(".")[0]) for name in os.listdir(topic_dir.data_dir.ledgers.root)  # type: ignore[attr-defined]
+                       if name.endswith(".ledger"))
+        topic_ledgers = [record.ledger_id for record in topic_dir.ledger.ledger_list()]
+        assert files == sorted(topic_ledgers + list(view.ledger_ids))  # the unused reserved ids left no file
+    finally:
+        topic_dir.close()
+
+
+def test_every_group_gets_a_spark_partition_of_its_own(engine: SparkEngine) -> None:
+    from pyspark.sql import functions as F
+
+    spark = engine.session()
+    for groups in (1, 2, 7, 64):
+        keys = partition_keys(groups)
+        frame = spark.createDataFrame([(key,) for key in keys], "key int")
+        placed = [row[0] for row in frame.select(F.pmod(F.hash("key"), F.lit(groups))).collect()]
+        assert placed == list(range(groups))
+
+
+class DroppingReports(SparkEngine):
+    """The Spark engine whose job loses or repeats a group's report: a fault the real job
+    cannot produce on demand (Spark keeps one attempt per partition)."""
+
+    def __init__(self, inner: SparkEngine, fault: str) -> None:
+        super().__init__(inner.master, piece_entries=inner.piece_entries, group_entries=inner.group_entries)
+        self._session = inner.session()
+        self.fault = fault
+        self.reserved: list[int] = []
+
+    def _rewrite(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> list[GroupReport]:
+        self.reserved = [spec.ledger_id for spec in specs]
+        reports = super()._rewrite(request, specs)
+        return reports[1:] if self.fault == "missing" else [*reports, reports[0]]
+
+    def stop(self) -> None:  # the session is the module's
+        pass
+
+
+@pytest.mark.parametrize("fault", ["missing", "duplicate"])
+def test_a_missing_or_repeated_group_report_fails_the_run_and_the_previous_view_keeps_serving(
+    engine: SparkEngine, tmp_path: Path, fault: str,
+) -> None:
+    first = [_message(f"key-{index % 5}", b"a%d" % index) for index in range(20)]
+    second = [_message(f"key-{index % 7}", b"b%d" % index) for index in range(20)]
+    expected = run_both([first, second], tmp_path / "local", {"local": Compactor(CompactionConfig(engine="local"))})
+    topic_dir = TopicDir(tmp_path / "spark")
+    try:
+        topic_dir.append(first)
+        topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine))
+        before, served = topic_dir.topic.view, topic_dir.compacted_ledger()
+        topic_dir.append(second)
+        faulty = DroppingReports(engine, fault)
+        with pytest.raises(SparkEngineError, match="did not report" if fault == "missing" else "reported twice"):
+            topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=faulty))
+        assert topic_dir.topic.view is before
+        assert topic_dir.compacted_ledger() == served
+        root = topic_dir.data_dir.ledgers.root  # type: ignore[attr-defined]
+        assert len(faulty.reserved) > 1
+        assert not any(os.path.exists(os.path.join(root, f"{ledger_id:020d}.ledger")) for ledger_id in faulty.reserved)
+
+        topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine))  # converges
+        assert topic_dir.compacted_ledger() == expected["local"][1][0]
+    finally:
+        topic_dir.close()
+
+
+def test_auto_moves_a_run_to_spark_only_where_one_local_round_would_not_do(
+    engine: SparkEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     data = [_message(f"key-{index % 3}", b"v%d" % index) for index in range(12)]
     outcomes = {}
     # (budget, what the engine brings back to the broker per key, runs on Spark): a roomy
-    # budget stays local; 24 bytes (one key) needs local rounds, and Spark only takes over
-    # when it keeps the keys off the broker.
-    cases = {"roomy": (1 << 30, 0, 0), "collects": (24, SPARK_DRIVER_BYTES_PER_KEY, 0), "keeps": (24, 0, 1)}
+    # budget stays local; 24 bytes (one key) needs local rounds, and Spark takes over as
+    # it keeps the keys off the broker; an engine that collected keys would not.
+    cases = {"roomy": (1 << 30, 0, 0), "collects": (24, 77, 0), "keeps": (24, 0, 1)}
     for name, (budget, driver_bytes, spark_runs) in cases.items():
         counting = CountingEngine(engine, driver_bytes)
         compactor = Compactor(CompactionConfig(engine="auto", memory_budget_bytes=budget),
@@ -121,7 +247,7 @@ def _message(key: str | None, value: bytes) -> bytes:
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(parts=parts_strategy)
-def test_the_data_source_gives_what_the_local_reader_sees(engine: SparkPhaseOne, parts: list[list[bytes]]) -> None:
+def test_the_data_source_gives_what_the_local_reader_sees(engine: SparkEngine, parts: list[list[bytes]]) -> None:
     spark = engine.session()
     spark.dataSource.register(CompactdDataSource)
     compactor = Compactor(CompactionConfig(), clock=lambda: NOW_S)
@@ -142,7 +268,7 @@ def test_the_data_source_gives_what_the_local_reader_sees(engine: SparkPhaseOne,
             topic_dir.close()
 
 
-def test_one_partition_per_ledger_and_the_open_tail_on_request(engine: SparkPhaseOne, tmp_path: Path) -> None:
+def test_one_partition_per_ledger_and_the_open_tail_on_request(engine: SparkEngine, tmp_path: Path) -> None:
     spark = engine.session()
     topic_dir = TopicDir(tmp_path / "data", entries_per_ledger=4)
     try:
@@ -165,14 +291,31 @@ def test_one_partition_per_ledger_and_the_open_tail_on_request(engine: SparkPhas
 
 
 
-def test_a_failed_spark_job_is_a_retriable_spark_engine_error(engine: SparkPhaseOne, tmp_path: Path) -> None:
-    request = PhaseOneInput(str(tmp_path / "no-ledgers"), (LedgerRange(1, 0, 0),), Position(1, 0))
-    with pytest.raises(SparkEngineError, match="spark phase one failed") as caught:
-        engine.phase_one(request)
+class NoLedgers:
+    """An ``OutputLedgers`` that hands out ids and records deletions."""
+
+    def __init__(self) -> None:
+        self.deleted: list[int] = []
+
+    def reserve_ids(self, count: int) -> list[int]:
+        return list(range(100, 100 + count))
+
+    def delete(self, ledger_id: int) -> None:
+        self.deleted.append(ledger_id)
+
+
+def test_a_failed_spark_job_is_a_retriable_spark_engine_error_and_frees_its_ids(
+    engine: SparkEngine, tmp_path: Path,
+) -> None:
+    request = RewriteInput(str(tmp_path / "no-ledgers"), (LedgerRange(1, 0, 0),), Position(1, 0))
+    ledgers = NoLedgers()
+    with pytest.raises(SparkEngineError, match="spark rewrite failed") as caught:
+        engine.compact(request, ledgers)
     assert caught.value.retriable
+    assert ledgers.deleted == [100]
 
 
-def test_the_data_source_refuses_an_unknown_topic_or_missing_options(engine: SparkPhaseOne, tmp_path: Path) -> None:
+def test_the_data_source_refuses_an_unknown_topic_or_missing_options(engine: SparkEngine, tmp_path: Path) -> None:
     spark = engine.session()
     TopicDir(tmp_path / "data").close()
     with pytest.raises(Exception, match="not found in data dir"):
