@@ -73,6 +73,7 @@ def compaction_config(settings: Settings) -> CompactionConfig:
         engine=settings.compaction_engine,
         spark_master=settings.spark_master,
         memory_budget_bytes=settings.compaction_memory_budget_bytes,
+        worker_processes=settings.compaction_max_concurrent_runs if settings.compaction_worker_process else 0,
     )
 
 

@@ -36,6 +36,7 @@ NOT_YET_IN_INTERFACES = {
     "schema_compatibility_strategy",
     "advertised_address",  # issue 16
     "max_num_partitions_per_partitioned_topic",
+    "compaction_worker_process",  # issue 12
 }
 
 # INTERFACES §1 and §4, column "default".
