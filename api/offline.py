@@ -32,7 +32,6 @@ installed (the ``spark`` extra) or Java, the run fails with exit 1 and a message
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -119,9 +118,7 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
                          min_compaction_lag_ms=policy("minCompactionLagMs", settings.compaction_min_lag_ms),
                          max_bytes_per_second=policy("compactionMaxBytesPerSecond",
                                                      settings.compaction_max_bytes_per_second))
-            # In this process: there is no broker to keep responsive, and the progress bar
-            # follows every read batch.
-            compactor = Compactor(dataclasses.replace(compaction_config(settings), worker_processes=0))
+            compactor = Compactor(compaction_config(settings))  # in this process: no broker to keep responsive
             try:
                 figures = asyncio.run(CompactionRuns(compactor, statuses, max_concurrent_runs=1).run(job))
             finally:

@@ -585,6 +585,8 @@ class _Rounds:
         self.phase_one_s += report.phase_one_s
         self.worker_throttled_s += report.throttled_s
         self.worker_io_bytes += report.io_bytes
+        self.latencies = [mine + theirs for mine, theirs in zip(self.latencies, report.append_latency_counts,
+                                                                 strict=True)]
 
     def figures(self, started: float, stop: Position, run: _RunIo) -> RunFigures:
         """The run's figures: the last round's view, every round's work."""

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
+from compactor.record import LATENCY_BUCKETS_MS, latency_bucket
 from compactor.rounds import capacity_keys, round_phase_one, round_phase_two
 from compactor.throttle import Throttle
 from compactor.view import decode_compacted_entry, encode_compacted_entry
@@ -107,6 +108,7 @@ class RoundReport:
     phase_one_s: float
     throttled_s: float
     io_bytes: int
+    append_latency_counts: tuple[int, ...]
 
 
 def run_round(request: RoundRequest) -> RoundReport:
@@ -124,13 +126,18 @@ def run_round(request: RoundRequest) -> RoundReport:
                                     retain_null_key=request.retain_null_key,
                                     keep_tombstones_since_ms=request.keep_tombstones_since_ms)
         kept = [0]
+        latencies = [0] * (len(LATENCY_BUCKETS_MS) + 1)
 
         def encoded() -> Iterator[bytes]:
+            """The survivors' bytes; each entry's latency is the time the writer takes to
+            add it (the ledger is durable at its seal, as an in-process round's)."""
             for survivor in survivors:
                 data = encode_compacted_entry(survivor)
                 throttle.charge(len(data))
                 kept[0] += survivor.messages
+                handed = time.monotonic()
                 yield data
+                latencies[latency_bucket((time.monotonic() - handed) * 1000)] += 1
 
         metadata = {**dict(request.metadata), "compactedTo": str(stop)}
         written = write_sealed_ledger(request.ledgers_root, request.ledger_id, metadata, encoded(),
@@ -143,7 +150,7 @@ def run_round(request: RoundRequest) -> RoundReport:
         messages_kept=kept[0], keys_kept=one.keys_kept, entries_read=result.entries_read,
         messages_read=result.messages_read, bytes_read=result.bytes_read,
         key_map_bytes_max=one.key_map_bytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
-        io_bytes=throttle.charged_bytes,
+        io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
     )
 
 
