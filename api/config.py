@@ -137,6 +137,9 @@ class Settings:
     compaction_engine: EngineName = _setting(  # noqa: RUF009 - a str, immutable
         _COMPACTION.engine, "Engine of a compaction run: auto, local or spark.")
     spark_master: str = _setting(_COMPACTION.spark_master, "Spark master URL of the spark engine.")
+    compaction_worker_process: bool = _setting(
+        True, "Run the local engine's compaction rounds in worker processes (one per concurrent run), off "
+        "the broker's interpreter, so that a run never holds the broker's GIL.")
     compaction_memory_budget_bytes: int = _setting(
         _COMPACTION.memory_budget_bytes, "Most memory the local engine's key map may hold (24 bytes a key); past it a run "
         "compacts in rounds, each one published.", minimum=1)

@@ -120,7 +120,7 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
                          min_compaction_lag_ms=policy("minCompactionLagMs", settings.compaction_min_lag_ms),
                          max_bytes_per_second=policy("compactionMaxBytesPerSecond",
                                                      settings.compaction_max_bytes_per_second))
-            compactor = Compactor(compaction_config(settings))
+            compactor = Compactor(compaction_config(settings))  # in this process: no broker to keep responsive
             try:
                 figures = asyncio.run(CompactionRuns(compactor, statuses, max_concurrent_runs=1).run(job))
             finally:

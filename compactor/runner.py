@@ -85,11 +85,14 @@ from compactor.run_log import log_run, log_run_failed
 from compactor.throttle import Throttle
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, encode_compacted_entry
+from compactor.worker import RoundReport, RoundRequest, RoundWorkers
 from cursor.cursor import ManagedCursor
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
+from ledger.errors import LedgerNotFoundError
 from ledger.managed_ledger import Entry
 from ledger.position import Position
+from ledger.storage.base import LedgerStore
 
 __all__ = ["MEMORY_BUDGET_BYTES_DEFAULT", "CompactionConfig", "Compactor", "Progress", "collect_orphans",
            "sweep_compacted_garbage"]
@@ -119,6 +122,9 @@ class CompactionConfig:
         spark_master: the Spark master URL of the ``spark`` engine.
         memory_budget_bytes: the most the local engine's key map holds (24 bytes a key):
             beyond it the run goes in rounds (``compactor.rounds``).
+        worker_processes: run the local engine's rounds in up to this many child processes
+            (``compactor.worker``), off this interpreter, where the store has ledger files
+            (a ``FileLedgerStore``); 0 runs them here.
     """
 
     retain_null_key: bool = False
@@ -127,6 +133,7 @@ class CompactionConfig:
     engine: EngineName = "auto"
     spark_master: str = "local[*]"
     memory_budget_bytes: int = MEMORY_BUDGET_BYTES_DEFAULT
+    worker_processes: int = 0
 
 
 class Compactor:
@@ -148,6 +155,7 @@ class Compactor:
         self._spark_engine = spark_engine
         self._owns_spark_engine = False
         self._spark_lock = threading.Lock()
+        self._workers = RoundWorkers(self.config.worker_processes) if self.config.worker_processes > 0 else None
 
     def compact(
         self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None,
@@ -246,9 +254,19 @@ class Compactor:
         published, until the view reaches ``stop``; the figures add up every round's."""
         rounds = _Rounds()
         at = start
+        workers = self._workers if _writes_files(topic.ledger.store) else None
         while True:
             cursor, previous, horizon = at
             total = (previous.entries if previous is not None else 0) + topic.ledger.entries_between(horizon, stop)
+            if workers is not None:
+                report = self._worker_round(topic, at, stop, cutoff, _Counted("phase-two", total, progress), run,
+                                            workers)
+                at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.ledger_id], previous),
+                            report.stop)
+                rounds.add_report(report)
+                if report.stop >= stop:
+                    return rounds.figures(started, stop, run)
+                continue
             round_started = time.monotonic()
             one = self._local_phase_one(topic, previous, horizon, stop, cutoff,
                                         _Counted("phase-one", total, progress), run.throttle)
@@ -267,6 +285,32 @@ class Compactor:
                 return rounds.figures(started, stop, run)
             log.info("%s: compacted up to %s in round %d (the key map reached the memory budget); "
                      "going on to %s", topic.name, round_stop, rounds.count, stop)
+
+    def _worker_round(
+        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: _Counted,
+        run: _RunIo, workers: RoundWorkers,
+    ) -> RoundReport:
+        """One round of the local engine in a worker process (``compactor.worker``): its
+        ledger id reserved here, both phases and the sealed ledger there."""
+        _, previous, horizon = start
+        store = topic.ledger.store
+        ranges = [] if previous is None else [
+            LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
+        ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
+        [ledger_id] = store.reserve_ids(1)  # type: ignore[attr-defined]  # _writes_files
+        request = RoundRequest(
+            store.root, tuple(ranges), horizon, stop, ledger_id,  # type: ignore[attr-defined]
+            tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
+            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second)
+        counted.start()
+        try:
+            report = workers.run(request)
+        except BaseException:
+            _delete_quietly(store, ledger_id)  # a complete file may be there, or none
+            raise
+        counted.done = report.entries_read
+        counted.end()
+        return report
 
     # -- the input stream ---------------------------------------------------------------
 
@@ -324,11 +368,16 @@ class Compactor:
     def interrupt(self) -> None:
         """End every throttled wait of the runs in flight, and of any later run: each fails
         with ``CompactionInterruptedError`` (the broker stops; a run that is not waiting on
-        its throttle goes on to its end)."""
+        its throttle goes on to its end; a round in a worker process is killed)."""
         self._interrupt.set()
+        if self._workers is not None:
+            self._workers.interrupt()
 
     def close(self) -> None:
-        """Stop the Spark session this compactor started, if any (idempotent)."""
+        """Stop the worker processes and the Spark session this compactor started, if any
+        (idempotent)."""
+        if self._workers is not None:
+            self._workers.close()
         with self._spark_lock:
             if not self._owns_spark_engine:
                 return
@@ -437,6 +486,21 @@ class Compactor:
         return int(self._clock() * 1000)
 
 
+def _writes_files(store: object) -> bool:
+    """The store keeps ledger files a child process can read and write beside it."""
+    return isinstance(getattr(store, "root", None), str) and hasattr(store, "reserve_ids")
+
+
+def _delete_quietly(store: LedgerStore, ledger_id: int) -> None:
+    """Delete ``ledger_id`` if its file is there (a failed round's reserved id)."""
+    try:
+        store.delete(ledger_id)
+    except LedgerNotFoundError:
+        pass
+    except Exception as error:  # noqa: BLE001 - an orphan now, collected at the next start
+        log.warning("could not delete ledger %d of a failed round: %s", ledger_id, error)
+
+
 def _spark_installed() -> bool:
     """PySpark can be imported (the ``spark`` extra); ``auto`` never picks spark without it."""
     return importlib.util.find_spec("pyspark") is not None
@@ -499,6 +563,8 @@ class _Rounds:
     entries_written: int = 0
     bytes_written: int = 0
     key_map_bytes: int = 0
+    worker_throttled_s: float = 0.0
+    worker_io_bytes: int = 0
 
     def add(self, one: RoundPhaseOne, written: tuple[int, int, int, int]) -> None:
         """Count a published round: ``one`` its phase one, ``written`` its phase two's
@@ -513,12 +579,30 @@ class _Rounds:
         self.bytes_read += one.result.bytes_read
         self.key_map_bytes = max(self.key_map_bytes, one.key_map_bytes_max)
 
+    def add_report(self, report: RoundReport) -> None:
+        """Count a published round that ran in a worker process (``add``'s figures)."""
+        self.count += 1
+        self.ledger_id, self.entries_written, self.bytes_written = (
+            report.ledger_id, report.entries_written, report.bytes_written)
+        self.keys_kept = report.keys_kept
+        self.removed_events += report.messages_read - report.messages_kept
+        self.entries_read += report.entries_read
+        self.messages_read += report.messages_read
+        self.bytes_read += report.bytes_read
+        self.key_map_bytes = max(self.key_map_bytes, report.key_map_bytes_max)
+        self.phase_one_s += report.phase_one_s
+        self.worker_throttled_s += report.throttled_s
+        self.worker_io_bytes += report.io_bytes
+        self.latencies = [mine + theirs for mine, theirs in zip(self.latencies, report.append_latency_counts,
+                                                                 strict=True)]
+
     def figures(self, started: float, stop: Position, run: _RunIo) -> RunFigures:
         """The run's figures: the last round's view, every round's work."""
         duration_s = time.monotonic() - started
         return RunFigures(
-            engine="local", horizon=str(stop), keys_kept=self.keys_kept, throttled_s=run.throttle.throttled_s,
-            io_bytes=run.throttle.charged_bytes, ledger_id=self.ledger_id, removed_events=self.removed_events,
+            engine="local", horizon=str(stop), keys_kept=self.keys_kept,
+            throttled_s=run.throttle.throttled_s + self.worker_throttled_s,
+            io_bytes=run.throttle.charged_bytes + self.worker_io_bytes, ledger_id=self.ledger_id, removed_events=self.removed_events,
             entries_read=self.entries_read, messages_read=self.messages_read, bytes_read=self.bytes_read,
             entries_written=self.entries_written, bytes_written=self.bytes_written, phase_one_s=self.phase_one_s,
             phase_two_s=duration_s - self.phase_one_s, duration_s=duration_s, key_map_bytes=self.key_map_bytes,

@@ -23,6 +23,7 @@ loses no acknowledgement).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -100,7 +101,10 @@ class BrokerService:
         self.schemas = SchemaRegistry(data_dir.database, self.policies, settings.schema_compatibility_strategy)
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
-        self.compactor = Compactor(compaction_config(settings))
+        # The broker's runs go to worker processes, one per run slot (compactor.worker), so
+        # that no run holds this interpreter's GIL; compact-topic's stay in its process.
+        workers = settings.compaction_max_concurrent_runs if settings.compaction_worker_process else 0
+        self.compactor = Compactor(dataclasses.replace(compaction_config(settings), worker_processes=workers))
         self.ledger_config = ledger_config(settings)
         self.runs = CompactionRuns(self.compactor, self.compaction_statuses,
                                    max_concurrent_runs=settings.compaction_max_concurrent_runs)

@@ -37,6 +37,7 @@ NOT_YET_IN_INTERFACES = {
     "advertised_address",  # issue 16
     "max_num_partitions_per_partitioned_topic",
     "compacted_ledger_grace_period_s",  # issue 13
+    "compaction_worker_process",  # issue 12
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -44,7 +45,7 @@ DOCUMENTED_DEFAULTS = {
     "data_dir": "./data", "bind": "127.0.0.1", "broker_port": 6650, "http_port": 8080,
     "compaction_monitor_interval_seconds": 60, "compaction_threshold_bytes": 0,
     "compaction_phase_one_loop_timeout_seconds": 30, "topic_compaction_retain_null_key": False,
-    "compaction_max_concurrent_runs": 2, "compaction_engine": "auto", "spark_master": "local[*]",
+    "compaction_max_concurrent_runs": 2, "compaction_worker_process": True, "compaction_engine": "auto", "spark_master": "local[*]",
     "authentication_enabled": False, "token_secret_key": None, "token_public_key": None,
     "super_user_roles": (), "tls_cert_file": None, "tls_key_file": None,
     "broker_port_tls": 6651, "http_port_tls": 8443,
@@ -83,6 +84,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "managed_ledger_max_size_per_ledger_bytes": ("4096", "4096", 4096),
     "compaction_memory_budget_bytes": ("4096", "4096", 4096),
     "broker_deduplication_enabled": ("on", "true", True),
+    "compaction_worker_process": ("off", "false", False),
     "cluster_name": ("east", '"east"', "east"),
     "max_open_ledger_files": ("64", "64", 64),
     "managed_ledger_mark_delete_rate_limit": ("0.1", "0.1", 0.1),
