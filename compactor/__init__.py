@@ -3,12 +3,14 @@
 Pure core: ``algorithm`` (phase one and two over entries), ``keymap`` (the bounded key
 map), ``scheduler`` (when to compact) and ``run_state`` (the run state machine: events in,
 actions out). I/O at the edges: ``runner`` (the inside of one run against storage and its
-publish), ``runs`` (the one executor of runs: slots, queue, tasks, persisted status, shared
+publish; ``run_tally`` counts its progress and figures), ``worker`` (the local engine's
+rounds in a worker process, off the broker's interpreter), ``runs`` (the one executor of runs: slots, queue, tasks, persisted status, shared
 by the REST trigger, the scheduler and ``compact-topic``), ``topic`` (a topic's compaction
-state: its ``__compaction`` cursor and its published view), ``view`` (the compacted ledger,
-one immutable value per publish), ``reader`` (one subscription's read-compacted state over
+state: its ``__compaction`` cursor and its published view), ``view`` (the compacted
+ledgers of a view, one immutable value per publish), ``manifest`` (which ledgers make each
+view, and the replaced ones awaiting their grace period), ``reader`` (one subscription's read-compacted state over
 the view and its cursor), ``status`` (the persisted status of each topic's last run).
-``engine`` chooses where phase one runs (local, spark, auto); ``compactor.spark`` holds the
+``engine`` chooses where a run goes (local, spark, auto); ``compactor.spark`` holds the
 Spark engine and the ``compactd`` PySpark data source, and is the only place that imports
 PySpark (lazily: nothing here imports it).
 """

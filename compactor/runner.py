@@ -62,7 +62,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from compactor.algorithm import CompactedEntry
@@ -79,9 +79,10 @@ from compactor.errors import CompactionTimeoutError, MalformedEntryError, SparkE
 from compactor.lag import stop_before_young, young_after
 from compactor.manifest import CompactedManifests
 from compactor.message import parse_header
-from compactor.record import LATENCY_BUCKETS_MS, RunFigures, latency_bucket
+from compactor.record import RunFigures
 from compactor.rounds import RoundPhaseOne, capacity_keys, round_phase_one, round_phase_two
 from compactor.run_log import log_run, log_run_failed
+from compactor.run_tally import Counted, Progress, RoundTally, RunIo, no_progress, took
 from compactor.throttle import Throttle
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, encode_compacted_entry
@@ -179,10 +180,10 @@ class Compactor:
         started = time.monotonic()
         now_ms = self._now_ms()
         cutoff = now_ms - delete_retention_ms if delete_retention_ms > 0 else None
-        run = _RunIo(self._throttle(max_bytes_per_second, interrupt=self._interrupt),
+        run = RunIo(self._throttle(max_bytes_per_second, interrupt=self._interrupt),
                      young_after(now_ms, min_compaction_lag_ms))
         try:
-            figures = self._run(topic, started, cutoff, progress or _no_progress, run)
+            figures = self._run(topic, started, cutoff, progress or no_progress, run)
         except Exception as error:
             log_run_failed(topic.name, error, time.monotonic() - started)
             topic.record.failed(error, time.monotonic() - started, self._now_ms())
@@ -192,7 +193,7 @@ class Compactor:
         return figures
 
     def _run(
-        self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress, run: _RunIo,
+        self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress, run: RunIo,
     ) -> RunFigures:
         ledger = topic.ledger
         cursor = topic.cursor
@@ -210,11 +211,11 @@ class Compactor:
         if engine == "local":
             return self._local_run(topic, _Round(cursor, previous, horizon), started, cutoff, progress, run, stop)
         return self._spark_run(topic, _Round(cursor, previous, horizon), stop, cutoff,
-                               _Counted("phase-one", total, progress), started, run)
+                               Counted("phase-one", total, progress), started, run)
 
     def _spark_run(
-        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: _Counted,
-        started: float, run: _RunIo,
+        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: Counted,
+        started: float, run: RunIo,
     ) -> RunFigures:
         """The run on the spark engine: both phases in one Spark job over the same stream as
         ``_stream`` reads, writing the compacted ledgers on the executors; the driver
@@ -248,18 +249,18 @@ class Compactor:
 
     def _local_run(
         self, topic: CompactedTopic, start: _Round, started: float, cutoff: int | None, progress: Progress,
-        run: _RunIo, stop: Position,
+        run: RunIo, stop: Position,
     ) -> RunFigures:
         """The run on the local engine: rounds (``compactor.rounds``) from ``start``, each
         published, until the view reaches ``stop``; the figures add up every round's."""
-        rounds = _Rounds()
+        rounds = RoundTally()
         at = start
         workers = self._workers if _writes_files(topic.ledger.store) else None
         while True:
             cursor, previous, horizon = at
             total = (previous.entries if previous is not None else 0) + topic.ledger.entries_between(horizon, stop)
             if workers is not None:
-                report = self._worker_round(topic, at, stop, cutoff, _Counted("phase-two", total, progress), run,
+                report = self._worker_round(topic, at, stop, cutoff, Counted("phase-two", total, progress), run,
                                             workers)
                 at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.ledger_id], previous),
                             report.stop)
@@ -269,7 +270,7 @@ class Compactor:
                 continue
             round_started = time.monotonic()
             one = self._local_phase_one(topic, previous, horizon, stop, cutoff,
-                                        _Counted("phase-one", total, progress), run.throttle)
+                                        Counted("phase-one", total, progress), run.throttle)
             # A round that read to the end covers up to ``stop``, as a run in one piece does.
             round_stop = one.stop if one.filled and one.stop is not None else stop
             assert horizon < round_stop <= stop
@@ -278,7 +279,7 @@ class Compactor:
                 topic, at, round_stop, functools.partial(round_phase_two, one=one,
                                                      retain_null_key=self.config.retain_null_key,
                                                      keep_tombstones_since_ms=cutoff),
-                _Counted("phase-two", total, progress), rounds.latencies, run.throttle)
+                Counted("phase-two", total, progress), rounds.latencies, run.throttle)
             at = _Round(cursor, self._publish(topic, cursor, round_stop, [written[0]], previous), round_stop)
             rounds.add(one, written)
             if round_stop >= stop:
@@ -287,8 +288,8 @@ class Compactor:
                      "going on to %s", topic.name, round_stop, rounds.count, stop)
 
     def _worker_round(
-        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: _Counted,
-        run: _RunIo, workers: RoundWorkers,
+        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: Counted,
+        run: RunIo, workers: RoundWorkers,
     ) -> RoundReport:
         """One round of the local engine in a worker process (``compactor.worker``): its
         ledger id reserved here, both phases and the sealed ledger there."""
@@ -341,7 +342,7 @@ class Compactor:
             yield from _charged(throttle, batch)
             position = ledger.next_valid_position(batch[-1].position)
 
-    def _lag_stop(self, topic: CompactedTopic, horizon: Position, stop: Position, run: _RunIo) -> Position:
+    def _lag_stop(self, topic: CompactedTopic, horizon: Position, stop: Position, run: RunIo) -> Position:
         """The stop marker the minimum lag allows (``compactor.lag``): the raw entries after
         the horizon are read until the first young one."""
         entries = self._raw(topic, horizon, stop, lambda read: read(), run.throttle)
@@ -388,7 +389,7 @@ class Compactor:
 
     def _local_phase_one(
         self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
-        cutoff: int | None, counted: _Counted, throttle: Throttle,
+        cutoff: int | None, counted: Counted, throttle: Throttle,
     ) -> RoundPhaseOne:
         """Phase one of a local round: up to ``stop``, or to where the key map fills."""
         timeout_s = self.config.phase_one_read_timeout_s
@@ -417,7 +418,7 @@ class Compactor:
 
     def _phase_two(
         self, topic: CompactedTopic, start: _Round, stop: Position, survivors_of: Callable[[Iterator[Entry]], Iterator[CompactedEntry]],
-        counted: _Counted, latencies: list[int], throttle: Throttle,
+        counted: Counted, latencies: list[int], throttle: Throttle,
     ) -> tuple[int, int, int, int]:
         """Write the survivors (``survivors_of`` the input stream from ``start`` up to
         ``stop``) to a new sealed ledger: (ledger id, entries, bytes, messages)."""
@@ -447,7 +448,7 @@ class Compactor:
             data = encode_compacted_entry(survivor)
             throttle.charge(len(data))
             appended = topic.ledger.store.append(ledger_id, data)
-            appended.add_done_callback(functools.partial(_took, time.monotonic(), latencies))
+            appended.add_done_callback(functools.partial(took, time.monotonic(), latencies))
             outstanding.append(appended)
             entries += 1
             size += len(data)
@@ -506,116 +507,12 @@ def _spark_installed() -> bool:
     return importlib.util.find_spec("pyspark") is not None
 
 
-def _took(started: float, latencies: list[int], done: Future[int]) -> None:
-    """Done-callback of an append: counts its latency. Callbacks of one store all run on
-    one thread (its flusher, or the appending thread when appends complete at once)."""
-    del done
-    latencies[latency_bucket((time.monotonic() - started) * 1000)] += 1
-
-
-Progress = Callable[[str, int, int], None]
-"""``progress(phase, entries_done, entries_total)``; see ``Compactor.compact``."""
-
-
-def _no_progress(phase: str, done: int, total: int) -> None:
-    del phase, done, total
-
-
-class _Counted:
-    """Counts the entries a phase's reads hand out and reports them to ``progress``."""
-
-    def __init__(self, phase: str, total: int, progress: Progress) -> None:
-        self.phase, self.total, self.progress, self.done = phase, total, progress, 0
-
-    def __call__(self, batch: list[Entry]) -> list[Entry]:
-        self.done += len(batch)
-        self.progress(self.phase, self.done, max(self.total, self.done))
-        return batch
-
-    def start(self) -> None:
-        self.progress(self.phase, 0, self.total)
-
-    def end(self) -> None:
-        self.progress(self.phase, self.done, max(self.total, self.done))
-
-
 class _Round(NamedTuple):
     """Where a round starts: the run's cursor, the view it builds on and its horizon."""
 
     cursor: ManagedCursor
     previous: CompactedView | None
     horizon: Position
-
-
-@dataclass
-class _Rounds:
-    """The figures of a local run's rounds so far."""
-
-    count: int = 0
-    phase_one_s: float = 0.0
-    latencies: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
-    ledger_id: int = -1
-    keys_kept: int = 0
-    removed_events: int = 0
-    entries_read: int = 0
-    messages_read: int = 0
-    bytes_read: int = 0
-    entries_written: int = 0
-    bytes_written: int = 0
-    key_map_bytes: int = 0
-    worker_throttled_s: float = 0.0
-    worker_io_bytes: int = 0
-
-    def add(self, one: RoundPhaseOne, written: tuple[int, int, int, int]) -> None:
-        """Count a published round: ``one`` its phase one, ``written`` its phase two's
-        (ledger id, entries, bytes, messages). Removed events add up exactly: what a round
-        keeps, the next one reads again."""
-        self.count += 1
-        self.ledger_id, self.entries_written, self.bytes_written, kept = written
-        self.keys_kept = one.keys_kept
-        self.removed_events += one.result.messages_read - kept
-        self.entries_read += one.result.entries_read
-        self.messages_read += one.result.messages_read
-        self.bytes_read += one.result.bytes_read
-        self.key_map_bytes = max(self.key_map_bytes, one.key_map_bytes_max)
-
-    def add_report(self, report: RoundReport) -> None:
-        """Count a published round that ran in a worker process (``add``'s figures)."""
-        self.count += 1
-        self.ledger_id, self.entries_written, self.bytes_written = (
-            report.ledger_id, report.entries_written, report.bytes_written)
-        self.keys_kept = report.keys_kept
-        self.removed_events += report.messages_read - report.messages_kept
-        self.entries_read += report.entries_read
-        self.messages_read += report.messages_read
-        self.bytes_read += report.bytes_read
-        self.key_map_bytes = max(self.key_map_bytes, report.key_map_bytes_max)
-        self.phase_one_s += report.phase_one_s
-        self.worker_throttled_s += report.throttled_s
-        self.worker_io_bytes += report.io_bytes
-        self.latencies = [mine + theirs for mine, theirs in zip(self.latencies, report.append_latency_counts,
-                                                                 strict=True)]
-
-    def figures(self, started: float, stop: Position, run: _RunIo) -> RunFigures:
-        """The run's figures: the last round's view, every round's work."""
-        duration_s = time.monotonic() - started
-        return RunFigures(
-            engine="local", horizon=str(stop), keys_kept=self.keys_kept,
-            throttled_s=run.throttle.throttled_s + self.worker_throttled_s,
-            io_bytes=run.throttle.charged_bytes + self.worker_io_bytes, ledger_id=self.ledger_id, removed_events=self.removed_events,
-            entries_read=self.entries_read, messages_read=self.messages_read, bytes_read=self.bytes_read,
-            entries_written=self.entries_written, bytes_written=self.bytes_written, phase_one_s=self.phase_one_s,
-            phase_two_s=duration_s - self.phase_one_s, duration_s=duration_s, key_map_bytes=self.key_map_bytes,
-            append_latency_counts=tuple(self.latencies) if any(self.latencies) else (), rounds=self.count,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _RunIo:
-    """What one run carries besides the topic: its throttle and its lag cut-off."""
-
-    throttle: Throttle
-    young_after_ms: int | None
 
 
 def _charged(throttle: Throttle, batch: list[Entry]) -> list[Entry]:
