@@ -7,7 +7,7 @@
   a DataFrame (``spark.read.format("compactd")``).
 * ``SparkEngine`` (``compactor.spark.engine``): the whole compaction pipeline on Spark
   (both phases on the executors; the driver plans and commits), the ``spark`` engine of
-  ``compactor.runner.Compactor``. ``SparkPhaseOne`` is its former name.
+  ``compactor.runner.Compactor``.
 
 This package is the only one that imports PySpark, and it does so lazily: importing
 ``compactor.spark`` loads nothing; the names above load their module (and PySpark) on
@@ -20,17 +20,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from compactor.spark.engine import SparkEngine, SparkPhaseOne
+    from compactor.spark.engine import SparkEngine
     from compactor.spark.shipping import register
     from compactor.spark.source import CompactdDataSource, PhaseOneDataSource
 
-__all__ = ["CompactdDataSource", "PhaseOneDataSource", "SparkEngine", "SparkPhaseOne", "register"]
+__all__ = ["CompactdDataSource", "PhaseOneDataSource", "SparkEngine", "register"]
 
 _MODULES = {
     "CompactdDataSource": "compactor.spark.source",
     "PhaseOneDataSource": "compactor.spark.source",
     "SparkEngine": "compactor.spark.engine",
-    "SparkPhaseOne": "compactor.spark.engine",
     "register": "compactor.spark.shipping",
 }
 

@@ -74,7 +74,6 @@ __all__ = [
     "PARTITION_ENTRIES_MAX",
     "PARTITION_ENTRIES_MIN",
     "SparkEngine",
-    "SparkPhaseOne",
     "commit_reports",
     "partition_keys",
     "piece_entries",
@@ -300,7 +299,6 @@ class SparkEngine:
                 self._session = None
 
 
-SparkPhaseOne = SparkEngine  # the former name, for callers that only want its session
 
 
 def _task(job: RewriteJob, specs: dict[int, GroupSpec]) -> Callable[[tuple[pa.Scalar, ...], pa.Table], pa.Table]:

@@ -18,7 +18,7 @@ pytest.importorskip("pyspark")
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import Compactor
-from compactor.spark import SparkPhaseOne
+from compactor.spark import SparkEngine
 from compactor.view import CompactedView, encode_compacted_entry
 from tests.integration.spark.support import NOW_S, TopicDir, local_messages, spark_rows
 
@@ -29,7 +29,7 @@ BASE_MS = int(NOW_S * 1000)
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    engine = SparkPhaseOne("local[2]")
+    engine = SparkEngine("local[2]")
     yield engine.session()  # compactor.spark.register(session) done
     engine.stop()
 

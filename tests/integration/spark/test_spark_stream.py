@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import Compactor
-from compactor.spark import SparkPhaseOne
+from compactor.spark import SparkEngine
 from compactor.spark.stream import next_end, tail_ranges
 from ledger.position import Position
 from tests.integration.spark.support import NOW_S, TopicDir, local_messages, spark_rows
@@ -60,7 +60,7 @@ def test_batches_cover_every_entry_after_the_start_once_in_order_within_the_limi
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    engine = SparkPhaseOne("local[2]")
+    engine = SparkEngine("local[2]")
     yield engine.session()  # compactor.spark.register(session) done
     engine.stop()
 
