@@ -228,6 +228,7 @@ def main() -> None:
                 shutil.copytree(template, copy)
                 try:
                     runs.append(spawn("run", {**base, "engine": engine, "dir": copy}))
+                    print(f"{engine} run {run + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
                 finally:
                     shutil.rmtree(copy, ignore_errors=True)
     finally:
