@@ -59,6 +59,14 @@ class AckedRanges:
             return runs[index]
         return None
 
+    def any_after(self, position: Position) -> bool:
+        """True when some acknowledged entry lies after ``position`` (entry level)."""
+        later = [ledger_id for ledger_id in self._runs if ledger_id >= position.ledger_id]
+        if any(ledger_id > position.ledger_id for ledger_id in later):
+            return True
+        runs = self._runs.get(position.ledger_id)
+        return runs is not None and bool(runs) and runs[-1][1] > position.entry_id
+
     def __contains__(self, position: object) -> bool:
         return isinstance(position, Position) and self.run_containing(position) is not None
 
