@@ -368,7 +368,7 @@ class ManagedCursor:
         last_confirmed: Position | None = None
         while True:
             if self.compacted_successor is None:
-                run = acked.run_containing(Position(position.ledger_id, position.entry_id + 1))
+                run = acked.run_at(position.ledger_id, position.entry_id + 1)
                 if run is not None:
                     position = Position(position.ledger_id, run[1])
                     continue

@@ -51,11 +51,15 @@ class AckedRanges:
 
     def run_containing(self, position: Position) -> tuple[int, int] | None:
         """The inclusive run holding ``position``'s entry, or None."""
-        runs = self._runs.get(position.ledger_id)
+        return self.run_at(position.ledger_id, position.entry_id)
+
+    def run_at(self, ledger_id: int, entry_id: int) -> tuple[int, int] | None:
+        """The inclusive run holding entry ``entry_id`` of ledger ``ledger_id``, or None."""
+        runs = self._runs.get(ledger_id)
         if not runs:
             return None
-        index = bisect.bisect_right(runs, (position.entry_id, 2**63)) - 1
-        if index >= 0 and runs[index][0] <= position.entry_id <= runs[index][1]:
+        index = bisect.bisect_right(runs, (entry_id, 2**63)) - 1
+        if index >= 0 and runs[index][0] <= entry_id <= runs[index][1]:
             return runs[index]
         return None
 

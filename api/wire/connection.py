@@ -51,6 +51,7 @@ from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
+    fill_message_id,
     from_message_id,
     request_id_of,
     server_error,
@@ -63,6 +64,7 @@ from api.wire.frames import (
     FrameDecoder,
     FrameError,
     encode_command,
+    encode_message,
     encode_payload_command,
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
@@ -128,14 +130,16 @@ class WireConsumer(Consumer):
         return self.connection.is_open() and not self.connection.writing_paused
 
     def send(self, delivery: Delivery) -> None:
-        message = pb.CommandMessage(
-            consumer_id=self.consumer_id, message_id=to_message_id(delivery.position),
-            redelivery_count=delivery.redelivery_count,
-        )
-        message.ack_set.extend(delivery.ack_set)
+        command = pb.BaseCommand(type=T.MESSAGE)  # filled in place: no copies (encode_message)
+        message = command.message
+        message.consumer_id = self.consumer_id
+        fill_message_id(message.message_id, delivery.position)
+        message.redelivery_count = delivery.redelivery_count
+        if delivery.ack_set:
+            message.ack_set.extend(delivery.ack_set)
         if self.partition >= 0:
             message.message_id.partition = self.partition
-        self.connection.write_payload(pb.BaseCommand(type=T.MESSAGE, message=message), delivery.data)
+        self.connection.write_message(command, delivery.data)
         self.counter.record(delivery.messages, len(delivery.data))
         if self.topic is not None and self.subscription is not None:
             self.topic.counters.record_out(self.subscription.name, delivery.messages, len(delivery.data))
@@ -286,6 +290,11 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
     def write_payload(self, command: pb.BaseCommand, entry: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.outbox.put(encode_payload_command(command, entry, with_checksum=True))
+
+    def write_message(self, command: pb.BaseCommand, entry: bytes) -> None:
+        """``write_payload`` of a MESSAGE built in place (``encode_message``)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.outbox.put(encode_message(command, entry))
 
     def _transport_write(self, data: bytes) -> None:
         """The outbox's way out: the transport, while it is open."""
