@@ -65,11 +65,12 @@ class AckedRanges:
 
     def any_after(self, position: Position) -> bool:
         """True when some acknowledged entry lies after ``position`` (entry level)."""
-        later = [ledger_id for ledger_id in self._runs if ledger_id >= position.ledger_id]
-        if any(ledger_id > position.ledger_id for ledger_id in later):
-            return True
-        runs = self._runs.get(position.ledger_id)
-        return runs is not None and bool(runs) and runs[-1][1] > position.entry_id
+        if not self._runs:
+            return False
+        last_ledger = max(self._runs)  # every listed ledger holds a run
+        if last_ledger != position.ledger_id:
+            return last_ledger > position.ledger_id
+        return self._runs[last_ledger][-1][1] > position.entry_id
 
     def __contains__(self, position: object) -> bool:
         return isinstance(position, Position) and self.run_containing(position) is not None

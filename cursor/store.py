@@ -134,7 +134,8 @@ class CursorStore:
         self._queued: dict[CursorKey, Snapshot] = {}  # the newest state of each cursor, not yet written
         self._due: dict[CursorKey, float] = {}  # when each queued record is written
         self._written_at: dict[CursorKey, float] = {}  # when each cursor was last written
-        self._state = threading.Condition()  # guards the three dicts above and _closed
+        self._lock = threading.Lock()  # _state's lock: ``with self._lock`` is the cheap way to hold it
+        self._state = threading.Condition(self._lock)  # guards the three dicts above and _closed
         self._write_lock = threading.Lock()  # one write at a time, in the order of saves
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -169,7 +170,7 @@ class CursorStore:
         called on the writer's thread: it must read one consistent state of the cursor
         (``ManagedCursor`` keeps its persisted state in one immutable tuple for this)."""
         key = (topic, name)
-        with self._state:
+        with self._lock:  # the condition's own lock, held without its Python-level wrapper
             if self._interval_s == 0 or self._closed:  # after close: nothing would write it
                 synchronous = True
             else:
