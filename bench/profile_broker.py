@@ -47,6 +47,9 @@ from bench import acks, peer
 from bench._peer_brokers import Broker
 
 COMMON_SHARE = 0.995
+WAITING = ("EpollSelector.select", "Condition.wait", "epoll_wait")
+"""A stack through one of these is a thread waiting (py-spy may still sample it): it counts
+as waiting, not in the shares."""
 RAW_ACK_SUBSCRIPTIONS = 4
 LOOP_MARKER = "._run_once"
 
@@ -71,8 +74,10 @@ def _short(frame: str) -> str:
 
 
 def summarise(raw_path: str, top: int) -> dict[str, dict[str, Any]]:
-    """Per thread: samples, share of all samples, top self and total functions."""
+    """Per thread: samples, share of all samples, samples spent waiting, and the top self
+    and total functions as shares of the thread's busy (not waiting) samples."""
     samples: collections.Counter[str] = collections.Counter()
+    waiting: collections.Counter[str] = collections.Counter()
     self_counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     total_counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     with open(raw_path) as raw:
@@ -84,26 +89,31 @@ def summarise(raw_path: str, top: int) -> dict[str, dict[str, Any]]:
             frames = [frame for frame in stack.split(";") if not frame.startswith(("process ", "thread "))]
             thread = _thread_of(frames)
             samples[thread] += count
+            if any(frame.partition(" (")[0] in WAITING for frame in frames):
+                waiting[thread] += count
+                continue
             if frames:
                 self_counts[thread][_short(frames[-1])] += count
             for function in {_short(frame) for frame in frames}:
                 total_counts[thread][function] += count
     every = sum(samples.values()) or 1
-    return {
-        thread: {
-            "samples": count, "share": count / every,
-            "self": [(name, n / count) for name, n in self_counts[thread].most_common(top)],
-            "total": [(name, n / count) for name, n in total_counts[thread].most_common()
-                      if n / count < COMMON_SHARE][:top],
+    result = {}
+    for thread, count in samples.most_common():
+        busy = max(1, count - waiting[thread])
+        result[thread] = {
+            "samples": count, "share": count / every, "waiting": waiting[thread],
+            "self": [(name, n / busy) for name, n in self_counts[thread].most_common(top)],
+            "total": [(name, n / busy) for name, n in total_counts[thread].most_common()
+                      if n / busy < COMMON_SHARE][:top],
         }
-        for thread, count in samples.most_common()
-    }
+    return result
 
 
 def report(title: str, raw: str, top: int) -> None:
     print(f"\n== {title}")
     for thread, figures in summarise(raw, top).items():
-        print(f"  -- {thread}: {figures['samples']} samples, {figures['share']:.0%}")
+        print(f"  -- {thread}: {figures['samples']} samples ({figures['share']:.0%}), "
+              f"{figures['waiting']} of them waiting; shares of the busy ones:")
         for kind in ("self", "total"):
             print(f"     {kind}:")
             for name, share in figures[kind]:
