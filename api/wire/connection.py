@@ -27,6 +27,8 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   incomplete past the frame timeout, closes the connection; partial frames count against
   a budget all the listener's ``Connections`` share, and the connection that would exceed
   it is closed. The connection is in that set from ``connection_made`` to ``connection_lost``.
+* Writes go through the connection's ``api.wire.outbox.Outbox``: the answers to one read,
+  or what one turn of the event loop wrote, reach the transport as one write (in order).
 * Keep-alive: a PING every ``KEEPALIVE_INTERVAL_S``; a connection silent for two intervals
   is closed. A connection that goes away frees its consumers (their unacknowledged
   entries are redelivered) and producers.
