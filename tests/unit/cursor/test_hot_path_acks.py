@@ -70,7 +70,7 @@ def test_many_acks_between_two_writes_build_one_record_of_the_newest_state(metad
         built.append(record)
         return record
 
-    cursor._record = counting  # type: ignore[method-assign]
+    cursor._record = counting  # type: ignore[method-assign, assignment]
     for position in positions[:30]:
         if position.entry_id != 3:  # leave a gap in every ledger: runs to persist
             cursor.delete([position])

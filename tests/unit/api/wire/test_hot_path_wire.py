@@ -35,9 +35,9 @@ IDS = st.one_of(st.integers(0, 1000), st.just((1 << 64) - 1), st.integers(SIGNED
 
 @settings(max_examples=200)
 @given(ids=st.lists(st.tuples(IDS, IDS), max_size=4), properties=st.lists(st.text(max_size=3), max_size=2),
-       chunked=st.booleans(), ack_type=st.sampled_from([0, 1]))
+       chunked=st.booleans(), ack_type=st.sampled_from([pb.CommandAck.Individual, pb.CommandAck.Cumulative]))
 def test_the_ack_check_agrees_with_the_general_check(ids: list[tuple[int, int]], properties: list[str],
-                                                     chunked: bool, ack_type: int) -> None:
+                                                     chunked: bool, ack_type: pb.CommandAck.AckType) -> None:
     ack = pb.CommandAck(consumer_id=1, ack_type=ack_type)
     for ledger_id, entry_id in ids:
         message_id = ack.message_id.add(ledgerId=ledger_id, entryId=entry_id)
@@ -183,8 +183,13 @@ def test_send_completions_from_another_thread_all_reach_the_loop_in_few_wake_ups
             wake_ups += 1
             return original(*args)
 
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
-        worker = threading.Thread(target=lambda: [completions.add(i, threading.get_ident()) for i in range(500)])
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign, assignment]
+
+        def complete_all() -> None:
+            for index in range(500):
+                completions.add(index, threading.get_ident())
+
+        worker = threading.Thread(target=complete_all)
         worker.start()
         worker.join()
         completions.add(500, threading.get_ident())  # on the loop: handled at once
