@@ -61,23 +61,23 @@ def test_many_acks_between_two_writes_build_one_record_of_the_newest_state(metad
     ml, positions = _ledger(metadata, 40)
     clock = Clock()
     store = CursorStore(metadata.database, mark_delete_rate_limit=1.0, clock=clock, background=False)
-    cursor = ManagedCursor.open_durable(ml, SUB, InitialPosition.EARLIEST, store=store, deferred=True)
-    built: list[CursorRecord] = []
-    original = cursor._record
+    records_built = 0
 
-    def counting(*args: object) -> CursorRecord:
-        record = original(*args)  # type: ignore[arg-type]
-        built.append(record)
-        return record
+    def cursor_clock() -> float:  # read once per record built (its last_active_ms)
+        nonlocal records_built
+        records_built += 1
+        return 1_700_000_000.0
 
-    cursor._record = counting  # type: ignore[method-assign, assignment]
+    cursor = ManagedCursor.open_durable(ml, SUB, InitialPosition.EARLIEST, store=store, deferred=True,
+                                        clock=cursor_clock)
+    records_built = 0  # the creation's own record
     for position in positions[:30]:
         if position.entry_id != 3:  # leave a gap in every ledger: runs to persist
             cursor.delete([position])
-    assert built == []  # nothing built per acknowledgement
+    assert records_built == 0  # nothing built per acknowledgement
     clock.now += 1.0  # one interval after the creation's write
     assert store.write_due() == 1
-    assert len(built) == 1
+    assert records_built == 1
     persisted = store.load_persisted(TOPIC, SUB)
     assert persisted is not None
     assert (persisted.mark_delete_position, persisted.individually_deleted) == (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import threading
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -170,20 +170,25 @@ def test_the_outbox_keeps_order_writes_once_per_turn_and_early_past_its_bound() 
     asyncio.run(main())
 
 
+class CountingLoop:
+    """The loop as ``SendCompletions`` sees it, counting the wake-ups asked of it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.wake_ups = 0
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any) -> Any:
+        self.wake_ups += 1
+        return self.loop.call_soon_threadsafe(callback, *args)
+
+
 def test_send_completions_from_another_thread_all_reach_the_loop_in_few_wake_ups() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         seen: list[tuple[int, int]] = []
-        completions = SendCompletions(loop, lambda index, thread: seen.append((index, thread)))
-        wake_ups = 0
-        original = loop.call_soon_threadsafe
-
-        def counting(*args: Any) -> Any:
-            nonlocal wake_ups
-            wake_ups += 1
-            return original(*args)
-
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign, assignment]
+        counting = CountingLoop(loop)
+        completions = SendCompletions(cast(asyncio.AbstractEventLoop, counting),
+                                      lambda index, thread: seen.append((index, thread)))
 
         def complete_all() -> None:
             for index in range(500):
@@ -191,14 +196,13 @@ def test_send_completions_from_another_thread_all_reach_the_loop_in_few_wake_ups
 
         worker = threading.Thread(target=complete_all)
         worker.start()
-        worker.join()
+        worker.join()  # the loop is blocked meanwhile: every completion queues
         completions.add(500, threading.get_ident())  # on the loop: handled at once
         deadline = loop.time() + 10
         while len(seen) < 501:
             assert loop.time() < deadline, "completions did not reach the loop"
             await asyncio.sleep(0.001)
         assert sorted(index for index, _ in seen) == list(range(501))
-        assert wake_ups < 500  # batched: one wake-up takes every completion queued
-        loop.call_soon_threadsafe = original  # type: ignore[method-assign]
+        assert counting.wake_ups == 1  # one wake-up took every completion queued
 
     asyncio.run(main())
