@@ -1,6 +1,7 @@
 """Individual acknowledgements per second, with the real pulsar-client against ``compactd serve``.
 
-Run: ``.venv/bin/python -m bench.acks [--runs 3] [--messages 20000] [--subscriptions 4] [--client pulsar|raw|both] [--json]``
+Run: ``.venv/bin/python -m bench.acks [--runs 3] [--messages 20000] [--subscriptions 4] [--client pulsar|raw|both]
+[--mode every-ack|scheduled|both] [--json]``
 
 Each run starts, for each mode, a fresh ``compactd serve`` **subprocess** on a fresh data
 dir, publishes ``--messages`` non-batched messages of 100 B to one topic that already has
@@ -24,9 +25,11 @@ Modes, measured in the same run:
 * ``scheduled`` (the default, 1.0): acks change the cursor in memory and a background
   thread persists each cursor at most once a second.
 
-Prints, per mode, the median over ``--runs`` runs of the acks/s the broker applied and of
-the consumers' own receive+ack rate, and the ratio scheduled ÷ every-ack; ``--json``
-prints one JSON object instead. A benchmark, not a test: it asserts nothing beyond every
+Prints, per mode, the median over ``--runs`` runs of the acks/s the broker applied, of
+the consumers' own receive+ack rate and of the broker's CPU time (user + system, its
+process tree, over the same span) per acknowledged message — dispatching it and applying
+its ack: unlike the rates, that cost hardly moves when other jobs share the machine —
+and the ratio scheduled ÷ every-ack; ``--json`` prints one JSON object instead. A benchmark, not a test: it asserts nothing beyond every
 message arriving.
 """
 
@@ -46,6 +49,7 @@ import httpx
 import pulsar
 
 from api.wire.frames import FrameDecoder, encode_command, make_command
+from bench._peer_brokers import cpu_seconds
 from bench.wire import Server
 from compactor.proto import pulsar_api_pb2 as pb
 
@@ -151,6 +155,7 @@ def one_mode(args: argparse.Namespace, rate_limit: str | None, client_kind: str)
             while _attached(http) < args.subscriptions:
                 time.sleep(POLL_S)  # every consumer attached, every backlog full
             time.sleep(0.5)
+            cpu_before = cpu_seconds(server.process.pid)
             begin = time.perf_counter()
             started.set()
             deadline = begin + DRAIN_TIMEOUT_S
@@ -159,10 +164,12 @@ def one_mode(args: argparse.Namespace, rate_limit: str | None, client_kind: str)
                     raise SystemExit(f"backlogs not drained within {DRAIN_TIMEOUT_S} s: {_backlogs(http)}")
                 time.sleep(POLL_S)
             applied_s = time.perf_counter() - begin
+            cpu_s = cpu_seconds(server.process.pid) - cpu_before
         for thread in threads:
             thread.join()
         total = args.messages * args.subscriptions
-        return {"acks_per_s": total / applied_s, "client_acks_per_s": total / max(seconds)}
+        return {"acks_per_s": total / applied_s, "client_acks_per_s": total / max(seconds),
+                "broker_cpu_us_per_ack": cpu_s * 1e6 / total}
     finally:
         server.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -174,19 +181,22 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--subscriptions", type=int, default=4)
     parser.add_argument("--client", choices=("pulsar", "raw", "both"), default="both")
+    parser.add_argument("--mode", choices=("every-ack", "scheduled", "both"), default="both",
+                        help="the modes measured (the ratio needs both)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     kinds = ("pulsar", "raw") if args.client == "both" else (args.client,)
-    samples: dict[str, list[dict[str, float]]] = {f"{kind}_{mode}": [] for kind in kinds for mode in MODES}
+    modes = {mode: flag for mode, flag in MODES.items() if args.mode in ("both", mode)}
+    samples: dict[str, list[dict[str, float]]] = {f"{kind}_{mode}": [] for kind in kinds for mode in modes}
     for _ in range(args.runs):
         for kind in kinds:
-            for mode, rate_limit in MODES.items():
+            for mode, rate_limit in modes.items():
                 samples[f"{kind}_{mode}"].append(one_mode(args, rate_limit, kind))
     result: dict[str, Any] = {"messages": args.messages, "subscriptions": args.subscriptions, "runs": args.runs}
     for label, runs in samples.items():
-        for figure in ("acks_per_s", "client_acks_per_s"):
+        for figure in ("acks_per_s", "client_acks_per_s", "broker_cpu_us_per_ack"):
             result[f"{label.replace('-', '_')}_{figure}"] = statistics.median(s[figure] for s in runs)
-    for kind in kinds:
+    for kind in kinds if len(modes) == len(MODES) else ():
         result[f"{kind}_scheduled_over_every_ack"] = (result[f"{kind}_scheduled_acks_per_s"]
                                                       / result[f"{kind}_every_ack_acks_per_s"])
     if args.json:
@@ -194,13 +204,14 @@ def main() -> None:
         return
     print(f"individual acks: {args.messages:,} messages x {args.subscriptions} Shared subscriptions, "
           f"median of {args.runs} runs")
-    print(f"{'client':<7} {'mode':<10} {'broker acks/s':>14} {'client acks/s':>14}")
+    print(f"{'client':<7} {'mode':<10} {'broker acks/s':>14} {'client acks/s':>14} {'broker CPU/ack':>15}")
     for kind in kinds:
-        for mode in MODES:
+        for mode in modes:
             key = f"{kind}_{mode.replace('-', '_')}"
             print(f"{kind:<7} {mode:<10} {result[key + '_acks_per_s']:>14,.0f} "
-                  f"{result[key + '_client_acks_per_s']:>14,.0f}")
-        print(f"{kind:<7} scheduled / every-ack: {result[f'{kind}_scheduled_over_every_ack']:.2f}x")
+                  f"{result[key + '_client_acks_per_s']:>14,.0f} {result[key + '_broker_cpu_us_per_ack']:>12.1f} us")
+        if f"{kind}_scheduled_over_every_ack" in result:
+            print(f"{kind:<7} scheduled / every-ack: {result[f'{kind}_scheduled_over_every_ack']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ class ManagedCursor:
         self._properties: dict[str, int] = dict(properties or {})
         self._acked = acked or AckedRanges()
         self.read_position = ledger.next_valid_position(self._mark_delete_position)
+        self._confirmed = EARLIEST  # the last confirmed entry as last seen (a lower bound)
         self.messages_consumed_counter = 0
         self.compacted_successor: Callable[[Position], Position | None] | None = None
         """Read-compacted subscriptions: the first compacted entry after a position that lies
@@ -135,7 +136,7 @@ class ManagedCursor:
             cursor._persist(start, cursor._acked, cursor._properties)
             return cursor
         position = _clamp_recovered(ledger, record.mark_delete_position)
-        acked = AckedRanges(record.individually_deleted)
+        acked = AckedRanges(_existing_runs(ledger, record.individually_deleted))
         acked.drop_through(position)
         return cls(ledger, name, durable=True, mark_delete_position=position,
                    properties=record.properties, acked=acked, clock=clock, store=store, deferred=deferred)
@@ -203,8 +204,11 @@ class ManagedCursor:
 
     def _acknowledgeable(self, position: Position) -> bool:
         """An entry of the managed ledger, or (read-compacted) one in the trimmed prefix."""
-        if self.compacted_successor is not None and self._in_trimmed_prefix(position):
-            return position.entry_id >= 0
+        if self.compacted_successor is not None:
+            if self._in_trimmed_prefix(position):
+                return position.entry_id >= 0
+        elif position.ledger_id == self._confirmed.ledger_id and 0 <= position.entry_id <= self._confirmed.entry_id:
+            return True  # an entry before a confirmed one in its ledger exists (only an acked prefix is trimmed)
         return self.ledger.is_valid_position(position)
 
     def is_individually_acknowledged(self, position: Position) -> bool:
@@ -274,13 +278,13 @@ class ManagedCursor:
         """
         entries = [position.entry_position() for position in positions]
         self._check_confirmed(entries)
-        acked = self._acked.copy()
-        added = False
+        acked: AckedRanges | None = None  # copied on the first new entry: the installed one never changes
         for entry in entries:
             if not self.is_acknowledged(entry) and self._acknowledgeable(entry):
+                if acked is None:
+                    acked = self._acked.copy()
                 acked.add(entry)
-                added = True
-        if added:  # nothing new must not move the read position (a read-compacted reader's)
+        if acked is not None:  # nothing new must not move the read position (a read-compacted reader's)
             self._apply(self._mark_delete_position, acked, self._properties)
 
     def retreat_into_trimmed(self, position: Position) -> None:
@@ -320,7 +324,11 @@ class ManagedCursor:
         self.read_position = read_position
 
     def _check_confirmed(self, positions: list[Position]) -> None:
-        last = self.ledger.last_confirmed_position()
+        """Raise unless every position is at or before the last confirmed entry (asking the
+        managed ledger only when one is past the last confirmed entry seen: it only grows)."""
+        if all(position <= self._confirmed for position in positions):
+            return
+        last = self._confirmed = self.ledger.last_confirmed_position()
         for position in positions:
             if position > last:
                 raise InvalidMarkDeletePositionError(
@@ -330,26 +338,58 @@ class ManagedCursor:
 
     def _apply(self, position: Position, acked: AckedRanges, properties: Mapping[str, int],
                also: Also | None = None) -> None:
-        """Advance MD over acknowledged runs, persist, and only then change memory."""
+        """Advance MD over acknowledged runs, persist, and only then change memory.
+
+        ``acked`` is a fresh copy (never the installed one): once installed, an
+        ``AckedRanges`` and a properties dict are never changed again, so a deferred
+        persist can build its record from them later, on the writer's thread."""
         before = self._mark_delete_position
-        while True:
-            following = self._next_position(position)
-            run = acked.run_containing(following)
-            if following > self.ledger.last_confirmed_position() or run is None:
-                break
-            position = Position(following.ledger_id, run[1])
+        position = self._advance(position, acked)
         acked.drop_through(position)
         later = self._persists_later
         if not later:
             self._persist(position, acked, properties, also)
-        self.messages_consumed_counter += self.ledger.entries_between(before, position)
+        if before.ledger_id == position.ledger_id and self.compacted_successor is None:
+            self.messages_consumed_counter += position.entry_id - before.entry_id  # entries are dense in a ledger
+        else:
+            self.messages_consumed_counter += self.ledger.entries_between(before, position)
         self._mark_delete_position = position
         self._acked = acked
-        self._properties = dict(properties)
+        if properties is not self._properties:
+            self._properties = dict(properties)
         if self.read_position <= position:
             self.read_position = self._next_position(position)
         if later and self.store is not None:
-            self.store.save_later(self._record(position, acked, properties))
+            installed = self._properties
+            self.store.save_later_from(self.ledger.name, self.name,
+                                       lambda: self._record(position, acked, installed))
+
+    def _advance(self, position: Position, acked: AckedRanges) -> Position:
+        """``position`` moved over every acknowledged run that directly follows it.
+
+        Short path (no compacted entries in play): an acknowledged entry right after
+        ``position`` in its ledger is the next entry (entries are dense in a ledger, and
+        only valid, confirmed entries are ever acknowledged), and with no run after
+        ``position`` nothing more can follow; only a gap or a ledger boundary asks the
+        managed ledger."""
+        last_confirmed: Position | None = None
+        while True:
+            if self.compacted_successor is None:
+                run = acked.run_at(position.ledger_id, position.entry_id + 1)
+                if run is not None:
+                    position = Position(position.ledger_id, run[1])
+                    continue
+                if not acked.any_after(position):
+                    return position
+            following = self._next_position(position)
+            run = acked.run_containing(following)
+            if run is None:
+                return position
+            if last_confirmed is None:
+                last_confirmed = self.ledger.last_confirmed_position()
+            if following > last_confirmed:
+                return position
+            position = Position(following.ledger_id, run[1])
 
     @property
     def _persists_later(self) -> bool:
@@ -404,6 +444,22 @@ class ManagedCursor:
         ``also(db)`` runs inside the delete transaction."""
         if self.store is not None:
             self.store.delete(self.ledger.name, self.name, also)
+
+
+def _existing_runs(ledger: ManagedLedger, runs: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Recovered acknowledged runs cut to the entries the ledgers hold (a crash without
+    fsync may have lost a tail that was acknowledged): the cursor relies on every
+    acknowledged entry being a confirmed one. Runs in ledgers no longer listed are kept
+    (the trimmed prefix; ``drop_through`` or the compacted view decide about them)."""
+    counts = {record.ledger_id: record.entries for record in ledger.ledger_list()}
+    kept = []
+    for ledger_id, first, last in runs:
+        entries = counts.get(ledger_id)
+        if entries is None:
+            kept.append((ledger_id, first, last))
+        elif first < entries:
+            kept.append((ledger_id, first, min(last, entries - 1)))
+    return kept
 
 
 def _clamp_recovered(ledger: ManagedLedger, position: Position) -> Position:

@@ -51,13 +51,26 @@ class AckedRanges:
 
     def run_containing(self, position: Position) -> tuple[int, int] | None:
         """The inclusive run holding ``position``'s entry, or None."""
-        runs = self._runs.get(position.ledger_id)
+        return self.run_at(position.ledger_id, position.entry_id)
+
+    def run_at(self, ledger_id: int, entry_id: int) -> tuple[int, int] | None:
+        """The inclusive run holding entry ``entry_id`` of ledger ``ledger_id``, or None."""
+        runs = self._runs.get(ledger_id)
         if not runs:
             return None
-        index = bisect.bisect_right(runs, (position.entry_id, 2**63)) - 1
-        if index >= 0 and runs[index][0] <= position.entry_id <= runs[index][1]:
+        index = bisect.bisect_right(runs, (entry_id, 2**63)) - 1
+        if index >= 0 and runs[index][0] <= entry_id <= runs[index][1]:
             return runs[index]
         return None
+
+    def any_after(self, position: Position) -> bool:
+        """True when some acknowledged entry lies after ``position`` (entry level)."""
+        if not self._runs:
+            return False
+        last_ledger = max(self._runs)  # every listed ledger holds a run
+        if last_ledger != position.ledger_id:
+            return last_ledger > position.ledger_id
+        return self._runs[last_ledger][-1][1] > position.entry_id
 
     def __contains__(self, position: object) -> bool:
         return isinstance(position, Position) and self.run_containing(position) is not None

@@ -115,6 +115,7 @@ class CursorRecord:
 CursorKey = tuple[str, str]  # (topic, cursor name)
 Also = Callable[[sqlite3.Connection], None]
 """More statements run inside a cursor write's transaction (``save``, ``delete``)."""
+Snapshot = Callable[[], CursorRecord]  # a queued cursor's record, built when it is written
 
 
 class CursorStore:
@@ -135,10 +136,11 @@ class CursorStore:
         self._interval_s = 1.0 / mark_delete_rate_limit if mark_delete_rate_limit > 0 else 0.0
         self._clock = clock
         self._background = background
-        self._queued: dict[CursorKey, CursorRecord] = {}  # the newest record of each cursor, not yet written
+        self._queued: dict[CursorKey, Snapshot] = {}  # the newest state of each cursor, not yet written
         self._due: dict[CursorKey, float] = {}  # when each queued record is written
         self._written_at: dict[CursorKey, float] = {}  # when each cursor was last written
-        self._state = threading.Condition()  # guards the three dicts above and _closed
+        self._lock = threading.Lock()  # _state's lock: ``with self._lock`` is the cheap way to hold it
+        self._state = threading.Condition(self._lock)  # guards the three dicts above and _closed
         self._write_lock = threading.Lock()  # one write at a time, in the order of saves
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -167,18 +169,27 @@ class CursorStore:
         """Queue ``record`` as its cursor's newest state, written on the persist schedule
         (see the module docstring); with no rate limit, ``save`` it now. Never blocks on
         the database when a rate limit is set."""
-        with self._state:
-            synchronous = self._interval_s == 0 or self._closed  # after close: nothing would write it
+        self.save_later_from(record.topic, record.name, lambda: record)
+
+    def save_later_from(self, topic: str, name: str, snapshot: Snapshot) -> None:
+        """``save_later`` of the record ``snapshot()`` returns when it is written (or
+        loaded): the cursor's state *then*, so a cursor acknowledged thousands of times a
+        second builds one record per write, not one per acknowledgement. ``snapshot`` is
+        called on the writer's thread: it must read one consistent state of the cursor
+        (``ManagedCursor`` keeps its persisted state in one immutable tuple for this)."""
+        key = (topic, name)
+        with self._lock:  # the condition's own lock, held without its Python-level wrapper
+            if self._interval_s == 0 or self._closed:  # after close: nothing would write it
+                synchronous = True
+            else:
+                synchronous = False
+                if key not in self._queued:
+                    self._due[key] = max(self._clock(), self._written_at.get(key, -math.inf) + self._interval_s)
+                    self._state.notify()
+                    self._start_thread()
+                self._queued[key] = snapshot
         if synchronous:
-            self.save(record)
-            return
-        key = (record.topic, record.name)
-        with self._state:
-            if key not in self._queued:
-                self._due[key] = max(self._clock(), self._written_at.get(key, -math.inf) + self._interval_s)
-                self._state.notify()
-            self._queued[key] = record
-            self._start_thread()
+            self.save(snapshot())
 
     def flush(self, topic: str | None = None, name: str | None = None) -> int:
         """Write now, in one transaction, what is queued: for cursor ``name`` of ``topic``,
@@ -230,12 +241,13 @@ class CursorStore:
         put them back unless a newer record of the cursor was queued meanwhile."""
         with self._write_lock:
             with self._state:
-                records = [record for key, record in self._queued.items() if wanted(key)]
-                for record in records:
-                    del self._queued[(record.topic, record.name)]
-                    del self._due[(record.topic, record.name)]
-            if not records:
+                taken = [(key, snapshot) for key, snapshot in self._queued.items() if wanted(key)]
+                for key, _ in taken:
+                    del self._queued[key]
+                    del self._due[key]
+            if not taken:
                 return 0
+            records = [snapshot() for _, snapshot in taken]  # the cursors' states now, the newest
             try:
                 with self.database.transaction("cursor.save_batch", records=records) as db:
                     for record in records:
@@ -243,10 +255,9 @@ class CursorStore:
             except BaseException:
                 with self._state:
                     retry_at = self._clock() + self._interval_s
-                    for record in records:
-                        key = (record.topic, record.name)
+                    for key, snapshot in taken:
                         if key not in self._queued:
-                            self._queued[key], self._due[key] = record, retry_at
+                            self._queued[key], self._due[key] = snapshot, retry_at
                 raise
             with self._state:
                 now = self._clock()
@@ -303,7 +314,7 @@ class CursorStore:
         with self._state:
             queued = self._queued.get((topic, name))
         if queued is not None:
-            return queued
+            return queued()
         return self.load_persisted(topic, name)
 
     def load_persisted(self, topic: str, name: str) -> CursorRecord | None:

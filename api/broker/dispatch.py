@@ -51,11 +51,10 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from api.broker.consumer import Consumer, Delivery
-from api.broker.delayed import DelayedDeliveryTracker, deliver_at_ms
+from api.broker.delayed import DelayedDeliveryTracker
+from api.broker.entry_facts import entry_facts
 from api.broker.errors import ConsumerBusyError, NotAllowedError
 from api.broker.key_shared import KeySharedDispatcher, KeySharedPolicy
-from compactor.errors import MalformedEntryError
-from compactor.message import is_batch, parse_entry
 from compactor.reader import CompactedReader
 from compactor.topic import CompactedTopic
 from cursor.cursor import ManagedCursor
@@ -94,14 +93,6 @@ class SubType(enum.Enum):
 
 # Several consumers at once, each entry to one of them; delayed delivery applies.
 _MULTI = (SubType.SHARED, SubType.KEY_SHARED)
-
-
-def _message_count(data: bytes) -> int:
-    try:
-        metadata = parse_entry(data).metadata
-    except MalformedEntryError:
-        return 1
-    return metadata.num_messages_in_batch if is_batch(metadata) else 1
 
 
 class _Round:
@@ -340,7 +331,7 @@ class Subscription:
         if not entries:
             return None
         data = entries[0].data
-        return Delivery(position, data, _message_count(data), redelivery_count=redelivery_count)
+        return Delivery(position, data, entry_facts(data)[0], redelivery_count=redelivery_count)
 
     def _read(self, max_entries: int) -> list[Delivery]:
         """The next entries of the reader; on Shared and Key_Shared, entries not yet due
@@ -350,15 +341,19 @@ class Subscription:
         reader = self.reader
         scanned = 0
         while True:
-            deliveries = [Delivery(e.position, e.data, e.batch_size or _message_count(e.data),
-                                   reader.ack_set(e.position)) for e in reader.read(max_entries)]
-            if not deliveries:
+            read = reader.read(max_entries)
+            if not read:
                 return []
+            multi = self.sub_type in _MULTI  # one parse: permits and due time (when it matters)
+            facts = [entry_facts(e.data) if multi or not e.batch_size else (e.batch_size, None) for e in read]
+            deliveries = [Delivery(e.position, e.data, e.batch_size or messages, reader.ack_set(e.position))
+                          for e, (messages, _) in zip(read, facts, strict=True)]
             self._entry_bytes = max(len(d.data) for d in deliveries)
-            if self.sub_type not in _MULTI:
+            if not multi:
                 return deliveries
             scanned += len(deliveries)
-            due = [d for d in deliveries if not self._delayed.defer(d.position, deliver_at_ms(d.data) or 0)]
+            due = [d for d, (_, deliver_at) in zip(deliveries, facts, strict=True)
+                   if not self._delayed.defer(d.position, deliver_at or 0)]
             if due:
                 return due
             if scanned >= DISPATCH_ROUND_ENTRIES_MAX:

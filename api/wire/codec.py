@@ -14,7 +14,10 @@ from typing import cast
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
 
-__all__ = ["CONNECTION_COMMANDS", "U64_MAX", "from_message_id", "request_id_of", "server_error", "to_message_id"]
+__all__ = [
+    "CONNECTION_COMMANDS", "U64_MAX", "fill_message_id", "from_message_id", "request_id_of", "server_error",
+    "to_message_id",
+]
 
 U64_MAX = (1 << 64) - 1
 _T = pb.BaseCommand
@@ -38,12 +41,20 @@ def _signed(value: int) -> int:
 
 def to_message_id(position: Position) -> pb.MessageIdData:
     """The wire form of ``position``."""
-    message_id = pb.MessageIdData(ledgerId=position.ledger_id & U64_MAX, entryId=position.entry_id & U64_MAX)
+    message_id = pb.MessageIdData()
+    fill_message_id(message_id, position)
+    return message_id
+
+
+def fill_message_id(message_id: pb.MessageIdData, position: Position) -> None:
+    """Write the wire form of ``position`` into an empty ``message_id`` (in place: a
+    field of a command being built)."""
+    message_id.ledgerId = position.ledger_id & U64_MAX
+    message_id.entryId = position.entry_id & U64_MAX
     if position.batch_index >= 0:
         message_id.batch_index = position.batch_index
     if position.partition >= 0:
         message_id.partition = position.partition
-    return message_id
 
 
 def from_message_id(message_id: pb.MessageIdData) -> Position:

@@ -27,6 +27,8 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   incomplete past the frame timeout, closes the connection; partial frames count against
   a budget all the listener's ``Connections`` share, and the connection that would exceed
   it is closed. The connection is in that set from ``connection_made`` to ``connection_lost``.
+* Writes go through the connection's ``api.wire.outbox.Outbox``: the answers to one read,
+  or what one turn of the event loop wrote, reach the transport as one write (in order).
 * Keep-alive: a PING every ``KEEPALIVE_INTERVAL_S``; a connection silent for two intervals
   is closed. A connection that goes away frees its consumers (their unacknowledged
   entries are redelivered) and producers.
@@ -51,6 +53,7 @@ from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
+    fill_message_id,
     from_message_id,
     request_id_of,
     server_error,
@@ -63,10 +66,12 @@ from api.wire.frames import (
     FrameDecoder,
     FrameError,
     encode_command,
+    encode_message,
     encode_payload_command,
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
-from api.wire.producing import ProducerHandlers, WireProducer
+from api.wire.outbox import Outbox
+from api.wire.producing import ProducerHandlers, SendCompletions, WireProducer
 from api.wire.schema_commands import (
     check_subscribe_schema,
     get_or_create_schema_response,
@@ -127,14 +132,16 @@ class WireConsumer(Consumer):
         return self.connection.is_open() and not self.connection.writing_paused
 
     def send(self, delivery: Delivery) -> None:
-        message = pb.CommandMessage(
-            consumer_id=self.consumer_id, message_id=to_message_id(delivery.position),
-            redelivery_count=delivery.redelivery_count,
-        )
-        message.ack_set.extend(delivery.ack_set)
+        command = pb.BaseCommand(type=T.MESSAGE)  # filled in place: no copies (encode_message)
+        message = command.message
+        message.consumer_id = self.consumer_id
+        fill_message_id(message.message_id, delivery.position)
+        message.redelivery_count = delivery.redelivery_count
+        if delivery.ack_set:
+            message.ack_set.extend(delivery.ack_set)
         if self.partition >= 0:
             message.message_id.partition = self.partition
-        self.connection.write_payload(pb.BaseCommand(type=T.MESSAGE, message=message), delivery.data)
+        self.connection.write_message(command, delivery.data)
         self.counter.record(delivery.messages, len(delivery.data))
         if self.topic is not None and self.subscription is not None:
             self.topic.counters.record_out(self.subscription.name, delivery.messages, len(delivery.data))
@@ -168,6 +175,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.writing_paused = False  # the transport's write buffer is over its high-water mark
         self._loop = asyncio.get_event_loop()
         self._loop_thread = threading.get_ident()  # connections are made on the loop's thread
+        self.outbox = Outbox(self._loop, self._transport_write)  # what is written goes out once a loop turn
+        self._completions = SendCompletions(self._loop, self._send_done)  # appends ended, to the loop in batches
         self._last_received = self._loop.time()
         self._activity = asyncio.Event()  # set by any data received or by the connection's end
         self._keepalive: asyncio.TimerHandle | None = None
@@ -215,10 +224,14 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             return
         if not self._hold_partial_frame(started_anew=bool(frames)):
             return
-        for frame in frames:
-            if self.transport is None or self.transport.is_closing():
-                return
-            self._handle(frame)
+        self.outbox.cork()  # the answers to this read go out in one write
+        try:
+            for frame in frames:
+                if self.transport is None or self.transport.is_closing():
+                    return
+                self._handle(frame)
+        finally:
+            self.outbox.uncork()
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -235,6 +248,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._release_partial_frame()
+        self.outbox.drop()
         self.connections.discard(self)
         self.transport = None  # closed: removing one of its consumers dispatches nothing to the others here
         for consumer in list(self.consumers.values()):
@@ -251,6 +265,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         that does not read) is dropped, so the connection is always released."""
         if self.transport is not None:
             transport = self.transport
+            self.outbox.flush()  # what was written before the close goes first
             transport.close()
             self._loop.call_later(CLOSE_FLUSH_S, transport.abort)
 
@@ -272,11 +287,21 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def write(self, command: pb.BaseCommand) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(encode_command(command))
+            self.outbox.put(encode_command(command))
 
     def write_payload(self, command: pb.BaseCommand, entry: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(encode_payload_command(command, entry, with_checksum=True))
+            self.outbox.put(encode_payload_command(command, entry, with_checksum=True))
+
+    def write_message(self, command: pb.BaseCommand, entry: bytes) -> None:
+        """``write_payload`` of a MESSAGE built in place (``encode_message``)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.outbox.put(encode_message(command, entry))
+
+    def _transport_write(self, data: bytes) -> None:
+        """The outbox's way out: the transport, while it is open."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
     # -- limits on what a connection holds --------------------------------------------
 
@@ -350,20 +375,19 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             self.close()
             return
         handler = self._handlers.get(command.type)
-        request_id = request_id_of(command)
         try:
             problem = frame_problem(frame) if handler is not None else None
             if problem is not None:
-                self._refuse(command, request_id, problem)
+                self._refuse(command, request_id_of(command), problem)
             elif handler is None:
-                self._unsupported(command, request_id)
+                self._unsupported(command, request_id_of(command))
             else:
                 handler(command, frame)
         except CompactionServiceError as error:
-            self._error(request_id, error)
+            self._error(request_id_of(command), error)
         except Exception as error:  # never a traceback to the client: log it, answer ERROR
             log.exception("failed to handle %s", T.Type.Name(command.type))
-            self._error(request_id, error)
+            self._error(request_id_of(command), error)
 
     def _refuse(self, command: pb.BaseCommand, request_id: int | None, error: BrokerError) -> None:
         """Answer a command that ``frame_problem`` refused, as a failure of that command

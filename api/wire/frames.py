@@ -64,6 +64,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "encode_command",
+    "encode_message",
     "encode_payload_command",
     "make_command",
 ]
@@ -165,6 +166,25 @@ def encode_payload_command(
     checksum = CHECKSUM_MAGIC + _U32.pack(crc32c.crc32c(entry)) if with_checksum else b""
     total = 4 + len(command_bytes) + len(checksum) + len(entry)
     return b"".join((_HEADER.pack(total, len(command_bytes)), command_bytes, checksum, entry))
+
+
+def encode_message(command: pb.BaseCommand, entry: bytes) -> bytes:
+    """``encode_payload_command(command, entry)`` for a MESSAGE the broker built itself
+    (``pb.BaseCommand(type=MESSAGE)`` with its ``message`` filled in place), the frame
+    every dispatched entry becomes: it checks the type and that ``message`` is set, not
+    the whole command's sub-messages (the rule holds by construction, and listing every
+    field cost as much as the rest of the frame). Raises as ``encode_payload_command``."""
+    if command.type != pb.BaseCommand.MESSAGE or not command.HasField("message"):
+        raise ValueError("encode_message takes a MESSAGE command carrying its message")
+    if type(entry) is not bytes:
+        entry = bytes(entry)
+    problem = _entry_shape_problem(entry)
+    if problem is not None:
+        raise ValueError(problem)
+    command_bytes = command.SerializeToString()
+    total = 4 + len(command_bytes) + _MAGIC_BLOCK_BYTES + len(entry)
+    return b"".join((_HEADER.pack(total, len(command_bytes)), command_bytes, CHECKSUM_MAGIC,
+                     _U32.pack(crc32c.crc32c(entry)), entry))
 
 
 class FrameDecoder:

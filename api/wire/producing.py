@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from api.broker.service import BrokerService
     from api.broker.topic import Topic
 
-__all__ = ["LIVENESS_TIMEOUT_S", "ProducerHandlers", "WireProducer"]
+__all__ = ["LIVENESS_TIMEOUT_S", "ProducerHandlers", "SendCompletions", "WireProducer"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,44 @@ class WireProducer:
         }
 
 
+class SendCompletions:
+    """Sends whose append ended, handed from the ledger's flusher thread to the event loop.
+
+    One ``call_soon_threadsafe`` (a lock and a write to the loop's wake-up pipe) per send
+    cost as much as the rest of a send; a group commit completes many sends at once, so
+    they queue here and the loop takes every one queued in one call. On the loop's own
+    thread (an append refused at once) a completion is handled at once. Receipts still
+    go out in send order: ``_drain_receipts`` answers by the order of ``receipts``.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_done: Callable[..., None]) -> None:
+        self._loop = loop
+        self._loop_thread = threading.get_ident()  # made on the loop's thread, with its connection
+        self._on_done = on_done
+        self._queued: deque[tuple[object, ...]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def add(self, *args: object) -> None:
+        """``on_done(*args)`` on the event loop, now when called there."""
+        if threading.get_ident() == self._loop_thread:
+            self._on_done(*args)
+            return
+        self._queued.append(args)
+        with self._lock:
+            if self._scheduled:
+                return  # the loop's pending call takes this one too
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            self._scheduled = False  # a completion queued from here on schedules a new call
+        queued = self._queued
+        while queued:
+            self._on_done(*queued.popleft())
+
+
 class ProducerHandlers:
     """PRODUCER, SEND and CLOSE_PRODUCER of one connection (see the module docstring)."""
 
@@ -103,6 +141,7 @@ class ProducerHandlers:
     client_version: str
     _loop: asyncio.AbstractEventLoop
     _loop_thread: int
+    _completions: SendCompletions
 
     def peer_address(self) -> str:
         raise NotImplementedError
@@ -203,8 +242,8 @@ class ProducerHandlers:
             future = producer.topic.publish(producer.session, producer.name, send.sequence_id, highest, frame.entry,
                                             messages=send.num_messages)
         producer.receipts.append((send.sequence_id, highest, future))
-        future.add_done_callback(lambda done: self._on_loop(self._send_done, producer, done,
-                                                            send.num_messages, len(frame.entry or b"")))
+        messages, size, completions = send.num_messages, len(frame.entry), self._completions
+        future.add_done_callback(lambda done: completions.add(producer, done, messages, size))
 
     def _on_loop(self, callback: Callable[..., None], *args: object) -> None:
         """Run ``callback(*args)`` on the event loop: now when called there, else scheduled."""

@@ -27,11 +27,13 @@ creates nothing. The rules:
 
 from __future__ import annotations
 
+import struct
 import unicodedata
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtobufMessage
 
 from api.broker.errors import BrokerError, InvalidTopicNameError, NotAllowedError
@@ -53,6 +55,7 @@ __all__ = ["SIGNED_64_MAX", "entry_problem", "frame_problem"]
 SIGNED_64_MAX = (1 << 63) - 1
 """Largest value a wire ``uint64`` may carry into signed 64-bit broker state."""
 _U64_MAX = (1 << 64) - 1  # the -1 sentinel of a message id
+_U32 = struct.Struct(">I")
 _T = pb.BaseCommand
 _MESSAGE_ID = pb.MessageIdData.DESCRIPTOR.full_name
 _SIGNED_FIELDS = {
@@ -109,11 +112,60 @@ _TOPIC_FIELDS = frozenset(key for key, check in _TEXT_CHECKS.items() if check in
 def frame_problem(frame: Frame) -> BrokerError | None:
     """Why ``frame`` must be refused before its handler runs, or None when it may run."""
     command = frame.command
-    field = command.DESCRIPTOR.fields_by_number[command.type]
-    problem = message_problem(getattr(command, field.name))
+    fast = _FAST_CHECKS.get(command.type)
+    if fast is not None:
+        problem = fast(command)
+    else:
+        field = command.DESCRIPTOR.fields_by_number[command.type]
+        problem = message_problem(getattr(command, field.name))
     if problem is None and command.type == _T.SEND and frame.entry is not None and frame.checksum_ok:
         problem = entry_problem(frame.entry)
     return problem
+
+
+# -- the hot commands, checked without walking every field ----------------------------
+# ``message_problem`` finds each set value through ``ListFields`` at every depth, which
+# costs more than handling an ACK or a FLOW. For the commands every message passes
+# through, these apply the same rules to the only fields that can break them (they carry
+# no string and no signed field but those named); a command with anything else in it
+# (properties, a chunk's first id) goes through ``message_problem``.
+
+
+def _message_id_problem(message_id: pb.MessageIdData) -> BrokerError | None:
+    for name, value in (("ledgerId", message_id.ledgerId), ("entryId", message_id.entryId)):
+        if SIGNED_64_MAX < value < _U64_MAX:
+            return NotAllowedError(f"message id {name} {value} is out of range")
+    return None
+
+
+def _ack_problem(command: pb.BaseCommand) -> BrokerError | None:
+    ack = command.ack
+    if len(ack.properties):
+        return message_problem(ack)
+    for message_id in ack.message_id:
+        if message_id.HasField("first_chunk_message_id"):
+            return message_problem(ack)
+        problem = _message_id_problem(message_id)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _send_problem(command: pb.BaseCommand) -> BrokerError | None:
+    send = command.send
+    for name, value in (("sequence_id", send.sequence_id), ("highest_sequence_id", send.highest_sequence_id)):
+        if value > SIGNED_64_MAX:
+            return NotAllowedError(f"{name} {value} is above {SIGNED_64_MAX}")
+    return message_problem(send) if send.HasField("message_id") else None
+
+
+_FAST_CHECKS: dict[int, Callable[[pb.BaseCommand], BrokerError | None]] = {
+    _T.ACK: _ack_problem,
+    _T.FLOW: lambda command: None,  # two integers, both unsigned in broker state
+    _T.SEND: _send_problem,
+    _T.PING: lambda command: None,
+    _T.PONG: lambda command: None,
+}
 
 
 def message_problem(message: ProtobufMessage) -> BrokerError | None:
@@ -180,9 +232,44 @@ def entry_problem(entry: bytes) -> BrokerError | None:
 
 
 def _check_slots(body: bytes, count: int) -> None:
-    """Raise ``UndecodablePayloadError`` unless ``body`` holds ``count`` well-formed slots."""
+    """Raise ``UndecodablePayloadError`` unless ``body`` holds ``count`` well-formed slots.
+
+    Every slot of every batch a producer sends passes here, so the walk is kept lean
+    (one reused ``SingleMessageMetadata``, parsed from a view of the body, no copies); at
+    the first slot that looks wrong it goes over the body again with ``read_slot``,
+    which says exactly what is wrong (the same rules, the same errors)."""
     check_slot_count(body, count)
+    if not _slots_fit(body, count):
+        single = pb.SingleMessageMetadata()
+        position = 0
+        for batch_index in range(count):
+            position = read_slot(body, position, batch_index, single)
+
+
+def _slots_fit(body: bytes, count: int) -> bool:
+    """True when ``body`` holds ``count`` slots whose metadata parse, are initialised and
+    whose payloads fit (``read_slot``'s rules); False at the first doubt."""
     single = pb.SingleMessageMetadata()
+    parse, initialized, unpack = single.ParseFromString, single.IsInitialized, _U32.unpack_from
+    view, size = memoryview(body), len(body)
     position = 0
-    for batch_index in range(count):
-        position = read_slot(body, position, batch_index, single)
+    try:
+        for _ in range(count):
+            start = position + 4
+            if start > size:
+                return False
+            end = start + unpack(body, position)[0]
+            if end > size:
+                return False
+            parse(view[start:end])  # type: ignore[arg-type]  # upb reads any buffer
+            payload_size: int = single.payload_size
+            if not initialized() or payload_size < 0:
+                return False
+            position = end + payload_size
+            if position > size:
+                return False
+    except (DecodeError, UnicodeDecodeError):
+        return False
+    finally:
+        view.release()
+    return True
