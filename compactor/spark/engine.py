@@ -267,29 +267,30 @@ class SparkEngine:
         return int(self.session().sparkContext.defaultParallelism)
 
     def _rewrite(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> list[GroupReport]:
-        """The Spark job: phase one, the decision rows co-partitioned with the groups, one
-        rewrite task per group; the groups' reports."""
-        from pyspark import StorageLevel
+        """The Spark job (``_job``) run: the groups' reports."""
+        return [GroupReport(*row) for row in self._job(request, specs).collect()]
+
+    def _job(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
+        """The Spark job as a DataFrame of reports: phase one (run at once), the decision
+        rows co-partitioned with the groups, one rewrite task per group."""
         from pyspark.sql import functions as F
 
         spark = self.session()
         partitions = min(sum(len(spec.pieces) for spec in specs),
                          int(spark.conf.get("spark.sql.shuffle.partitions", str(AGGREGATE_PARTITIONS_MAX))))
-        aggregated = _aggregate(spark, request, specs).coalesce(max(1, partitions)).persist(
-            StorageLevel.MEMORY_AND_DISK)
-        try:
-            aggregated.count()  # the stream is read once: the decisions' three branches use the cache
-            decisions = _decisions(aggregated, request.retain_null_key)
-            keys = partition_keys(len(specs))
-            slot = F.element_at(F.array(*[F.lit(key) for key in keys]), F.col("grp") + 1).cast("int")
-            job = RewriteJob(request.ledgers_root, dict(request.metadata), int(time.time() * 1000),
-                             request.retain_null_key, request.keep_tombstones_since_ms)
-            task = _task(job, {spec.index: spec for spec in specs})
-            rows = (decisions.withColumn("slot", slot).repartition(len(specs), "slot")
-                    .groupBy("slot", "grp").applyInArrow(task, REPORT_SCHEMA_DDL).collect())
-        finally:
-            aggregated.unpersist()
-        return [GroupReport(*row) for row in rows]
+        # The stream is read once: the decisions' branches read the aggregated rows kept on
+        # the executors (a local checkpoint: far cheaper than a cache; an executor lost
+        # before the end fails the run, which the next run redoes; Spark's context cleaner
+        # drops the blocks once the run is over).
+        aggregated = _aggregate(spark, request, specs).coalesce(max(1, partitions)).localCheckpoint(eager=True)
+        decisions = _decisions(aggregated, request.retain_null_key)
+        keys = partition_keys(len(specs))
+        slot = F.element_at(F.array(*[F.lit(key) for key in keys]), F.col("grp") + 1).cast("int")
+        job = RewriteJob(request.ledgers_root, dict(request.metadata), int(time.time() * 1000),
+                         request.retain_null_key, request.keep_tombstones_since_ms)
+        task = _task(job, {spec.index: spec for spec in specs})
+        return (decisions.withColumn("slot", slot).repartition(len(specs), "slot")
+                .groupBy("slot", "grp").applyInArrow(task, REPORT_SCHEMA_DDL))
 
     def stop(self) -> None:
         """Stop the session this engine started (idempotent)."""

@@ -167,6 +167,59 @@ def test_every_group_gets_a_spark_partition_of_its_own(engine: SparkEngine) -> N
         assert placed == list(range(groups))
 
 
+class KeepingPlans(SparkEngine):
+    """The Spark engine, keeping the physical plan of each job it ran."""
+
+    def __init__(self, inner: SparkEngine) -> None:
+        super().__init__(inner.master, piece_entries=inner.piece_entries, group_entries=inner.group_entries)
+        self._session = inner.session()
+        self.plans: list[str] = []
+
+    def _rewrite(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> list[GroupReport]:
+        job = self._job(request, specs)
+        rows = job.collect()
+        self.plans.append(job._jdf.queryExecution().executedPlan().toString())
+        return [GroupReport(*row) for row in rows]
+
+
+def test_phase_one_reaches_the_groups_through_the_shuffle_never_through_the_driver(
+    engine: SparkEngine, tmp_path: Path,
+) -> None:
+    data = [_message(f"key-{index % 30}", b"v%d" % index) for index in range(40)]
+    # Chunked messages: one replaced later (its chunks are dropped: the join that decides
+    # it runs), one whose key is never written again (kept whole), one never completed.
+    data[2:2] = [_chunk("u-1", "key-1", 0, 2), _chunk("u-2", "only", 0, 2)]
+    data[5:5] = [_chunk("u-1", "key-1", 1, 2), _chunk("u-3", "open", 0, 3)]
+    data[12:12] = [_chunk("u-2", "only", 1, 2)]
+    keeping = KeepingPlans(engine)
+    expected = _compact_both([data], tmp_path, {"local": Compactor(CompactionConfig(engine="local"))}, [0])
+    topic_dir = TopicDir(tmp_path / "spark")
+    try:
+        topic_dir.append(data)
+        topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=keeping))
+        topic_ledgers = [record.ledger_id for record in topic_dir.ledger.ledger_list()]
+        assert _named_by_place(topic_dir.compacted_ledger(), topic_ledgers) == expected["local"][0][0]
+    finally:
+        topic_dir.close()
+    [plan] = keeping.plans
+    final = plan.split("== Initial Plan ==")[0]
+    assert "isFinalPlan=true" in final
+    assert "SortMergeJoin" in final and "Broadcast" not in final  # no join side went through the driver
+    assert "FlatMapGroupsInArrow" in final
+    # one shuffle into the groups' partitions, by the slot that puts every group in its own
+    assert final.count("Exchange hashpartitioning(slot") == 1 and "hashpartitioning(grp" not in final
+
+
+def _chunk(uuid: str, key: str, chunk_id: int, chunks: int) -> bytes:
+    from compactor.encoder import encode_entry
+    from compactor.proto import pulsar_api_pb2 as pb
+
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=int(NOW_S * 1000), uuid=uuid,
+                                  chunk_id=chunk_id, num_chunks_from_msg=chunks, total_chunk_msg_size=chunks * 4,
+                                  partition_key=key)
+    return encode_entry(metadata, b"c%03d" % chunk_id, with_checksum=True)
+
+
 class DroppingReports(SparkEngine):
     """The Spark engine whose job loses or repeats a group's report: a fault the real job
     cannot produce on demand (Spark keeps one attempt per partition)."""
