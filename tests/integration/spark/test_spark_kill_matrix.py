@@ -310,9 +310,20 @@ def test_a_task_whose_every_attempt_is_killed_fails_the_run_and_the_previous_vie
     fault("1:2:writing")  # both attempts local[2,2] allows die
     topic_dir = TopicDir(prepared.path, entries_per_ledger=ENTRIES_PER_LEDGER)
     try:
+        before, _ = _ledger_files(prepared.path)
         with pytest.raises(SparkEngineError, match="spark rewrite failed"):
             topic_dir.compact(_spark(engine))
         _assert_previous_view_serves_until_restart(topic_dir, prepared)
+        # Once no task of the failed job runs any more, none of its ledgers is on disk: the
+        # driver deleted them after its cancelled tasks stopped, not before (a task still
+        # running when the job aborted could rename its ledger into place afterwards).
+        tracker = engine.session().sparkContext.statusTracker()
+        deadline = time.monotonic() + PROCESS_EXIT_TIMEOUT_S
+        while tracker.getActiveStageIds():
+            assert time.monotonic() < deadline, "the failed job's tasks still run"
+            time.sleep(0.05)
+        files, _ = _ledger_files(prepared.path)
+        assert files == before
     finally:
         topic_dir.close()
     fault("")
