@@ -32,6 +32,7 @@ refuses a repeated one (``test_spark_local``,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -65,6 +66,7 @@ ENTRIES_PER_LEDGER = 5
 # Bounds of the waits on the child driver: a Spark start on two busy cores, then the job.
 DRIVER_WRITING_TIMEOUT_S = 180.0
 PROCESS_EXIT_TIMEOUT_S = 30.0
+SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 
 
 def _message(key: str | None, value: bytes | None) -> bytes:
@@ -87,7 +89,8 @@ SECOND = [_message(None if index % 11 == 5 else f"key-{index % 9}", None if inde
 def engine() -> Iterator[SparkEngine]:
     # local[2,2]: two cores and a task may fail twice (plain local[2] never retries one).
     # Pieces of 3 entries, groups of about 9: a run is rewritten in several groups.
-    spark_engine = SparkEngine("local[2,2]", piece_entries=3, group_entries=9)
+    # Few shuffle partitions: the topics are tiny, and each task costs on two busy cores.
+    spark_engine = SparkEngine("local[2,2]", config=SHUFFLE, piece_entries=3, group_entries=9)
     spark_engine.session()
     yield spark_engine
     spark_engine.stop()
@@ -109,6 +112,19 @@ class Prepared:
 
 def _spark(engine: SparkEngine) -> Compactor:
     return Compactor(CompactionConfig(engine="spark"), clock=lambda: NOW_S, spark_engine=engine)
+
+
+@pytest.fixture(scope="module")
+def template(engine: SparkEngine, tmp_path_factory: pytest.TempPathFactory) -> Prepared:
+    """The prepared data dir, made once (a Spark run and a local one); each test copies it."""
+    return _prepare(engine, tmp_path_factory.mktemp("template"))
+
+
+@pytest.fixture
+def prepared(template: Prepared, tmp_path: Path) -> Prepared:
+    """A copy of the template's data dir in ``tmp_path``: same ledger ids, same expectations."""
+    shutil.copytree(template.path, tmp_path / "spark")
+    return dataclasses.replace(template, path=tmp_path / "spark")
 
 
 def _prepare(engine: SparkEngine, tmp_path: Path) -> Prepared:
@@ -219,13 +235,13 @@ def _gone(group: int) -> bool:
 
 
 def test_a_driver_killed_in_the_middle_of_the_job_leaves_the_previous_view_and_the_next_run_converges(
-    engine: SparkEngine, tmp_path: Path,
+    engine: SparkEngine, prepared: Prepared, tmp_path: Path,
 ) -> None:
-    prepared = _prepare(engine, tmp_path)
     before, _ = _ledger_files(prepared.path)
     # Group 1's task stops while writing (every attempt), so the job is in flight when
     # the driver dies; group 0's runs on the other core and writes its ledger.
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", FAULT_ENV: "1:99:hang"}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", FAULT_ENV: "1:99:hang",
+           "PYSPARK_SUBMIT_ARGS": " ".join(f"--conf {key}={value}" for key, value in SHUFFLE.items()) + " pyspark-shell"}
     log = (tmp_path / "driver.log").open("wb")
     driver = subprocess.Popen(
         [*_compactd(), "compact-topic", "--data-dir", str(prepared.path), "--topic", TOPIC, "--engine", "spark",
@@ -279,9 +295,8 @@ def fault(engine: SparkEngine) -> Iterator[Callable[[str], None]]:
 
 @pytest.mark.parametrize("point", ["writing", "written"])
 def test_a_task_attempt_killed_is_retried_and_the_run_publishes_the_local_engines_view(
-    engine: SparkEngine, fault: Callable[[str], None], tmp_path: Path, point: str,
+    engine: SparkEngine, fault: Callable[[str], None], prepared: Prepared, point: str,
 ) -> None:
-    prepared = _prepare(engine, tmp_path)
     fault(f"1:1:{point}")  # attempt 0 of group 1 dies; attempt 1 succeeds
     topic_dir = TopicDir(prepared.path, entries_per_ledger=ENTRIES_PER_LEDGER)
     try:
@@ -304,9 +319,8 @@ def test_a_task_attempt_killed_is_retried_and_the_run_publishes_the_local_engine
 
 
 def test_a_task_whose_every_attempt_is_killed_fails_the_run_and_the_previous_view_keeps_serving(
-    engine: SparkEngine, fault: Callable[[str], None], tmp_path: Path,
+    engine: SparkEngine, fault: Callable[[str], None], prepared: Prepared,
 ) -> None:
-    prepared = _prepare(engine, tmp_path)
     fault("1:2:writing")  # both attempts local[2,2] allows die
     topic_dir = TopicDir(prepared.path, entries_per_ledger=ENTRIES_PER_LEDGER)
     try:
@@ -372,9 +386,8 @@ COMMIT_POINTS = [
 
 @pytest.mark.parametrize(("point", "published"), COMMIT_POINTS)
 def test_a_crash_in_the_commit_of_a_spark_run_leaves_the_old_or_the_new_view_whole_and_the_next_run_converges(
-    engine: SparkEngine, tmp_path: Path, point: str, published: bool,
+    engine: SparkEngine, prepared: Prepared, point: str, published: bool,
 ) -> None:
-    prepared = _prepare(engine, tmp_path)
     topic_dir = TopicDir(prepared.path, entries_per_ledger=ENTRIES_PER_LEDGER)
     before, _ = _ledger_files(prepared.path)
     new_ids: list[int] = []
