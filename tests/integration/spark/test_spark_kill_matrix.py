@@ -393,7 +393,7 @@ def test_a_crash_in_the_commit_of_a_spark_run_leaves_the_old_or_the_new_view_who
     new_ids: list[int] = []
 
     def crash(**_: object) -> None:
-        files, _ = _ledger_files(prepared.path)
+        files, _temporary = _ledger_files(prepared.path)
         new_ids.extend(sorted(files - before))  # the run's ledgers, all written and sealed
         raise SimulatedCrash(point)
 
