@@ -21,13 +21,20 @@ view is the previous one or the new one whole, served byte for byte; no temporar
 left, and the ledger files are exactly the topic's ledgers and the view's; the next Spark
 run publishes what the local engine publishes.
 
-Two attempts of one group both writing (a retry after the first wrote, the ``written``
-case here; a speculative copy) leave one complete ledger, identical bytes
-(``tests/unit/ledger/test_sealed_writer.py``,
-``test_writing_the_same_ledger_twice_leaves_one_complete_identical_ledger``); the commit
-sees one report per group, as Spark keeps one successful attempt per partition, and
-refuses a repeated one (``test_spark_local``,
+A failed job is cleaned up only once its tasks have stopped: a task still running when
+its stage failed could otherwise rename its ledger into place after the driver deleted
+the reserved ledgers (``compactor.spark.engine._settled_on_failure``).
+
+Two attempts of one group both writing (a retry after the first wrote: the ``written``
+case here; a speculative copy) leave one complete ledger, byte for byte a single
+attempt's (``tests/unit/compactor/test_spark_rewrite_attempts.py``); the commit sees one
+report per group, as Spark keeps one successful attempt per partition, and refuses a
+repeated one (``test_spark_local``,
 ``test_a_missing_or_repeated_group_report_fails_the_run_and_the_previous_view_keeps_serving``).
+
+The test seam (``compactor.spark.rewrite.FAULT_ENV``) reaches the Python workers through
+the SparkContext's ``environment`` (the workers of the module's session) or the child
+driver's environment.
 """
 
 from __future__ import annotations
