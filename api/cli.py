@@ -94,6 +94,8 @@ MemoryBudget = Annotated[str | None, _option(
 MinLag = Annotated[str | None, _option("compaction_min_lag_ms", "--compaction-min-lag-ms", "MS")]
 MaxBytesPerSecond = Annotated[str | None, _option(
     "compaction_max_bytes_per_second", "--compaction-max-bytes-per-second", "BYTES")]
+GracePeriod = Annotated[str | None, _option(
+    "compacted_ledger_grace_period_s", "--compacted-ledger-grace-period-s", "SECONDS")]
 LogFormatOption = Annotated[str | None, _option("log_format", "--log-format", "{text,json}")]
 LogLevelOption = Annotated[str | None, _option("log_level", "--log-level", "{debug,info,warning,error}")]
 Deduplication = Annotated[bool | None, _option(
@@ -167,6 +169,7 @@ def serve(  # one parameter per setting, each named as its key
     compaction_engine: Engine = None, spark_master: SparkMaster = None,
     compaction_memory_budget_bytes: MemoryBudget = None,
     compaction_min_lag_ms: MinLag = None, compaction_max_bytes_per_second: MaxBytesPerSecond = None,
+    compacted_ledger_grace_period_s: GracePeriod = None,
     log_format: LogFormatOption = None, log_level: LogLevelOption = None,
     broker_deduplication_enabled: Deduplication = None, cluster_name: ClusterName = None,
     fsync: Fsync = None,

@@ -42,6 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 from api.wire.limits import WireLimits
 from compactor.engine import EngineName
+from compactor.manifest import GRACE_PERIOD_S_DEFAULT
 from compactor.runner import CompactionConfig
 from cursor.store import MARK_DELETE_RATE_LIMIT
 from ledger.errors import CompactionServiceError
@@ -145,6 +146,9 @@ class Settings:
     compaction_max_bytes_per_second: int = _setting(
         0, "Broker default of the compactionMaxBytesPerSecond policy: each compaction run's reads "
         "and writes are throttled to this; 0 is unlimited.", minimum=0)
+    compacted_ledger_grace_period_s: float = _setting(
+        GRACE_PERIOD_S_DEFAULT, "Seconds a replaced compacted ledger is kept after a new view is published "
+        "(a Spark scan or task retry reading the old view keeps its input); 0 deletes it at once.", minimum=0)
     broker_deduplication_enabled: bool = _setting(
         False, "De-duplicate producers' re-sends on every topic (namespace and topic policy "
         "deduplicationEnabled win over it).")

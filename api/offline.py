@@ -6,7 +6,8 @@ triggered run, in this order:
 1. refuse a path that holds no compactd data dir (nothing is created there);
 2. open the data dir, taking its lock first: a running broker holds it, and the run is
    refused (``DataDirLockedError``) before anything is touched;
-3. collect the orphan ledgers a crashed run left behind, as ``compactd serve`` does at start;
+3. collect the orphan ledgers a crashed run left behind, and delete the replaced compacted
+   ledgers whose grace period is over, as ``compactd serve`` does at start;
 4. refuse a topic the metadata does not know (``TopicNotFoundError``): opening a managed
    ledger would create it;
 5. load the topic: its managed ledger (the broker's ledger settings) and
@@ -113,7 +114,8 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
                         return int(value)
                 return default
 
-            job = RunJob(CompactedTopic.restore(ledger, cursors, create_cursor=True),
+            job = RunJob(CompactedTopic.restore(ledger, cursors, create_cursor=True,
+                                                grace_period_s=settings.compacted_ledger_grace_period_s),
                          policy(DELETE_RETENTION_POLICY, 0), progress,
                          min_compaction_lag_ms=policy("minCompactionLagMs", settings.compaction_min_lag_ms),
                          max_bytes_per_second=policy("compactionMaxBytesPerSecond",

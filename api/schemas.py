@@ -131,9 +131,12 @@ class CursorInternalStats(_Open):
 
 
 class CompactedLedgerInfo(_Open):
-    ledgerId: int = Field(description="The compacted ledger; -1 when there is none.")
-    entries: int = Field(description="Its entries; -1 when there is none.")
-    size: int = Field(description="Its bytes; -1 when there is none.")
+    """Pulsar's compacted ``LedgerInfo``; with a view, compactd adds ``ledgers``: each of its
+    ledgers (``ledgerId``, ``entries``, ``size``) in stream order."""
+
+    ledgerId: int = Field(description="The compacted ledger (a view of several: the first); -1 when there is none.")
+    entries: int = Field(description="Its entries (a view of several ledgers: all of them); -1 when there is none.")
+    size: int = Field(description="Its bytes (a view of several ledgers: all of them); -1 when there is none.")
 
 
 class InternalStats(_Open):

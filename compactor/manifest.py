@@ -20,8 +20,9 @@ which replaced compacted ledgers wait for their grace period to end.
   ``collect_orphans`` keeps) counts every manifest ledger and the garbage not yet due. The
   rows are not the topic's: a deleted topic's garbage is still swept on time.
 
-The one write outside the publish transaction is the named transaction
-``compaction.garbage_sweep`` (fault points: ``ledger.database``).
+Fault points (``ledger.database``): the checkpoint ``compaction.manifest.write`` inside the
+publish (or drop) transaction, and the one write outside it, the named transaction
+``compaction.garbage_sweep``.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from ledger.database import Database, TopicTable
 from ledger.errors import LedgerNotFoundError
 from ledger.storage.base import LedgerStore
 
-__all__ = ["COMPONENT", "MIGRATIONS", "CompactedManifests"]
+__all__ = ["COMPONENT", "GRACE_PERIOD_S_DEFAULT", "MIGRATIONS", "CompactedManifests"]
 
 log = logging.getLogger(__name__)
 
+# The broker's default grace period of replaced compacted ledgers (``compacted_ledger_grace_period_s``).
+GRACE_PERIOD_S_DEFAULT = 60.0
 COMPONENT = "compacted_manifest"
 MIGRATIONS: tuple[str, ...] = (
     # 1: each topic's compacted ledgers in stream order; replaced ones awaiting deletion.
@@ -70,11 +73,12 @@ class CompactedManifests:
 
     # -- inside the publish transaction ---------------------------------------------------
 
-    @staticmethod
-    def write(db: sqlite3.Connection, topic: str, ledger_ids: Sequence[int] | None,
+    def write(self, db: sqlite3.Connection, topic: str, ledger_ids: Sequence[int] | None,
               garbage: Iterable[int] = (), delete_after_ms: int = 0) -> None:
         """Inside the caller's transaction ``db``: make ``ledger_ids`` (None: no view) the
-        manifest of ``topic`` and record ``garbage`` as deletable after ``delete_after_ms``."""
+        manifest of ``topic`` and record ``garbage`` as deletable after ``delete_after_ms``.
+        Checkpoint ``compaction.manifest.write`` (before the rows; raising rolls it back)."""
+        self.database.checkpoint("compaction.manifest.write", topic=topic, ledger_ids=ledger_ids)
         db.execute("DELETE FROM compacted_manifest WHERE topic = ?", (topic,))
         if ledger_ids is not None:
             db.executemany("INSERT INTO compacted_manifest (topic, seq, ledger_id) VALUES (?, ?, ?)",

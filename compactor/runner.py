@@ -26,11 +26,14 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
    original message id and, for batches, the surviving-slot mask. If every key was
    deleted, the new ledger is empty and is published all the same.
-5. Publish (``CompactedTopic.publish``): seal the new ledger(s) → **one transaction**
-   persisting the cursor's mark-delete = stop marker with the view's ledgers (the
-   manifest, ``compactor.manifest``) → swap the in-memory view; the previous view's
-   ledgers are deleted after a grace period. A run whose cursor was deleted, or whose
-   previous view was replaced, meanwhile fails here.
+5. Publish (``_publish``, ``CompactedTopic.publish``): seal the new ledger (the local
+   engine writes one; a run may hand over several, in stream order, read as one view:
+   ``compactor.view``) → **one transaction** persisting the cursor's mark-delete = stop
+   marker with ``CompactedTopicLedger`` = the first new ledger, the manifest = every new
+   ledger, and the previous view's ledgers as garbage (``compactor.manifest``) → swap the
+   in-memory view → the previous ledgers are deleted after the grace period (at once
+   without one). A run whose cursor was deleted, or whose previous view was replaced,
+   meanwhile fails here.
 
 Every read batch and every append of a run is charged to the run's I/O throttle
 (``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
@@ -41,10 +44,11 @@ topic's ``CompactionRecord``. Who may run when (one run per topic, the slots, th
 the persisted status) is ``compactor.runs``'s; calling ``compact`` directly (tests,
 benchmarks) skips it.
 
-Any failure (an ``Exception``) before the transaction deletes the new ledger(s) and leaves
-the previous view serving. A crash (the process dying, ``SimulatedCrash`` in tests) leaves at
-worst an unreferenced ledger, which ``collect_orphans`` removes at the next start: the
-persisted state always names a complete, sealed compacted ledger or none.
+Any failure (an ``Exception``) before the transaction deletes the new ledgers and leaves the
+previous view serving. A crash (the process dying, ``SimulatedCrash`` in tests) leaves at
+worst unreferenced ledgers, which ``collect_orphans`` removes at the next start (with the
+replaced ledgers whose grace period is over): the persisted state always names complete,
+sealed compacted ledgers or none.
 """
 
 from __future__ import annotations
@@ -411,14 +415,16 @@ class Compactor:
     ) -> CompactedView:
         """Publish the sealed ``ledger_ids`` (in stream order: their entries concatenated are
         the compacted stream) as the view up to ``stop``, and return it. On any failure
-        (``Exception``) every one of ``ledger_ids`` is deleted and the previous view keeps
-        serving; the previous view's ledgers become garbage (``CompactedTopic.publish``)."""
+        (``Exception``) every one of ``ledger_ids`` the previous view does not hold is deleted
+        and the previous view keeps serving; once published, the previous view's ledgers the
+        new one does not hold become garbage (``CompactedTopic.publish``)."""
         store = topic.ledger.store
         try:
             view = CompactedView(store, ledger_ids, stop)
             topic.publish(cursor, view, previous)  # the one transaction
         except Exception:
-            for ledger_id in ledger_ids:
+            held = set(previous.ledger_ids) if previous is not None else set()
+            for ledger_id in (i for i in ledger_ids if i not in held):
                 try:
                     store.delete(ledger_id)
                 except Exception as error:  # noqa: BLE001 - an orphan now: collected at the next start

@@ -23,11 +23,12 @@ deleted, or another run published, while it ran makes it fail (deleting its ledg
 instead of bringing the subscription back. Whether a run is in flight is not this
 module's business: ``compactor.runs`` owns that.
 
-**Replaced ledgers.** The ledgers of the view a publish replaces, or ``drop_view`` drops,
-are recorded as garbage in the same transaction, deletable ``grace_period_s`` later
-(``compactor.manifest``: a Spark scan or task retry reading them keeps its input until
-the sweep); with a grace period of 0 they are deleted right after the transaction, as
-before. ``delete`` (the topic goes) deletes them at once.
+**Replaced ledgers.** The ledgers of the view a publish replaces are recorded as garbage
+in the same transaction, deletable ``grace_period_s`` later (``compactor.manifest``: a
+Spark scan or task retry reading them keeps its input until the sweep); with a grace
+period of 0 they are deleted right after the transaction, as before. ``drop_view`` (the
+``__compaction`` subscription deleted) and ``delete`` (the topic) delete the view's
+ledgers at once, as Pulsar.
 
 What a read-compacted subscription gets from the view (the first-read rule, its read
 position and index in the view, the surviving-slot masks, ``get_last_message_id``) is
@@ -152,7 +153,7 @@ class CompactedTopic:
                 raise CompactorError(f"{self.name}: the __compaction subscription was deleted during the run")
             if previous is not self._view or self._missing_ledger_id is not None:
                 raise CompactorError(f"{self.name}: the compacted view changed during the run")
-            replaced = () if previous is None else previous.ledger_ids
+            replaced = () if previous is None else tuple(i for i in previous.ledger_ids if i not in view.ledger_ids)
             also = functools.partial(self.manifests.write, topic=self.name, ledger_ids=view.ledger_ids,
                                      garbage=replaced, delete_after_ms=self._delete_after_ms(now_ms))
             cursor.mark_delete(view.horizon, {**cursor.properties, COMPACTED_TOPIC_LEDGER: view.ledger_id},
@@ -161,29 +162,27 @@ class CompactedTopic:
         self._delete_at_once(replaced, now_ms, self.grace_period_s)
 
     def drop_view(self) -> None:
-        """Delete the ``__compaction`` subscription: its cursor and the manifest, recording
-        the view's ledgers as garbage in the same transaction, then the view; with no grace
-        period, delete the ledgers now.
+        """Delete the ``__compaction`` subscription: its cursor and the manifest in one
+        transaction (which records the view's ledgers as garbage due now), then the view,
+        then its ledgers, at once: dropping the view is an explicit delete, not a
+        replacement, so no grace period applies (a crash before the ledgers are deleted
+        leaves due garbage, deleted at the next start).
 
         A run in flight will not publish afterwards (see ``publish``).
         """
-        self._drop_view(self.grace_period_s)
-
-    def _drop_view(self, grace_period_s: float) -> None:
         now_ms = self._now_ms()
         with self._publish_lock:
             ledger_ids = self._view.ledger_ids if self._view is not None else self._broken_ledger_ids
             if self._cursor is not None:
                 self._cursor.delete_durable(also=functools.partial(
                     self.manifests.write, topic=self.name, ledger_ids=None, garbage=ledger_ids,
-                    delete_after_ms=now_ms + int(grace_period_s * 1000)))
+                    delete_after_ms=now_ms))
             self._cursor, self._view, self._missing_ledger_id, self._broken_ledger_ids = None, None, None, ()
-        self._delete_at_once(ledger_ids, now_ms, grace_period_s)
+        self._delete_at_once(ledger_ids, now_ms, 0.0)
 
     def delete(self) -> None:
-        """Delete the topic: its compacted view and ledgers (at once: no grace period), then
-        its managed ledger."""
-        self._drop_view(0.0)
+        """Delete the topic: its compacted view and ledgers, then its managed ledger."""
+        self.drop_view()
         self.ledger.delete()
 
     def _delete_after_ms(self, now_ms: int) -> int:

@@ -211,9 +211,12 @@ class Admin:
                 "properties": {_shown(key): value for key, value in cursor.properties.items()},
             }
         view = topic.compacted.view
-        compacted = {"ledgerId": -1, "entries": -1, "size": -1, "offloaded": False, "underReplicated": False}
+        compacted: dict[str, Any] = {"ledgerId": -1, "entries": -1, "size": -1, "offloaded": False,
+                                     "underReplicated": False}
         if view is not None:
-            compacted.update(ledgerId=view.ledger_id, entries=view.entries, size=view.size)
+            compacted.update(ledgerId=view.ledger_id, entries=view.entries, size=view.size, ledgers=[
+                {"ledgerId": ledger_id, "entries": entries, "size": size}
+                for (ledger_id, entries), size in zip(view.segments, view.sizes, strict=True)])
         return {
             "entriesAddedCounter": ledger.entries_added_counter,
             "numberOfEntries": ledger.number_of_entries,

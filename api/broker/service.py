@@ -14,7 +14,7 @@ trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compa
 awaited) all go through; the core only builds each run's ``RunJob`` (the topic and its
 ``deleteRetentionMs``, ``minCompactionLagMs`` and ``compactionMaxBytesPerSecond``: topic
 policy, else namespace policy, else the broker default). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
-compaction scheduler); ``stop`` ends it, cancels queued runs and waits for the running
+compaction scheduler, the sweep of replaced compacted ledgers past their grace period); ``stop`` ends it, cancels queued runs and waits for the running
 ones, then seals every topic's current ledger, which makes (or fails) every pending append
 before it returns, and writes every queued cursor state (``cursor.store``: a clean stop
 loses no acknowledgement).
@@ -41,7 +41,7 @@ from api.broker.topic_name import TopicName
 from api.config import Settings
 from compactor.errors import CompactionInProgressError
 from compactor.record import RunFigures
-from compactor.runner import CompactionConfig, Compactor
+from compactor.runner import CompactionConfig, Compactor, sweep_compacted_garbage
 from compactor.runs import CompactionRuns, RunJob
 from compactor.scheduler import (
     CompactionPolicy,
@@ -56,12 +56,14 @@ from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
 
-__all__ = ["TRIM_INTERVAL_S", "BrokerService", "compaction_config", "ledger_config"]
+__all__ = ["GARBAGE_SWEEP_INTERVAL_S", "TRIM_INTERVAL_S", "BrokerService", "compaction_config", "ledger_config"]
 
 log = logging.getLogger(__name__)
 
 # How often consumed ledgers are trimmed (Pulsar's retentionCheckIntervalInSeconds: 120).
 TRIM_INTERVAL_S = 120.0
+# How often replaced compacted ledgers past their grace period are deleted.
+GARBAGE_SWEEP_INTERVAL_S = 15.0
 
 
 def compaction_config(settings: Settings) -> CompactionConfig:
@@ -108,6 +110,7 @@ class BrokerService:
                                       f"{data_dir.metadata.next_counter('broker_instance_id')}-")
         self._producer_names = itertools.count()
         self._trim_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         # Tenants and namespaces (``api.broker.tenants``), partitioned parents (``partitions``).
@@ -124,13 +127,14 @@ class BrokerService:
         """Start the periodic work on the running loop: trimming and the compaction scheduler."""
         self.loop = asyncio.get_running_loop()
         self._trim_task = asyncio.create_task(self._trim_periodically())
+        self._sweep_task = asyncio.create_task(self._sweep_periodically())
         interval_s = self.settings.compaction_monitor_interval_seconds
         if interval_s > 0:
             self._scheduler_task = asyncio.create_task(self._schedule_periodically(interval_s))
 
     def stop_tasks(self) -> None:
         """Cancel the periodic work (the runs in flight go on; ``stop`` waits for them)."""
-        for task in (self._trim_task, self._scheduler_task):
+        for task in (self._trim_task, self._scheduler_task, self._sweep_task):
             if task is not None:
                 task.cancel()
 
@@ -162,6 +166,17 @@ class BrokerService:
                 except Exception as error:  # noqa: BLE001 - the next interval tries again
                     log.warning("trimming %s: %s", topic.name, error)
 
+    async def _sweep_periodically(self) -> None:
+        """Delete the replaced compacted ledgers whose grace period is over
+        (``compactor.manifest``), each interval, on a worker thread (the start's sweep is
+        ``collect_orphans``'s)."""
+        while True:
+            await asyncio.sleep(GARBAGE_SWEEP_INTERVAL_S)
+            try:
+                await asyncio.to_thread(sweep_compacted_garbage, self.data_dir)
+            except Exception as error:  # noqa: BLE001 - the next interval tries again
+                log.warning("deleting replaced compacted ledgers: %s", error)
+
     # -- topics -------------------------------------------------------------------------
 
     def topic_name(self, text: str) -> TopicName:
@@ -185,7 +200,8 @@ class BrokerService:
         ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config,
                                     roll_over_in_background=True)
         topic = Topic(name, ledger, self.loop or asyncio.get_running_loop(),
-                      deduplication=self.deduplication_enabled(name), cursors=self.cursors)
+                      deduplication=self.deduplication_enabled(name), cursors=self.cursors,
+                      compacted_grace_period_s=self.settings.compacted_ledger_grace_period_s)
         self.topics[key] = topic
         return topic
 

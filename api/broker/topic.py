@@ -51,11 +51,13 @@ class Topic:
     """One loaded topic; all methods run on the broker's event loop."""
 
     def __init__(self, name: TopicName, ledger: ManagedLedger, loop: asyncio.AbstractEventLoop,
-                 *, cursors: CursorStore, deduplication: bool = False) -> None:
+                 *, cursors: CursorStore, deduplication: bool = False,
+                 compacted_grace_period_s: float = 0.0) -> None:
         self.name = name
         self.ledger = ledger
         self.cursors = cursors  # where the topic's durable cursors persist
-        self.compacted = CompactedTopic.restore(ledger, cursors, create_cursor=True)
+        self.compacted = CompactedTopic.restore(ledger, cursors, create_cursor=True,
+                                                grace_period_s=compacted_grace_period_s)
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}  # producer name -> its owner (a wire producer)
         self.access = TopicAccess()  # producer access modes (api.broker.access_mode)

@@ -20,7 +20,8 @@ co-partitioned with it (never through the driver). A task rewrites its group alo
   (``ledger.storage.sealed_writer``: temporary file, fsync, atomic rename). A retried or
   speculative attempt writes the same bytes again (the plan fixes ``created_at_ms``), so
   whichever attempt's file stays, it is the same ledger. It returns the group's *report*:
-  one small row (``REPORT_SCHEMA_DDL``).
+  one small row (``REPORT_SCHEMA_DDL``). The group's retained positions take 8 bytes each
+  there (``PackedSlots``), so a task's memory is about 8 bytes per live key of its group.
 
 Test fault point (never set outside tests): the environment variable ``FAULT_ENV``, read
 by the task alone, set to ``"<group>:<attempts>:<point>"`` makes the first ``<attempts>``
@@ -43,11 +44,16 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from compactor.algorithm import CompactedEntry, is_young, kept_entry
 from compactor.engine import LedgerRange
+from compactor.keymap import KeyMapLimitError, PositionPacker
 from compactor.scan import scan_entry
 from compactor.view import encode_compacted_entry
 from ledger.managed_ledger import Entry
+from ledger.position import Position
 from ledger.storage.sealed_writer import write_sealed_ledger
 
 __all__ = [
@@ -58,6 +64,7 @@ __all__ = [
     "REPORT_SCHEMA_DDL",
     "GroupReport",
     "GroupSpec",
+    "PackedSlots",
     "RewriteJob",
     "group_phase_two",
     "rewrite_group",
@@ -154,6 +161,37 @@ def group_phase_two(
             yield kept_entry(entry, scan, keep)
 
 
+class PackedSlots(Collection[Slot]):
+    """A group's retained positions, 8 bytes each: packed (``compactor.keymap.PositionPacker``,
+    order-preserving) into one sorted ``uint64`` array, looked up by bisection."""
+
+    def __init__(self, ledger_ids: npt.NDArray[np.int64], entry_ids: npt.NDArray[np.int64],
+                 batch_indexes: npt.NDArray[np.int64]) -> None:
+        self._packer = PositionPacker()
+        packed = self._packer.pack_many(ledger_ids.astype(np.uint64), entry_ids.astype(np.uint64), batch_indexes)
+        self._sorted = np.sort(packed)
+
+    def __contains__(self, slot: object) -> bool:
+        if not isinstance(slot, tuple) or len(slot) != 3:
+            return False
+        try:
+            packed = self._packer.pack_known(Position(*slot))
+        except KeyMapLimitError:  # no retained position is out of the packer's range
+            return False
+        if packed is None:  # a ledger no retained position lies in
+            return False
+        index = int(np.searchsorted(self._sorted, np.uint64(packed)))
+        return index < len(self._sorted) and int(self._sorted[index]) == packed
+
+    def __iter__(self) -> Iterator[Slot]:
+        for packed in self._sorted.tolist():
+            position = self._packer.unpack(int(packed))
+            yield position.ledger_id, position.entry_id, position.batch_index
+
+    def __len__(self) -> int:
+        return len(self._sorted)
+
+
 @dataclass(frozen=True, slots=True)
 class RewriteJob:
     """What every group's task shares: where the ledgers are and how the run decides."""
@@ -169,20 +207,22 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
     """Rewrite the group ``spec`` given its decision rows (a ``pyarrow.Table`` with the
     columns ``kind``, ``ledger_id``, ``entry_id``, ``batch_index`` and the ``FIGURES``):
     write its sealed compacted ledger and report (see the module docstring)."""
+    import pyarrow.compute as pc
+
     from compactor.spark.rows import open_store, read_range  # PyArrow, on the executor only
 
-    columns = decisions.to_pydict()
-    kinds = columns["kind"]
-    rows = zip(kinds, columns["ledger_id"], columns["entry_id"], columns["batch_index"], strict=True)
-    retained: set[Slot] = set()
-    dropped: set[At] = set()
-    for kind, ledger_id, entry_id, batch_index in rows:
-        if kind == DECISION_RETAINED:
-            retained.add((ledger_id, entry_id, batch_index))
-        elif kind == DECISION_DROPPED_CHUNK:
-            dropped.add((ledger_id, entry_id))
-    figures = [sum(value or 0 for kind, value in zip(kinds, columns[name], strict=True) if kind == DECISION_FIGURES)
-               for name in FIGURES]
+    def rows(kind: int) -> Any:
+        return decisions.filter(pc.equal(decisions.column("kind"), kind))
+
+    def column(table: Any, name: str) -> npt.NDArray[np.int64]:
+        return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    kept = rows(DECISION_RETAINED)
+    retained = PackedSlots(column(kept, "ledger_id"), column(kept, "entry_id"), column(kept, "batch_index"))
+    chunks = rows(DECISION_DROPPED_CHUNK)
+    dropped = set(zip(column(chunks, "ledger_id").tolist(), column(chunks, "entry_id").tolist(), strict=True))
+    figures_rows = rows(DECISION_FIGURES)
+    figures = [int(pc.sum(figures_rows.column(name)).as_py() or 0) for name in FIGURES]
     store = open_store(job.ledgers_root)
     try:
         stream = (Entry(kept.position, kept.data) for piece in spec.pieces for kept in read_range(store, piece))

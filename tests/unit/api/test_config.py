@@ -36,6 +36,7 @@ NOT_YET_IN_INTERFACES = {
     "schema_compatibility_strategy",
     "advertised_address",  # issue 16
     "max_num_partitions_per_partitioned_topic",
+    "compacted_ledger_grace_period_s",  # issue 13
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -60,6 +61,7 @@ DOCUMENTED_DEFAULTS = {
     "schema_compatibility_strategy": "FULL",
     "advertised_address": None,  # issue 16
     "max_num_partitions_per_partitioned_topic": 1024,
+    "compacted_ledger_grace_period_s": 60.0,  # issue 13
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -90,6 +92,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "http_max_request_body_bytes": ("4096", "4096", 4096),
     "compaction_min_lag_ms": ("60000", "60000", 60000),
     "compaction_max_bytes_per_second": ("1048576", "1048576", 1048576),
+    "compacted_ledger_grace_period_s": ("0.5", "0.5", 0.5),
     "log_format": ("json", '"json"', "json"),
     "log_level": ("debug", '"debug"', "debug"),
     "max_num_partitions_per_partitioned_topic": ("16", "16", 16),

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compactor.algorithm import PhaseOneResult, phase_one, phase_two
 from compactor.keymap import key_hash
 from compactor.scan import scan_entry
-from compactor.spark.rewrite import At, Slot, group_phase_two
+from compactor.spark.rewrite import At, PackedSlots, Slot, group_phase_two
 from ledger.managed_ledger import Entry
 from tests.strategies import entries_of, streams
 
@@ -49,6 +50,18 @@ def _in_group(entries: list[Entry], slots: set[Slot], ats: set[At]) -> tuple[set
     return {slot for slot in slots if slot[:2] in mine}, ats & mine
 
 
+def _packed(slots: set[Slot]) -> PackedSlots:
+    ordered = sorted(slots)
+    return PackedSlots(*(np.array([slot[field] for slot in ordered], dtype=np.int64) for field in range(3)))
+
+
+def test_packed_slots_hold_exactly_their_positions() -> None:
+    packed = _packed({(7, 0, -1), (7, 3, 2), (2**40, 1, 0)})
+    assert (7, 3, 2) in packed and (2**40, 1, 0) in packed and (7, 0, -1) in packed
+    assert (7, 3, 1) not in packed and (8, 0, -1) not in packed and (7, 2**31, 0) not in packed
+    assert "x" not in packed
+
+
 @PROPERTY
 @given(stream=streams(max_size=40), cuts=st.lists(st.integers(0, 40), max_size=4), retain_null_key=st.booleans(),
        cutoff=CUTOFFS)
@@ -65,6 +78,8 @@ def test_groups_rewritten_apart_give_the_local_phase_two_byte_for_byte(
     for first, last in itertools.pairwise(bounds):
         group = entries[first:last]
         slots, ats = _in_group(group, retained, dropped)
-        rewritten.extend(group_phase_two(iter(group), slots, ats, retain_null_key=retain_null_key,
+        packed = _packed(slots)  # as the task holds them: 8 bytes a position
+        assert set(packed) == slots and len(packed) == len(slots)
+        rewritten.extend(group_phase_two(iter(group), packed, ats, retain_null_key=retain_null_key,
                                          keep_tombstones_since_ms=cutoff))
     assert rewritten == expected
