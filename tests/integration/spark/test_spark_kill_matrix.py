@@ -386,7 +386,8 @@ def _assert_previous_view_serves_until_restart(topic_dir: TopicDir, prepared: Pr
 
 COMMIT_POINTS = [
     pytest.param("cursor.save.before", False, id="before-the-transaction"),
-    pytest.param("cursor.save.between_position_and_properties", False, id="inside-the-transaction"),
+    pytest.param("cursor.save.between_position_and_properties", False, id="inside-before-the-properties"),
+    pytest.param("compaction.manifest.write", False, id="inside-before-the-manifest"),
     pytest.param("cursor.save.after", True, id="after-the-commit"),
 ]
 
