@@ -31,7 +31,8 @@ in parallel into new files, commit once.
    successful attempt per partition; a duplicate or a missing report fails the run). The
    result lists the non-empty groups' ledgers in stream order (one empty ledger when every
    group is empty); the unused reserved ledgers are deleted, and on any failure all of
-   them, so the previous view keeps serving.
+   them, so the previous view keeps serving — once the failed job's cancelled tasks have
+   stopped (``_settled_on_failure``), so that none writes its ledger after the delete.
 
 Sessions: one ``SparkSession`` per ``SparkEngine``, created on first use with ``master``
 (``local[*]``, ``spark://host:port``); Spark reuses a session already running in the
@@ -44,13 +45,14 @@ Errors from PySpark and py4j leave as ``SparkEngineError``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -96,6 +98,10 @@ GROUP_ENTRIES_MAX = 1_000_000
 # Partitions of phase one's aggregated rows: one per piece, at most Spark's shuffle
 # partitions (``spark.sql.shuffle.partitions``, this when unset).
 AGGREGATE_PARTITIONS_MAX = 200
+# How long a failed run waits for its job's cancelled tasks to stop before it deletes the
+# reserved ledgers: a task still running could write its ledger after the delete. PySpark
+# kills a cancelled task's Python worker after ``spark.python.task.killTimeout`` (2 s).
+SETTLE_TIMEOUT_S = 60.0
 APP_NAME = "compactd"
 
 
@@ -247,7 +253,8 @@ class SparkEngine:
         specs = [GroupSpec(index, group, ledger_id) for index, (group, ledger_id) in enumerate(zip(groups, ids, strict=True))]
         try:
             try:
-                reports = self._rewrite(request, specs)
+                with _settled_on_failure(self.session(), f"{APP_NAME}-rewrite-{ids[0]}"):
+                    reports = self._rewrite(request, specs)
             except SparkEngineError:
                 raise
             except Exception as error:
@@ -401,6 +408,42 @@ def _delete(ledgers: OutputLedgers, ids: Sequence[int]) -> None:
             ledgers.delete(ledger_id)
         except Exception as error:  # noqa: BLE001 - an orphan now
             log.warning("could not delete unpublished compacted ledger %d: %s", ledger_id, error)
+
+
+@contextlib.contextmanager
+def _settled_on_failure(spark: Any, job_group: str, timeout_s: float = SETTLE_TIMEOUT_S) -> Iterator[None]:
+    """Run the block's Spark jobs in ``job_group``; if it fails, cancel them and wait
+    (bounded) until none of their tasks runs, so that the caller's delete of the reserved
+    ledgers comes after every write of the run. A failed stage aborts its job at once while
+    the stage's other tasks still run: one may rename its ledger into place afterwards."""
+    context = spark.sparkContext
+    context.setJobGroup(job_group, "compactd: compaction rewrite")
+    try:
+        yield
+    except BaseException:
+        _wait_for_tasks(context, job_group, timeout_s)
+        raise
+    finally:
+        context._jsc.clearJobGroup()  # PySpark has no clearJobGroup of its own
+
+
+def _wait_for_tasks(context: Any, job_group: str, timeout_s: float) -> None:
+    try:
+        context.cancelJobGroup(job_group)
+        tracker = context.statusTracker()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            jobs = [tracker.getJobInfo(job_id) for job_id in tracker.getJobIdsForGroup(job_group)]
+            stages = [tracker.getStageInfo(stage_id) for job in jobs if job is not None for stage_id in job.stageIds]
+            if not any(stage is not None and stage.numActiveTasks > 0 for stage in stages):
+                return
+            if time.monotonic() >= deadline:
+                log.warning("spark rewrite: tasks of %s still run after %.0f s; a ledger they write is an orphan "
+                            "until the next start", job_group, timeout_s)
+                return
+            time.sleep(0.05)
+    except Exception as error:  # noqa: BLE001 - the session is gone: its tasks with it
+        log.warning("spark rewrite: could not wait for the tasks of %s: %s", job_group, error)
 
 
 def _start_session(master: str, config: dict[str, str]) -> Any:

@@ -23,11 +23,23 @@ co-partitioned with it (never through the driver). A task rewrites its group alo
   one small row (``REPORT_SCHEMA_DDL``). The group's retained positions take 8 bytes each
   there (``PackedSlots``), so a task's memory is about 8 bytes per live key of its group.
 
-No PySpark here; PyArrow only in ``rewrite_group``'s input and output.
+Test fault point (never set outside tests): the environment variable ``FAULT_ENV``, read
+by the task alone, set to ``"<group>:<attempts>:<point>"`` makes the first ``<attempts>``
+attempts of group ``<group>``'s task kill their own Python worker with SIGKILL (a
+``kill -9`` of the worker the real job cannot be made to suffer on demand) at ``<point>``:
+``writing`` (its temporary file is open, the ledger not yet renamed) or ``written`` (the
+ledger is renamed, the report not yet returned); ``hang`` stops the task while writing for
+``FAULT_HANG_S`` seconds instead (a test kills the driver meanwhile).
+
+No PySpark here (but for the attempt number, read only when the fault point is set);
+PyArrow only in ``rewrite_group``'s input and output.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +60,7 @@ __all__ = [
     "DECISION_DROPPED_CHUNK",
     "DECISION_FIGURES",
     "DECISION_RETAINED",
+    "FAULT_ENV",
     "REPORT_SCHEMA_DDL",
     "GroupReport",
     "GroupSpec",
@@ -66,6 +79,8 @@ At = tuple[int, int]
 DECISION_RETAINED = 0  # the position is some key's latest
 DECISION_DROPPED_CHUNK = 1  # the chunk at the entry is dropped with its chunked message
 DECISION_FIGURES = 2  # one piece's phase-one figures (every piece has one: no group is without rows)
+FAULT_ENV = "COMPACTD_TEST_REWRITE_FAULT"  # the test fault point (module docstring)
+FAULT_HANG_S = 120.0
 FIGURES = ("entries", "messages", "entry_bytes", "markers", "opaque_entries")
 REPORT_SCHEMA_DDL = (
     "grp int, ledger_id bigint, entries_written bigint, bytes_written bigint, messages_kept bigint, "
@@ -213,11 +228,12 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
         stream = (Entry(kept.position, kept.data) for piece in spec.pieces for kept in read_range(store, piece))
         survivors = group_phase_two(stream, retained, dropped, retain_null_key=job.retain_null_key,
                                     keep_tombstones_since_ms=job.keep_tombstones_since_ms)
-        counted = _Counted(survivors)
+        counted = _Counted(survivors, spec.index)
         written = write_sealed_ledger(job.ledgers_root, spec.ledger_id, job.metadata, counted.encoded(),
                                       created_at_ms=job.created_at_ms)
     finally:
         store.shutdown()
+    _fault_point(spec.index, "written")
     return GroupReport(spec.index, spec.ledger_id, written.entries, written.size_bytes, counted.messages,
                        len(retained), *figures)
 
@@ -225,11 +241,35 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
 class _Counted:
     """The survivors, encoded as compacted-ledger entries, counting their messages."""
 
-    def __init__(self, survivors: Iterator[CompactedEntry]) -> None:
+    def __init__(self, survivors: Iterator[CompactedEntry], group: int) -> None:
         self.survivors = survivors
+        self.group = group
         self.messages = 0
 
     def encoded(self) -> Iterator[bytes]:
+        _fault_point(self.group, "writing")  # first pulled with the temporary file open
         for survivor in self.survivors:
             self.messages += survivor.messages
             yield encode_compacted_entry(survivor)
+
+
+def _fault_point(group: int, point: str) -> None:
+    """The test fault point of the module docstring; nothing unless ``FAULT_ENV`` is set."""
+    setting = os.environ.get(FAULT_ENV)
+    if not setting:
+        return
+    fault_group, attempts, fault = setting.split(":")
+    if int(fault_group) != group or _attempt() >= int(attempts):
+        return
+    if fault == "hang" and point == "writing":
+        time.sleep(FAULT_HANG_S)
+    elif fault == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _attempt() -> int:
+    """This task's attempt number (0 outside Spark)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else int(context.attemptNumber())
