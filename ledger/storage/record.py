@@ -36,6 +36,7 @@ import functools
 import json
 import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import crc32c
@@ -63,6 +64,9 @@ _SEAL_RECORD_BYTES = HEADER.size + _SEAL.size
 # Pulsar's default maxMessageSize is 5 MiB; a length above this bound can only be a corrupt
 # header, and refusing it keeps a damaged length field from making the scan allocate gigabytes.
 RECORD_BYTES_MAX = 64 * 1024 * 1024
+# How often ``scan`` tells its caller which bytes it is done with: a mapped file's pages are
+# released behind the scan, so scanning a ledger of any size adds at most this much to RSS.
+SCAN_RELEASE_BYTES = 8 * 1024 * 1024
 
 
 class RecordKind(enum.IntEnum):
@@ -149,11 +153,13 @@ class ScanResult:
         return self.file_size > self.intact_end
 
 
-def scan(data: bytes | memoryview, path: str = "?") -> ScanResult:
+def scan(data: bytes | memoryview, path: str = "?", *, done_with: Callable[[int], object] | None = None) -> ScanResult:
     """Recover the intact prefix of a ledger file's bytes ``data``; never raises on a tail.
 
     Raises ``CorruptLedgerError`` only when the intact prefix contradicts itself (a SEAL
     record whose counts differ from the entries before it), which no torn write can cause.
+    ``done_with(offset)`` is told, every ``SCAN_RELEASE_BYTES`` or so, that the bytes
+    before ``offset`` will not be looked at again (a mapped file's caller releases them).
     """
     view = memoryview(data)
     result = ScanResult(file_size=len(view))
@@ -167,6 +173,7 @@ def scan(data: bytes | memoryview, path: str = "?") -> ScanResult:
     offset = first[2]
     result.intact_end = offset
     seal_offset = _trailing_seal_offset(view)
+    released = offset
     while True:
         record = _read_record(view, offset)
         if record is None:
@@ -188,6 +195,9 @@ def scan(data: bytes | memoryview, path: str = "?") -> ScanResult:
             break
         offset = end
         result.intact_end = offset
+        if done_with is not None and offset - released >= SCAN_RELEASE_BYTES:
+            done_with(offset)
+            released = offset
     return result
 
 
