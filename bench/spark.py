@@ -13,18 +13,21 @@ for each run.
 Each run is a fresh child process, the *broker*, that opens its copy and times
 ``Compactor.compact`` of the topic with ``CompactionConfig(engine=...)``:
 
-* **local**: the whole run in the process, with the default memory budget;
+* **local**: the whole run with the default memory budget, its rounds in a worker process
+  as the broker runs them (``--local-in-process``: in the broker's process);
 * **local-bounded**: the same with ``--bounded-budget-bytes`` as the budget, so the run
   goes in rounds (``compactor.rounds``);
 * **spark**: the run as Spark jobs on ``--master`` (default ``local[2]``); the session is
   started and warmed by compacting the warm-up topic *before* the timed run, and that start
-  is reported apart (``session_s``): a broker keeps its session for every run.
+  is reported apart (``session_s``): a broker keeps its session for every run. The local
+  engines are warmed alike (their worker process starts).
 
 Figures per engine (median of ``--runs``): wall time of the run and of phase one,
 ``records_per_s`` (messages read / wall time), ``broker_peak_rss_bytes`` (the broker's
 Python process, ``VmHWM``), and ``driver_peak_rss_bytes``: the Spark driver's Python
 process (the broker) plus its JVM (``local[N]`` runs the executors in that JVM too; the
-Python workers are not counted); for the local engines the driver is the broker. The
+Python workers are not counted); for the local engines the driver is the broker, and
+``worker_peak_rss_bytes`` is the worker process's that ran the rounds. The
 engines' compacted views (every entry's position and bytes, in order) are hashed:
 ``identical`` is true when they agree across engines and runs, and the bench exits 1 when
 they do not.
@@ -88,9 +91,13 @@ def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config(spec: dict[str, Any]) -> CompactionConfig:
+    """The engine's configuration; the local engines' rounds run in a worker process, as
+    the broker's do (``--compaction-worker-process``), unless ``--local-in-process``."""
+    workers = 0 if spec["local_in_process"] else 1
     if spec["engine"] == "local-bounded":
-        return CompactionConfig(engine="local", memory_budget_bytes=spec["bounded_budget_bytes"])
-    return CompactionConfig(engine=spec["engine"], spark_master=spec["master"])
+        return CompactionConfig(engine="local", memory_budget_bytes=spec["bounded_budget_bytes"],
+                                worker_processes=workers)
+    return CompactionConfig(engine=spec["engine"], spark_master=spec["master"], worker_processes=workers)
 
 
 def _jvm_pid() -> int:
@@ -107,14 +114,15 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy.NONE)
     cursors = CursorStore(data_dir.database)
     compactor = Compactor(_config(spec))
-    session_s, jvm_pid = 0.0, 0
+    jvm_pid = 0
+    # Warm up as a broker's long-lived compactor is: the first run starts the worker process,
+    # or the JVM, the Python planner and workers and compiles the plans (seconds); later
+    # ones reuse them.
+    started = time.perf_counter()
+    warmup = ManagedLedger.open(WARMUP_TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
+    compactor.compact(CompactedTopic.restore(warmup, cursors))
+    session_s = time.perf_counter() - started
     if spec["engine"] == "spark":
-        # Warm up as a broker's long-lived session is: the first job starts the JVM, the
-        # Python planner and workers and compiles the plans (seconds); later ones reuse them.
-        started = time.perf_counter()
-        warmup = ManagedLedger.open(WARMUP_TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
-        compactor.compact(CompactedTopic.restore(warmup, cursors))
-        session_s = time.perf_counter() - started
         jvm_pid = _jvm_pid()
     ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
     topic = CompactedTopic.restore(ledger, cursors)
@@ -123,6 +131,7 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     wall_s = time.perf_counter() - started
     python_rss = peak_rss_bytes()
     jvm_rss = peak_rss_bytes(jvm_pid) if jvm_pid else 0
+    worker_rss = max((peak_rss_bytes(pid) for pid in compactor.worker_pids()), default=0)
     view = topic.view
     digest = hashlib.sha256()
     if view is not None:
@@ -136,7 +145,8 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
         "wall_s": wall_s, "phase_one_s": figures.phase_one_s, "phase_two_s": figures.phase_two_s,
         "session_s": session_s, "messages_read": figures.messages_read, "entries_read": figures.entries_read,
         "entries_written": figures.entries_written, "removed_events": figures.removed_events,
-        "rounds": figures.rounds, "python_rss": python_rss, "jvm_rss": jvm_rss, "digest": digest.hexdigest(),
+        "rounds": figures.rounds, "python_rss": python_rss, "jvm_rss": jvm_rss, "worker_rss": worker_rss,
+        "digest": digest.hexdigest(),
     }
 
 
@@ -163,7 +173,7 @@ def _summary(runs: list[dict[str, Any]], messages: int) -> dict[str, Any]:
         "session_s": median("session_s"), "rounds": int(median("rounds")), "messages_read": int(median("messages_read")),
         "entries_written": runs[0]["entries_written"], "broker_peak_rss_bytes": python_rss,
         "driver_peak_rss_bytes": python_rss + jvm_rss, "driver_python_peak_rss_bytes": python_rss,
-        "driver_jvm_peak_rss_bytes": jvm_rss, "runs": len(runs),
+        "driver_jvm_peak_rss_bytes": jvm_rss, "worker_peak_rss_bytes": int(median("worker_rss")), "runs": len(runs),
     }
 
 
@@ -176,12 +186,13 @@ def _print_table(args: argparse.Namespace, setup: dict[str, Any], engines: dict[
           f"MiB; median of {args.runs} run(s), each in a fresh process")
     print()
     print(f"  {'engine':<14} {'wall s':>7} {'p1 s':>7} {'p2 s':>7} {'rounds':>6} {'rec/s':>10} "
-          f"{'broker MiB':>10} {'driver MiB':>10} {'JVM MiB':>8} {'session s':>9}")
+          f"{'broker MiB':>10} {'driver MiB':>10} {'JVM MiB':>8} {'worker MiB':>10} {'session s':>9}")
     for name, figures in engines.items():
         print(f"  {name:<14} {figures['wall_s']:>7.2f} {figures['phase_one_s']:>7.2f} {figures['phase_two_s']:>7.2f} "
               f"{figures['rounds']:>6} {figures['records_per_s']:>10,.0f} "
               f"{figures['broker_peak_rss_bytes'] / MIB:>10,.0f} {figures['driver_peak_rss_bytes'] / MIB:>10,.0f} "
-              f"{figures['driver_jvm_peak_rss_bytes'] / MIB:>8,.0f} {figures['session_s']:>9.1f}")
+              f"{figures['driver_jvm_peak_rss_bytes'] / MIB:>8,.0f} {figures['worker_peak_rss_bytes'] / MIB:>10,.0f} "
+              f"{figures['session_s']:>9.1f}")
     print()
     print(f"compacted views identical across engines and runs: {identical}")
 
@@ -197,6 +208,8 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]", help="Spark master URL of the spark engine")
     parser.add_argument("--bounded-budget-bytes", type=int, default=32 * MIB,
                         help="memory budget of the local-bounded engine")
+    parser.add_argument("--local-in-process", action="store_true",
+                        help="run the local engines' rounds in the broker's process, not in a worker process")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of " + ", ".join(ENGINES))
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
@@ -216,6 +229,7 @@ def main() -> None:
         "messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes, "tombstones": args.tombstones,
         "batch_size": args.batch_size, "entries_per_ledger": args.entries_per_ledger, "seed": args.seed,
         "master": args.master, "bounded_budget_bytes": args.bounded_budget_bytes,
+        "local_in_process": args.local_in_process,
     }
     root = tempfile.mkdtemp(prefix="bench-spark-", dir=args.dir)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}

@@ -374,6 +374,11 @@ class Compactor:
         if self._workers is not None:
             self._workers.interrupt()
 
+    def worker_pids(self) -> list[int]:
+        """The process ids of the worker processes running this compactor's rounds
+        (``compactor.worker``; none when rounds run here, or before the first)."""
+        return [] if self._workers is None else self._workers.pids()
+
     def close(self) -> None:
         """Stop the worker processes and the Spark session this compactor started, if any
         (idempotent)."""

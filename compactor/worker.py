@@ -219,6 +219,12 @@ class RoundWorkers:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
+    def pids(self) -> list[int]:
+        """The process ids of the children now running (none before the first round)."""
+        with self._lock:
+            pool = self._pool
+        return [] if pool is None else list(getattr(pool, "_processes", {}))
+
     def interrupt(self) -> None:
         """Kill the children: every round in flight fails, and no new one starts."""
         with self._lock:
