@@ -172,7 +172,9 @@ class CompactionRuns:
 
     async def stop(self) -> None:
         """Cancel the queued runs and wait for the running ones; no run starts after. A
-        running run waiting on its I/O throttle fails at once (``Compactor.interrupt``)."""
+        running run waiting on its I/O throttle, or whose round is in a worker process,
+        fails at once with ``CompactionInterruptedError`` (``Compactor.interrupt``: the
+        worker is killed); the previous view keeps serving."""
         self._handle(Stopped(self._now_ms()))
         self.compactor.interrupt()
         await self.wait_idle()
