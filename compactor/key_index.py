@@ -45,6 +45,7 @@ import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 import numpy as np
@@ -126,13 +127,13 @@ class KeyIndex:
     """The rows of one ledger's index as numpy arrays (one per column, see the module
     docstring), and the entries it covers."""
 
-    columns: dict[str, npt.NDArray[np.generic]]
+    columns: dict[str, npt.NDArray[Any]]
     entries: int
 
     def __len__(self) -> int:
         return len(self.columns["stored"])
 
-    def __getitem__(self, name: str) -> npt.NDArray[np.generic]:
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
         return self.columns[name]
 
 
@@ -189,7 +190,7 @@ def index_path(ledger_file: str) -> str:
     return ledger_file + INDEX_SUFFIX
 
 
-def _checksum(columns: dict[str, npt.NDArray[np.generic]]) -> int:
+def _checksum(columns: dict[str, npt.NDArray[Any]]) -> int:
     value = 0
     for name, _ in _COLUMNS:
         value = crc32c.crc32c(np.ascontiguousarray(columns[name]).tobytes(), value)

@@ -41,8 +41,11 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from compactor.algorithm import CompactedEntry
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
+from compactor.indexed import IndexedRound, IndexUnavailable
+from compactor.key_index import ensure_index
 from compactor.record import LATENCY_BUCKETS_MS, latency_bucket
 from compactor.rounds import capacity_keys, round_phase_one, round_phase_two
 from compactor.throttle import Throttle
@@ -51,7 +54,7 @@ from ledger.managed_ledger import Entry
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 from ledger.storage.file import FileLedgerStore
-from ledger.storage.sealed_writer import write_sealed_ledger
+from ledger.storage.sealed_writer import SealedLedger, write_sealed_ledger
 
 __all__ = ["RoundReport", "RoundRequest", "RoundWorkers", "run_round"]
 
@@ -77,6 +80,8 @@ class RoundRequest:
         memory_budget_bytes: the key map's budget (``compactor.rounds``).
         retain_null_key, keep_tombstones_since_ms: as ``compactor.algorithm``.
         max_bytes_per_second: the run's I/O throttle (0: unlimited).
+        key_index: run the round over the ledgers' key indexes (``compactor.indexed``),
+            building the missing ones, unless its input needs parsing.
     """
 
     ledgers_root: str
@@ -89,6 +94,7 @@ class RoundRequest:
     retain_null_key: bool = False
     keep_tombstones_since_ms: int | None = None
     max_bytes_per_second: int = 0
+    key_index: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,10 @@ def run_round(request: RoundRequest) -> RoundReport:
     store = FileLedgerStore(request.ledgers_root, sync=SyncPolicy.NONE, read_only=True)
     throttle = Throttle(request.max_bytes_per_second)
     try:
+        if request.key_index:
+            report = _indexed_round(store, request, throttle, started)
+            if report is not None:
+                return report
         one = round_phase_one(_stream(store, request, throttle), horizon=request.horizon,
                               capacity_keys=capacity_keys(request.memory_budget_bytes),
                               keep_tombstones_since_ms=request.keep_tombstones_since_ms)
@@ -125,31 +135,72 @@ def run_round(request: RoundRequest) -> RoundReport:
         survivors = round_phase_two(_stream(store, request, throttle, stop), one,
                                     retain_null_key=request.retain_null_key,
                                     keep_tombstones_since_ms=request.keep_tombstones_since_ms)
-        kept = [0]
-        latencies = [0] * (len(LATENCY_BUCKETS_MS) + 1)
-
-        def encoded() -> Iterator[bytes]:
-            """The survivors' bytes; each entry's latency is the time the writer takes to
-            add it (the ledger is durable at its seal, as an in-process round's)."""
-            for survivor in survivors:
-                data = encode_compacted_entry(survivor)
-                throttle.charge(len(data))
-                kept[0] += survivor.messages
-                handed = time.monotonic()
-                yield data
-                latencies[latency_bucket((time.monotonic() - handed) * 1000)] += 1
-
-        metadata = {**dict(request.metadata), "compactedTo": str(stop)}
-        written = write_sealed_ledger(request.ledgers_root, request.ledger_id, metadata, encoded(),
-                                      created_at_ms=int(time.time() * 1000))
+        kept, latencies, written = _write(request, stop, survivors, throttle)
     finally:
         store.shutdown()
     result = one.result
     return RoundReport(
         stop=stop, ledger_id=written.ledger_id, entries_written=written.entries, bytes_written=written.size_bytes,
-        messages_kept=kept[0], keys_kept=one.keys_kept, entries_read=result.entries_read,
+        messages_kept=kept, keys_kept=one.keys_kept, entries_read=result.entries_read,
         messages_read=result.messages_read, bytes_read=result.bytes_read,
         key_map_bytes_max=one.key_map_bytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
+        io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
+    )
+
+
+def _write(
+    request: RoundRequest, stop: Position, survivors: Iterator[CompactedEntry], throttle: Throttle,
+) -> tuple[int, list[int], SealedLedger]:
+    """Write the survivors as the round's sealed ledger; gives the messages kept, the
+    append latency counts and the ledger. Each entry's latency is the time the writer takes
+    to add it (the ledger is durable at its seal, as an in-process round's)."""
+    kept = 0
+    latencies = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+
+    def encoded() -> Iterator[bytes]:
+        nonlocal kept
+        for survivor in survivors:
+            data = encode_compacted_entry(survivor)
+            throttle.charge(len(data))
+            kept += survivor.messages
+            handed = time.monotonic()
+            yield data
+            latencies[latency_bucket((time.monotonic() - handed) * 1000)] += 1
+
+    metadata = {**dict(request.metadata), "compactedTo": str(stop)}
+    written = write_sealed_ledger(request.ledgers_root, request.ledger_id, metadata, encoded(),
+                                  created_at_ms=int(time.time() * 1000))
+    return kept, latencies, written
+
+
+def _indexed_round(
+    store: FileLedgerStore, request: RoundRequest, throttle: Throttle, started: float,
+) -> RoundReport | None:
+    """The round over key indexes (``compactor.indexed``); None when its input needs
+    parsing (the caller runs the parsing round)."""
+    def read(whole: LedgerRange, first: int, last: int) -> list[bytes]:
+        batch = list(store.read(whole.ledger_id, first, last))
+        throttle.charge(sum(len(data) for data in batch))
+        return batch
+
+    indexed = IndexedRound(
+        request.ranges, capacity_keys=capacity_keys(request.memory_budget_bytes),
+        keep_tombstones_since_ms=request.keep_tombstones_since_ms, retain_null_key=request.retain_null_key,
+        load=lambda whole: ensure_index(store, whole.ledger_id, compacted=whole.compacted),
+        read=read)
+    try:
+        indexed.plan()
+    except IndexUnavailable as reason:
+        log.info("round over %d ranges parses its input: %s", len(request.ranges), reason)
+        return None
+    stop = indexed.stop if indexed.filled and indexed.stop is not None else request.stop
+    phase_one_s = time.monotonic() - started
+    kept, latencies, written = _write(request, stop, indexed.survivors(), throttle)
+    return RoundReport(
+        stop=stop, ledger_id=written.ledger_id, entries_written=written.entries, bytes_written=written.size_bytes,
+        messages_kept=kept, keys_kept=indexed.keys_kept, entries_read=indexed.entries_read,
+        messages_read=indexed.messages_read, bytes_read=indexed.bytes_read,
+        key_map_bytes_max=indexed.key_map.nbytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
     )
 
