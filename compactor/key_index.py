@@ -43,7 +43,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,13 +272,17 @@ def _check_shape(path: str, index: KeyIndex) -> None:
         raise CorruptIndexError(f"key index {path}: rows do not cover entries 0..{index.entries - 1} in order")
 
 
-def ensure_index(store: FileLedgerStore, ledger_id: int, *, compacted: bool, write: bool = True) -> KeyIndex:
+def ensure_index(
+    store: FileLedgerStore, ledger_id: int, *, compacted: bool, write: bool = True,
+    charge: Callable[[int], None] = lambda size: None,
+) -> KeyIndex:
     """The index of ledger ``ledger_id`` of ``store`` (a compacted ledger when ``compacted``).
 
     A sealed ledger's index is read from its file; when the file is missing, or corrupt
     (logged), the ledger is parsed and, with ``write``, the index is written for next
     time. An open ledger is parsed up to its last confirmed entry and nothing is written
-    (its index would describe one state of it only).
+    (its index would describe one state of it only). ``charge`` is given the bytes read
+    (the index file's, or each batch of entries parsed), for the caller's I/O throttle.
     """
     info = store.info(ledger_id)
     ledger = IndexedLedger(ledger_id, info.entries, info.size_bytes)
@@ -291,19 +295,21 @@ def ensure_index(store: FileLedgerStore, ledger_id: int, *, compacted: bool, wri
             log.warning("%s; parsing the ledger and writing it again", error)
             index = None
         if index is not None:
+            charge(os.path.getsize(path))
             return index
-    index = build_index(_stored_entries(store, ledger_id, info.entries, compacted))
+    index = build_index(_stored_entries(store, ledger_id, info.entries, compacted, charge))
     if sealed and write:
         write_index(path, index, ledger)
     return index
 
 
 def _stored_entries(
-    store: FileLedgerStore, ledger_id: int, entries: int, compacted: bool,
+    store: FileLedgerStore, ledger_id: int, entries: int, compacted: bool, charge: Callable[[int], None],
 ) -> Iterable[tuple[int, int, int, bytes]]:
     """Every entry of the ledger as ``build_index`` takes them."""
     for first in range(0, entries, BUILD_READ_ENTRIES_MAX):
         batch = store.read(ledger_id, first, min(entries, first + BUILD_READ_ENTRIES_MAX) - 1)
+        charge(sum(len(data) for data in batch))
         for offset, data in enumerate(batch):
             if compacted:
                 inner = decode_compacted_entry(data)

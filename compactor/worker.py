@@ -186,7 +186,7 @@ def _indexed_round(
     indexed = IndexedRound(
         request.ranges, capacity_keys=capacity_keys(request.memory_budget_bytes),
         keep_tombstones_since_ms=request.keep_tombstones_since_ms, retain_null_key=request.retain_null_key,
-        load=lambda whole: ensure_index(store, whole.ledger_id, compacted=whole.compacted),
+        load=lambda whole: ensure_index(store, whole.ledger_id, compacted=whole.compacted, charge=throttle.charge),
         read=read)
     try:
         indexed.plan()
@@ -248,14 +248,14 @@ class RoundWorkers:
         (``CompactorError`` and the ledger errors cross as themselves),
         ``CompactionInterruptedError`` when ``interrupt`` killed it, ``CompactorError`` when
         the child died."""
-        with self._lock:
-            if self._interrupted:
-                raise CompactionInterruptedError("the broker is stopping")
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=_child_started)
-            future = self._pool.submit(run_round, request)
         try:
+            with self._lock:
+                if self._interrupted:
+                    raise CompactionInterruptedError("the broker is stopping")
+                if self._pool is None:
+                    self._pool = ProcessPoolExecutor(
+                        self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=_child_started)
+                future = self._pool.submit(run_round, request)  # a pool whose child died refuses it
             return future.result()
         except BrokenProcessPool:
             self._forget_broken()
