@@ -274,7 +274,7 @@ def _check_shape(path: str, index: KeyIndex) -> None:
 
 def ensure_index(
     store: FileLedgerStore, ledger_id: int, *, compacted: bool, write: bool = True,
-    charge: Callable[[int], None] = lambda size: None,
+    charge: Callable[[int], object] = lambda size: None,
 ) -> KeyIndex:
     """The index of ledger ``ledger_id`` of ``store`` (a compacted ledger when ``compacted``).
 
@@ -304,7 +304,7 @@ def ensure_index(
 
 
 def _stored_entries(
-    store: FileLedgerStore, ledger_id: int, entries: int, compacted: bool, charge: Callable[[int], None],
+    store: FileLedgerStore, ledger_id: int, entries: int, compacted: bool, charge: Callable[[int], object],
 ) -> Iterable[tuple[int, int, int, bytes]]:
     """Every entry of the ledger as ``build_index`` takes them."""
     for first in range(0, entries, BUILD_READ_ENTRIES_MAX):

@@ -86,7 +86,7 @@ from compactor.run_tally import Counted, Progress, RoundTally, RunIo, no_progres
 from compactor.throttle import Throttle
 from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from compactor.view import CompactedView, encode_compacted_entry
-from compactor.worker import RoundReport, RoundRequest, RoundWorkers
+from compactor.worker import RoundReport, RoundRequest, RoundWorkers, run_round
 from cursor.cursor import ManagedCursor
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
@@ -126,6 +126,9 @@ class CompactionConfig:
         worker_processes: run the local engine's rounds in up to this many child processes
             (``compactor.worker``), off this interpreter, where the store has ledger files
             (a ``FileLedgerStore``); 0 runs them here.
+        key_index: where the store has ledger files, rounds run over the ledgers' key
+            indexes (``compactor.indexed``, ``compactor.key_index``), building the missing
+            ones, in a worker process or here; off, they parse every entry twice.
     """
 
     retain_null_key: bool = False
@@ -135,6 +138,7 @@ class CompactionConfig:
     spark_master: str = "local[*]"
     memory_budget_bytes: int = MEMORY_BUDGET_BYTES_DEFAULT
     worker_processes: int = 0
+    key_index: bool = True
 
 
 class Compactor:
@@ -255,13 +259,18 @@ class Compactor:
         published, until the view reaches ``stop``; the figures add up every round's."""
         rounds = RoundTally()
         at = start
-        workers = self._workers if _writes_files(topic.ledger.store) else None
+        files = _writes_files(topic.ledger.store)
+        execute: Callable[[RoundRequest], RoundReport] | None = None
+        if files and self._workers is not None:
+            execute = self._workers.run
+        elif files and self.config.key_index:
+            execute = functools.partial(run_round, throttle=run.throttle)  # here, over the indexes
         while True:
             cursor, previous, horizon = at
             total = (previous.entries if previous is not None else 0) + topic.ledger.entries_between(horizon, stop)
-            if workers is not None:
+            if execute is not None:
                 report = self._worker_round(topic, at, stop, cutoff, Counted("phase-two", total, progress), run,
-                                            workers)
+                                            execute)
                 at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.ledger_id], previous),
                             report.stop)
                 rounds.add_report(report)
@@ -289,10 +298,11 @@ class Compactor:
 
     def _worker_round(
         self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: Counted,
-        run: RunIo, workers: RoundWorkers,
+        run: RunIo, execute: Callable[[RoundRequest], RoundReport],
     ) -> RoundReport:
-        """One round of the local engine in a worker process (``compactor.worker``): its
-        ledger id reserved here, both phases and the sealed ledger there."""
+        """One round of the local engine as ``compactor.worker`` runs it (``execute``: in a
+        worker process, or here): its ledger id reserved here, then both phases and the
+        sealed ledger."""
         _, previous, horizon = start
         store = topic.ledger.store
         ranges = [] if previous is None else [
@@ -302,10 +312,10 @@ class Compactor:
         request = RoundRequest(
             store.root, tuple(ranges), horizon, stop, ledger_id,  # type: ignore[attr-defined]
             tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
-            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second)
+            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index)
         counted.start()
         try:
-            report = workers.run(request)
+            report = execute(request)
         except BaseException:
             _delete_quietly(store, ledger_id)  # a complete file may be there, or none
             raise

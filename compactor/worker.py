@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import signal
@@ -117,27 +118,36 @@ class RoundReport:
     append_latency_counts: tuple[int, ...]
 
 
-def run_round(request: RoundRequest) -> RoundReport:
-    """The round of ``request``, in this (child) process (see the module docstring)."""
-    started = time.monotonic()
+def run_round(request: RoundRequest, *, throttle: Throttle | None = None) -> RoundReport:
+    """The round of ``request``, in this process (a child's, or the broker's own when
+    ``throttle``, the run's, is given: it also carries the run's interruption, and its
+    figures stay the run's, so the report's ``throttled_s`` and ``io_bytes`` are 0); see
+    the module docstring."""
     store = FileLedgerStore(request.ledgers_root, sync=SyncPolicy.NONE, read_only=True)
-    throttle = Throttle(request.max_bytes_per_second)
     try:
-        if request.key_index:
-            report = _indexed_round(store, request, throttle, started)
-            if report is not None:
-                return report
-        one = round_phase_one(_stream(store, request, throttle), horizon=request.horizon,
-                              capacity_keys=capacity_keys(request.memory_budget_bytes),
-                              keep_tombstones_since_ms=request.keep_tombstones_since_ms)
-        stop = one.stop if one.filled and one.stop is not None else request.stop
-        phase_one_s = time.monotonic() - started
-        survivors = round_phase_two(_stream(store, request, throttle, stop), one,
-                                    retain_null_key=request.retain_null_key,
-                                    keep_tombstones_since_ms=request.keep_tombstones_since_ms)
-        kept, latencies, written = _write(request, stop, survivors, throttle)
+        if throttle is None:
+            return _round(store, request, Throttle(request.max_bytes_per_second))
+        return dataclasses.replace(_round(store, request, throttle), throttled_s=0.0, io_bytes=0)
     finally:
         store.shutdown()
+
+
+def _round(store: FileLedgerStore, request: RoundRequest, throttle: Throttle) -> RoundReport:
+    """The round over key indexes where it can, else parsing its input."""
+    started = time.monotonic()
+    if request.key_index:
+        report = _indexed_round(store, request, throttle, started)
+        if report is not None:
+            return report
+    one = round_phase_one(_stream(store, request, throttle), horizon=request.horizon,
+                          capacity_keys=capacity_keys(request.memory_budget_bytes),
+                          keep_tombstones_since_ms=request.keep_tombstones_since_ms)
+    stop = one.stop if one.filled and one.stop is not None else request.stop
+    phase_one_s = time.monotonic() - started
+    survivors = round_phase_two(_stream(store, request, throttle, stop), one,
+                                retain_null_key=request.retain_null_key,
+                                keep_tombstones_since_ms=request.keep_tombstones_since_ms)
+    kept, latencies, written = _write(request, stop, survivors, throttle)
     result = one.result
     return RoundReport(
         stop=stop, ledger_id=written.ledger_id, entries_written=written.entries, bytes_written=written.size_bytes,
