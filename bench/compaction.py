@@ -5,7 +5,7 @@ Run: ``.venv/bin/python -m bench.compaction [--runs 3] [--messages 1000000] [--k
 stderr): the workload, then for ``batched`` and ``non_batched`` the medians of the full runs
 (b): ``phase_one_records_per_s``, ``phase_two_records_per_s``, ``run_records_per_s``,
 ``peak_rss_bytes``, ``io_floor_ratio``; ``bytes_per_live_key`` from (e);
-``index_build_records_per_s`` (null: no key index exists yet); and the figures behind them.
+``index_build_records_per_s`` (null with ``--no-key-index``); and the figures behind them.
 
 Workload (``bench/_workload.py``, seeded, so every process rebuilds the same stream):
 ``--messages`` messages whose keys are drawn uniformly from ``--keys`` keys, values of
@@ -37,6 +37,12 @@ another's. Peak RSS is the child's ``VmHWM`` (``/proc/self/status``): Linux carr
   reaches them, under ``tracemalloc`` (numpy reports its buffers to it). Bytes per live
   key = what phase one's result still holds when it returns (the merged key map and its
   packer) / live keys; the peak it held at once (update buffer, merge copies) beside it.
+* **index** (unless ``--no-key-index``): once per layout, after the setup, the key index of
+  every sealed ledger is built (``compactor.key_index.ensure_index``, what the broker's
+  background builder does when a ledger is sealed), timed: ``index_build_records_per_s``
+  = index rows / seconds. The runs' copies carry the indexes, so a run reads them
+  (``compactor.indexed``); the runner child imports pyarrow before its timer starts, as a
+  worker process has after its first round. ``--no-key-index`` measures the parsing rounds.
 * **I/O floor** (``bench/_io_floor.py``), in each runner child after its run, on the same
   files: plain reads of every input ledger file and a write of the compacted ledger's bytes
   to a new file with fsync. ``io_floor_ratio`` = that time / the run's wall time.
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -68,13 +75,15 @@ from bench._io_floor import io_floor
 from bench._io_floor import ledger_files as _ledger_files
 from bench._workload import CODECS, Workload
 from compactor.algorithm import phase_one, phase_two
-from compactor.runner import Compactor
+from compactor.key_index import ensure_index
+from compactor.runner import CompactionConfig, Compactor
 from compactor.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
-from ledger.storage.base import SyncPolicy
+from ledger.storage.base import LedgerState, SyncPolicy
+from ledger.storage.file import FileLedgerStore
 
 TOPIC = "persistent://public/default/bench-compaction"
 APPENDS_IN_FLIGHT_MAX = 1000
@@ -141,6 +150,21 @@ def _dict_baseline(workload: Workload, entries_per_ledger: int) -> tuple[int, in
     return traced, len(latest)
 
 
+def child_index(spec: dict[str, Any]) -> dict[str, Any]:
+    """Build the key index of every sealed ledger of the topic in ``spec["dir"]``, as the
+    broker's background builder does when a ledger is sealed (timed; written beside the
+    ledgers, so the runs' copies have them)."""
+    store = FileLedgerStore(os.path.join(spec["dir"], "ledgers"), sync=SyncPolicy.NONE, read_only=True)
+    started = time.perf_counter()
+    rows = 0
+    for ledger_id in store.list():
+        if store.info(ledger_id).state is LedgerState.CLOSED:
+            rows += len(ensure_index(store, ledger_id, compacted=False))
+    seconds = time.perf_counter() - started
+    store.shutdown()
+    return {"seconds": seconds, "rows": rows, "peak_rss": peak_rss_bytes()}
+
+
 def child_pure(spec: dict[str, Any]) -> dict[str, Any]:
     """Both phases over an in-memory list of entries."""
     workload = _workload(spec)
@@ -203,9 +227,11 @@ def child_runner(spec: dict[str, Any]) -> dict[str, Any]:
     topic = CompactedTopic.restore(ledger, CursorStore(data_dir.database))
     ledgers_dir = os.path.join(spec["dir"], "ledgers")
     inputs = _ledger_files(ledgers_dir)
+    if spec["key_index"]:
+        importlib.import_module("pyarrow.parquet")  # as in a worker after its first round
     rss_open = current_rss_bytes()
     started = time.perf_counter()
-    figures = Compactor().compact(topic)
+    figures = Compactor(CompactionConfig(key_index=spec["key_index"])).compact(topic)
     wall_s = time.perf_counter() - started
     peak_rss = peak_rss_bytes()  # read before the I/O floor's buffers exist
     ledger.close()
@@ -224,7 +250,7 @@ def child_runner(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 CHILDREN = {
-    "idle": child_idle, "setup": child_setup, "pure": child_pure, "runner": child_runner, "memory": child_memory,
+    "idle": child_idle, "setup": child_setup, "index": child_index, "pure": child_pure, "runner": child_runner, "memory": child_memory,
 }
 
 
@@ -266,6 +292,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object of the figures on stdout (the tables go to stderr)")
     parser.add_argument("--no-pure", action="store_true", help="skip the pure phases over in-memory entries (a)")
+    parser.add_argument("--no-key-index", action="store_true",
+                        help="runs parse every entry (CompactionConfig(key_index=False)); no index is built")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -291,6 +319,7 @@ def measure(args: argparse.Namespace) -> Measured:
     base = {
         "messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes,
         "tombstones": args.tombstones, "compression": args.compression, "seed": args.seed, "sync": args.sync,
+        "key_index": not args.no_key_index,
     }
     live = expected_live_keys(
         Workload(args.messages, args.keys, value_bytes=0, tombstone_fraction=args.tombstones, seed=args.seed)
@@ -313,6 +342,8 @@ def measure(args: argparse.Namespace) -> Measured:
             spec = {**base, "batch_size": batch_size}
             template = os.path.join(root, f"template-{batch_size}")
             setups[name] = spawn("setup", {**spec, "dir": template})
+            if spec["key_index"]:
+                setups[name]["index"] = spawn("index", {**spec, "dir": template})
             memory[name] = spawn("memory", spec)
             pure[name], runner[name] = [], []
             for run in range(args.runs):
@@ -348,7 +379,9 @@ def summary(args: argparse.Namespace, idle: float, setups: dict[str, dict[str, A
             "bytes_per_live_key": key_map["retained_bytes"] / key_map["live_keys"],
             "peak_bytes_per_live_key": key_map["peak_bytes"] / key_map["live_keys"],
             "peak_rss_bytes": int(median(results, "peak_rss")),
-            "index_build_records_per_s": None,  # no key index exists yet
+            "index_build_records_per_s": (
+                setups[name]["index"]["rows"] / setups[name]["index"]["seconds"] if "index" in setups[name] else None),
+            "run_key_map_peak_bytes_per_live_key": median(results, "key_map_bytes") / key_map["live_keys"],
             "io_floor_ratio": median(results, "io_floor_ratio"),
             "io_floor_s": median(results, "io_floor_s"),
             "wall_s": median(results, "wall_s"),

@@ -29,6 +29,7 @@ __all__ = [
     "encode_batch",
     "encode_entry",
     "encode_slot",
+    "reframe_batch",
     "rewrite_batch",
     "rewrite_slots",
 ]
@@ -127,6 +128,12 @@ def rewrite_slots(
         slot if batch_index in keep else COMPACTED_OUT_SLOT
         for batch_index, slot in enumerate(slots)
     )
+    return reframe_batch(metadata, body, with_checksum=with_checksum)
+
+
+def reframe_batch(metadata: pb.MessageMetadata, body: bytes, *, with_checksum: bool) -> bytes:
+    """The batch entry of ``metadata`` (not modified) around a new decompressed ``body``:
+    ``uncompressed_size`` set to the body's, the body compressed with the batch's codec."""
     rewritten = pb.MessageMetadata()
     rewritten.CopyFrom(metadata)
     rewritten.uncompressed_size = len(body)

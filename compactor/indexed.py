@@ -44,7 +44,7 @@ import numpy.typing as npt
 
 from compactor.algorithm import CompactedEntry
 from compactor.compression import decompress
-from compactor.encoder import rewrite_slots
+from compactor.encoder import COMPACTED_OUT_SLOT, reframe_batch
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
 from compactor.key_index import (
@@ -344,10 +344,24 @@ def _compacted(
     if not whole:
         metadata, header_size, has_checksum = parse_header(data)
         body = decompress(metadata.compression, data[header_size:], metadata.uncompressed_size)
-        slot_ends = rows["slot_end"][start:end].tolist()
-        slots = [body[slot_start:slot_end] for slot_start, slot_end in zip([0, *slot_ends[:-1]], slot_ends, strict=True)]
-        data = rewrite_slots(metadata, slots, set(surviving), with_checksum=has_checksum)
+        data = reframe_batch(metadata, _cut_body(body, rows["slot_end"][start:end], keep), with_checksum=has_checksum)
     return CompactedEntry(position, data, batch_size, surviving)
+
+
+def _cut_body(body: bytes, slot_ends: npt.NDArray[Any], keep: Mask) -> bytes:
+    """``body`` with every slot not in ``keep`` replaced by ``COMPACTED_OUT_SLOT`` (as
+    ``compactor.encoder.rewrite_slots`` does), a run of kept slots copied in one piece."""
+    changes = np.flatnonzero(keep[1:] != keep[:-1]) + 1
+    run_starts = np.concatenate(([0], changes)).tolist()
+    run_ends = np.concatenate((changes, [len(keep)])).tolist()
+    ends = slot_ends.tolist()
+    pieces = []
+    for first, stop in zip(run_starts, run_ends, strict=True):
+        if keep[first]:
+            pieces.append(body[(ends[first - 1] if first else 0): ends[stop - 1]])
+        else:
+            pieces.append(COMPACTED_OUT_SLOT * (stop - first))
+    return b"".join(pieces)
 
 
 def _entry_starts(stored: npt.NDArray[Any]) -> npt.NDArray[np.intp]:

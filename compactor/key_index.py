@@ -43,6 +43,7 @@ import contextlib
 import logging
 import os
 import secrets
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,9 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
+_TYPECODES = {"uint8": "B", "uint32": "I", "int32": "i", "uint64": "Q", "int64": "q"}
+
+
 class CorruptIndexError(CompactorError):
     """An index file exists but does not read back whole, or describes another ledger."""
 
@@ -141,26 +145,26 @@ def build_index(entries: Iterable[tuple[int, int, int, bytes]]) -> KeyIndex:
     """The index of ``(stored, ledger_id, entry_id, data)`` entries, in stream order,
     read with ``scan_entry`` (an entry of a compacted ledger: its inner data and original
     position)."""
-    rows: dict[str, list[int]] = {name: [] for name, _ in _COLUMNS}
+    rows = {name: array(_TYPECODES[dtype]) for name, dtype in _COLUMNS}
     count = 0
     for stored, ledger_id, entry_id, data in entries:
         count += 1
         _add_entry(rows, stored, ledger_id, entry_id, data)
-    columns = {name: np.array(rows[name], dtype=dtype) for name, dtype in _COLUMNS}
+    columns = {name: np.frombuffer(rows[name], dtype=dtype) if len(rows[name]) else np.empty(0, dtype)
+               for name, dtype in _COLUMNS}
     return KeyIndex(columns, count)
 
 
-def _add_entry(rows: dict[str, list[int]], stored: int, ledger_id: int, entry_id: int, data: bytes) -> None:
+def _add_entry(rows: dict[str, array[int]], stored: int, ledger_id: int, entry_id: int, data: bytes) -> None:
     """Append one entry's rows."""
     scan = scan_entry(data)
     size = len(data)
+    columns = [rows[name] for name, _ in _COLUMNS]
 
     def row(batch_index: int, hashed: tuple[int, int], flags: int, slot_end: int = 0) -> None:
-        for name, value in (("stored", stored), ("ledger_id", ledger_id), ("entry_id", entry_id),
-                            ("batch_index", batch_index), ("batch_size", scan.batch_size),
-                            ("hash_high", hashed[0]), ("hash_low", hashed[1]), ("flags", flags),
-                            ("publish_time", scan.publish_time), ("slot_end", slot_end), ("entry_bytes", size)):
-            rows[name].append(value)
+        for column, value in zip(columns, (stored, ledger_id, entry_id, batch_index, scan.batch_size, hashed[0],
+                                           hashed[1], flags, scan.publish_time, slot_end, size), strict=True):
+            column.append(value)
 
     if scan.kind in ("opaque", "marker"):
         row(-1, (0, 0), FLAG_OPAQUE if scan.kind == "opaque" else FLAG_MARKER)
@@ -209,7 +213,7 @@ def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
     table = pa.table({name: index.columns[name] for name, _ in _COLUMNS}).replace_schema_metadata(metadata)
     temporary = f"{path}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     try:
-        pq.write_table(table, temporary, compression="zstd", write_page_checksum=True)
+        pq.write_table(table, temporary, compression="lz4", use_dictionary=False, write_page_checksum=True)
         fd = os.open(temporary, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -1,0 +1,266 @@
+"""Rounds over key indexes (``compactor.indexed``) agree with rounds that parse.
+
+* Agreement, pure: over generated streams of every entry kind but chunks (keyed, key-less,
+  tombstones young and old, batches with emptied slots, markers, undecodable entries,
+  broker-entry prefixes, every codec), split into several runs and into rounds by a key
+  map of a few keys, each indexed round stops where the parsing round stops, counts what
+  it counts, and writes its entries byte for byte; the last view is
+  ``compactor.algorithm.compact``'s.
+* A round whose input holds a chunk gives up on the index (``IndexUnavailable``) before
+  writing anything, and so does one with two keys whose hashes share their high half.
+* Agreement, storage: a compactor over the indexes publishes, run after run and round
+  after round, the views and figures of one that parses (``key_index=False``); the indexes
+  it needed are written beside the sealed ledgers and used by the next run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compactor import indexed
+from compactor.algorithm import CompactedEntry, compact
+from compactor.engine import KEY_MAP_BYTES_PER_KEY, LedgerRange
+from compactor.indexed import IndexedRound, IndexUnavailable
+from compactor.key_index import INDEX_SUFFIX, KeyIndex, build_index
+from compactor.rounds import round_phase_one, round_phase_two
+from compactor.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.topic import CompactedTopic
+from compactor.view import encode_compacted_entry
+from cursor.store import CursorStore
+from ledger import EARLIEST
+from ledger.data_dir import DataDir
+from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
+from ledger.position import Position
+from tests.strategies import StreamEntry, any_entry, entries_of, stream_entries, streams
+from tests.unit.compactor.test_crash import _append, _workload
+
+PROPERTY = settings(max_examples=200, deadline=None)
+PUBLISHED_AT = 1_700_000_000_000  # every generated entry's publish time
+CUTOFFS = st.sampled_from([None, PUBLISHED_AT, PUBLISHED_AT + 1])  # retention: none, all young, none young
+_VIEW_LEDGER = -1  # the previous view's ledger in the pure harness (never a raw id)
+
+
+class _Ledgers:
+    """One round's input as ledgers in memory: the previous view, then the raw ledgers;
+    each ledger's entries are ``(ledger_id, entry_id, stored bytes)`` by stored index."""
+
+    def __init__(self, raw: list[Entry], view: list[CompactedEntry], horizon: Position) -> None:
+        self.ledgers: dict[tuple[bool, int], list[tuple[int, int, bytes]]] = {}
+        self.ranges: list[LedgerRange] = []
+        if view:
+            self.ledgers[(True, _VIEW_LEDGER)] = [
+                (entry.position.ledger_id, entry.position.entry_id, encode_compacted_entry(entry)) for entry in view]
+            self.ranges.append(LedgerRange(_VIEW_LEDGER, 0, len(view) - 1, compacted=True))
+        for ledger_id, group in itertools.groupby(raw, key=lambda entry: entry.position.ledger_id):
+            entries = list(group)
+            dirty = [stored for stored, entry in enumerate(entries) if entry.position > horizon]
+            if not dirty:
+                continue
+            self.ledgers[(False, ledger_id)] = [(ledger_id, e.position.entry_id, e.data) for e in entries]
+            self.ranges.append(LedgerRange(ledger_id, dirty[0], len(entries) - 1))
+
+    def load(self, whole: LedgerRange) -> KeyIndex:
+        entries = self.ledgers[(whole.compacted, whole.ledger_id)]
+        if whole.compacted:
+            from compactor.view import decode_compacted_entry
+            inner = [decode_compacted_entry(data) for _, _, data in entries]
+            return build_index((stored, e.position.ledger_id, e.position.entry_id, e.data)
+                               for stored, e in enumerate(inner))
+        return build_index((stored, ledger_id, entry_id, data)
+                           for stored, (ledger_id, entry_id, data) in enumerate(entries))
+
+    def read(self, whole: LedgerRange, first: int, last: int) -> list[bytes]:
+        assert whole.first_entry_id <= first <= last <= whole.last_entry_id
+        return [data for _, _, data in self.ledgers[(whole.compacted, whole.ledger_id)][first: last + 1]]
+
+
+def _both_rounds(
+    raw: list[Entry], view: list[CompactedEntry], horizon: Position, *, capacity: int, retain_null_key: bool,
+    cutoff: int | None,
+) -> tuple[list[CompactedEntry], Position, int]:
+    """Rounds from ``view`` until ``raw`` is covered, each run both ways and compared;
+    (the last view, its horizon, rounds)."""
+    rounds = 0
+    while any(entry.position > horizon for entry in raw):
+        ledgers = _Ledgers(raw, view, horizon)
+        over_indexes = IndexedRound(tuple(ledgers.ranges), capacity_keys=capacity, keep_tombstones_since_ms=cutoff,
+                                    retain_null_key=retain_null_key, load=ledgers.load, read=ledgers.read)
+        over_indexes.plan()
+        clean = [Entry(entry.position, entry.data) for entry in view]
+        dirty = [entry for entry in raw if entry.position > horizon]
+        one = round_phase_one(iter(clean + dirty), horizon=horizon, capacity_keys=capacity,
+                              keep_tombstones_since_ms=cutoff)
+        assert over_indexes.filled == one.filled
+        assert over_indexes.stop == one.stop
+        assert (over_indexes.entries_read, over_indexes.messages_read, over_indexes.bytes_read) == (
+            one.result.entries_read, one.result.messages_read, one.result.bytes_read)
+        stop = one.stop
+        assert stop is not None and stop > horizon
+        covered = [entry for entry in dirty if entry.position <= stop]
+        parsed = list(round_phase_two(clean + covered, one, retain_null_key=retain_null_key,
+                                      keep_tombstones_since_ms=cutoff))
+        assert list(over_indexes.survivors()) == parsed
+        assert over_indexes.keys_kept == one.keys_kept
+        view, horizon, rounds = parsed, stop, rounds + 1
+    return view, horizon, rounds
+
+
+@PROPERTY
+@given(stream_entries(any_entry, max_size=40, chunked=False), st.integers(1, 6), st.booleans(), CUTOFFS,
+       st.lists(st.integers(0, 40), max_size=3))
+def test_indexed_rounds_stop_count_and_write_what_parsing_rounds_do(
+    stream: list[StreamEntry], capacity: int, retain_null_key: bool, cutoff: int | None, run_ends: list[int],
+) -> None:
+    raw = entries_of(stream)
+    view: list[CompactedEntry] = []
+    horizon = EARLIEST
+    for end in [*sorted(run_ends), len(raw)]:  # several runs, each appended to
+        view, horizon, _ = _both_rounds(raw[:end], view, horizon, capacity=capacity,
+                                        retain_null_key=retain_null_key, cutoff=cutoff)
+    assert view == compact(raw, retain_null_key=retain_null_key, keep_tombstones_since_ms=cutoff)
+
+
+@PROPERTY
+@given(stream_entries(any_entry, max_size=40, chunked=False), st.integers(1, 6), CUTOFFS)
+def test_an_indexed_round_holds_no_more_keys_than_the_budget_or_one_entry(
+    stream: list[StreamEntry], capacity: int, cutoff: int | None,
+) -> None:
+    raw = entries_of(stream)
+    ledgers = _Ledgers(raw, [], EARLIEST)
+    if not ledgers.ranges:
+        return
+    over_indexes = IndexedRound(tuple(ledgers.ranges), capacity_keys=capacity, keep_tombstones_since_ms=cutoff,
+                                retain_null_key=False, load=ledgers.load, read=ledgers.read)
+    over_indexes.plan()
+    widest = max((sum(1 for _, m in entry.messages if m.key is not None) for entry in stream), default=0)
+    assert len(over_indexes.key_map.high) <= max(capacity, widest)
+
+
+@settings(max_examples=100, deadline=None)
+@given(streams(max_size=20))
+def test_a_round_whose_input_holds_a_chunk_parses_instead(stream: list[StreamEntry]) -> None:
+    raw = entries_of(stream)
+    ledgers = _Ledgers(raw, [], EARLIEST)
+    over_indexes = IndexedRound(tuple(ledgers.ranges), capacity_keys=1000, keep_tombstones_since_ms=None,
+                                retain_null_key=False, load=ledgers.load, read=ledgers.read)
+    if any(entry.kind == "chunk" or _is_chunk(entry) for entry in stream):
+        with pytest.raises(IndexUnavailable, match="chunked"):
+            over_indexes.plan()
+    else:
+        over_indexes.plan()
+
+
+def _is_chunk(entry: StreamEntry) -> bool:
+    from compactor.scan import scan_entry
+    return scan_entry(entry.data).chunk is not None
+
+
+def test_two_keys_sharing_the_high_half_of_their_hash_make_the_round_parse() -> None:
+    raw = entries_of(_keyed_stream(["a", "b", "a"]))
+    ledgers = _Ledgers(raw, [], EARLIEST)
+    real = indexed.IndexedRound._rows
+
+    def colliding(self: IndexedRound, whole: LedgerRange) -> dict[str, object]:
+        rows = real(self, whole)
+        rows["hash_high"] = rows["hash_high"] * 0 + 7  # every key's high half the same
+        return rows  # type: ignore[return-value]
+
+    over_indexes = IndexedRound(tuple(ledgers.ranges), capacity_keys=1000, keep_tombstones_since_ms=None,
+                                retain_null_key=False, load=ledgers.load, read=ledgers.read)
+    with mock.patch.object(indexed.IndexedRound, "_rows", colliding), pytest.raises(IndexUnavailable, match="64"):
+        over_indexes.plan()
+
+
+def _keyed_stream(keys: list[str]) -> list[StreamEntry]:
+    from compactor.encoder import encode_entry
+    from compactor.proto import pulsar_api_pb2 as pb
+    stream = []
+    for entry_id, key in enumerate(keys):
+        metadata = pb.MessageMetadata(producer_name="p", sequence_id=entry_id, publish_time=PUBLISHED_AT,
+                                      partition_key=key)
+        stream.append(StreamEntry(Position(3, entry_id), "single", encode_entry(metadata, b"v", with_checksum=False)))
+    return stream
+
+
+# -- storage ----------------------------------------------------------------------------------
+
+TOPIC = "persistent://public/default/indexed"
+LEDGER_CONFIG = ManagedLedgerConfig(max_entries_per_ledger=8)
+
+
+@pytest.fixture
+def opened() -> Iterator[list[DataDir]]:
+    dirs: list[DataDir] = []
+    yield dirs
+    for data_dir in dirs:
+        data_dir.close()
+
+
+def _open(path: Path, opened: list[DataDir]) -> CompactedTopic:
+    data_dir = DataDir.open(str(path))
+    opened.append(data_dir)
+    collect_orphans(data_dir)
+    ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, LEDGER_CONFIG)
+    return CompactedTopic.restore(ledger, CursorStore(data_dir.database))
+
+
+def _view(topic: CompactedTopic) -> list[tuple[Position, bytes, tuple[int, ...]]]:
+    view = topic.view
+    assert view is not None
+    return [(entry.position, entry.data, entry.surviving) for entry in view.iter_all()]
+
+
+@pytest.mark.parametrize("keys", [3, 1_000_000])  # several rounds a run; one round
+def test_a_compactor_over_indexes_publishes_what_a_parsing_one_publishes_run_after_run(
+    tmp_path: Path, opened: list[DataDir], keys: int,
+) -> None:
+    views, figures = {}, {}
+    for key_index in (False, True):
+        compactor = Compactor(CompactionConfig(engine="local", read_batch_entries=4,
+                                               memory_budget_bytes=keys * KEY_MAP_BYTES_PER_KEY, key_index=key_index))
+        topic = _open(tmp_path / str(key_index), opened)
+        views[key_index], figures[key_index] = [], []
+        for seed in (1, 2, 3):  # each run builds on the view the previous one published
+            _append(topic.ledger, _workload(seed, 30))
+            run = compactor.compact(topic, delete_retention_ms=0)
+            figures[key_index].append((run.rounds, run.keys_kept, run.removed_events, run.entries_read,
+                                       run.messages_read, run.bytes_read, run.entries_written, run.bytes_written,
+                                       run.horizon))
+            views[key_index].append(_view(topic))
+    assert views[True] == views[False]
+    assert figures[True] == figures[False]
+
+
+def test_the_indexes_a_run_needed_are_written_beside_sealed_ledgers_and_read_by_the_next_run(
+    tmp_path: Path, opened: list[DataDir],
+) -> None:
+    topic = _open(tmp_path, opened)
+    ledgers = os.path.join(str(tmp_path), "ledgers")
+    _append(topic.ledger, _workload(1, 30))
+    Compactor(CompactionConfig(engine="local")).compact(topic)
+    indexed_ledgers = {name[: -len(INDEX_SUFFIX)] for name in os.listdir(ledgers) if name.endswith(INDEX_SUFFIX)}
+    sealed = {f"{record.ledger_id:020d}.ledger" for record in topic.ledger.ledger_list()[:-1]}
+    assert sealed and sealed <= indexed_ledgers
+    _append(topic.ledger, _workload(2, 30))
+    from compactor import key_index
+    written: list[str] = []
+    real_write = key_index.write_index
+
+    def recording(path: str, index: KeyIndex, ledger: key_index.IndexedLedger) -> None:
+        written.append(os.path.basename(path))
+        real_write(path, index, ledger)
+
+    before = {name for name in os.listdir(ledgers) if name.endswith(INDEX_SUFFIX)}
+    with mock.patch.object(key_index, "write_index", recording):
+        Compactor(CompactionConfig(engine="local")).compact(topic)
+    after = {name for name in os.listdir(ledgers) if name.endswith(INDEX_SUFFIX)}
+    assert before < after  # the newly sealed ledgers, and the first run's compacted ledger
+    assert set(written) == after - before  # the first run's indexes were read, not built again
