@@ -21,6 +21,9 @@ flags           uint8    ``FLAG_*`` below
 publish_time    int64    the entry's publish time (ms)
 slot_end        uint32   where the slot ends in the decompressed batch body (0 otherwise)
 entry_bytes     uint32   the size of the entry's data (a compacted entry's inner data)
+entry_offset    uint64   where the entry's record starts in the ledger file, and the
+stored_bytes    uint32   size of what it stores (``ledger.storage.sealed_file`` reads it
+                         there, with no scan of the file; 0 and 0 for an open ledger)
 ==============  =======  ==============================================================
 
 An entry is either read whole from the index or not at all: ``build_index`` gives, per
@@ -44,7 +47,7 @@ import logging
 import os
 import secrets
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +59,8 @@ from compactor.errors import CompactorError
 from compactor.keymap import key_hash
 from compactor.scan import scan_entry
 from compactor.view import decode_compacted_entry
-from ledger.storage.base import LedgerState
 from ledger.storage.file import FileLedgerStore
+from ledger.storage.sealed_file import SealedFile
 from ledger.storage.sealed_writer import ledger_file_name
 
 __all__ = [
@@ -75,7 +78,9 @@ __all__ = [
     "build_index",
     "ensure_index",
     "index_path",
+    "ledger_path",
     "read_index",
+    "sealed_index",
     "write_index",
 ]
 
@@ -88,7 +93,7 @@ INDEX_SUFFIX = ".kidx"
 """Appended to the ledger file's name."""
 TEMP_SUFFIX = ".kidx-tmp"
 """A temporary file being written; never read, removed at the next start."""
-FORMAT = "compactd-key-index/1"
+FORMAT = "compactd-key-index/2"
 
 FLAG_KEYLESS = 1
 """The message has no key (``retain_null_key`` decides)."""
@@ -107,6 +112,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("stored", "uint32"), ("ledger_id", "uint64"), ("entry_id", "uint64"), ("batch_index", "int32"),
     ("batch_size", "int32"), ("hash_high", "uint64"), ("hash_low", "uint64"), ("flags", "uint8"),
     ("publish_time", "int64"), ("slot_end", "uint32"), ("entry_bytes", "uint32"),
+    ("entry_offset", "uint64"), ("stored_bytes", "uint32"),
 )
 
 
@@ -141,17 +147,27 @@ class KeyIndex:
         return self.columns[name]
 
 
-def build_index(entries: Iterable[tuple[int, int, int, bytes]]) -> KeyIndex:
+def build_index(
+    entries: Iterable[tuple[int, int, int, bytes]], locations: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> KeyIndex:
     """The index of ``(stored, ledger_id, entry_id, data)`` entries, in stream order,
     read with ``scan_entry`` (an entry of a compacted ledger: its inner data and original
-    position)."""
-    rows = {name: array(_TYPECODES[dtype]) for name, dtype in _COLUMNS}
+    position). ``locations``: every stored entry's record offset and stored size, by
+    stored index (a sealed file's ``walk``)."""
+    rows = {name: array(_TYPECODES[dtype]) for name, dtype in _COLUMNS[:-2]}
     count = 0
     for stored, ledger_id, entry_id, data in entries:
         count += 1
         _add_entry(rows, stored, ledger_id, entry_id, data)
     columns = {name: np.frombuffer(rows[name], dtype=dtype) if len(rows[name]) else np.empty(0, dtype)
-               for name, dtype in _COLUMNS}
+               for name, dtype in _COLUMNS[:-2]}
+    where = columns["stored"].astype(np.intp)
+    if locations is None:
+        columns["entry_offset"] = np.zeros(len(where), np.uint64)
+        columns["stored_bytes"] = np.zeros(len(where), np.uint32)
+    else:
+        columns["entry_offset"] = np.asarray(locations[0], dtype=np.uint64)[where]
+        columns["stored_bytes"] = np.asarray(locations[1], dtype=np.uint32)[where]
     return KeyIndex(columns, count)
 
 
@@ -159,7 +175,7 @@ def _add_entry(rows: dict[str, array[int]], stored: int, ledger_id: int, entry_i
     """Append one entry's rows."""
     scan = scan_entry(data)
     size = len(data)
-    columns = [rows[name] for name, _ in _COLUMNS]
+    columns = [rows[name] for name, _ in _COLUMNS[:-2]]
 
     def row(batch_index: int, hashed: tuple[int, int], flags: int, slot_end: int = 0) -> None:
         for column, value in zip(columns, (stored, ledger_id, entry_id, batch_index, scan.batch_size, hashed[0],
@@ -288,35 +304,74 @@ def ensure_index(
     (its index would describe one state of it only). ``charge`` is given the bytes read
     (the index file's, or each batch of entries parsed), for the caller's I/O throttle.
     """
-    info = store.info(ledger_id)
-    ledger = IndexedLedger(ledger_id, info.entries, info.size_bytes)
-    sealed = info.state is LedgerState.CLOSED
-    path = index_path(os.path.join(store.root, ledger_file_name(ledger_id)))
-    if sealed:
-        try:
-            index = read_index(path, ledger)
-        except CorruptIndexError as error:
-            log.warning("%s; parsing the ledger and writing it again", error)
-            index = None
-        if index is not None:
-            charge(os.path.getsize(path))
-            return index
-    index = build_index(_stored_entries(store, ledger_id, info.entries, compacted, charge))
-    if sealed and write:
+    sealed = SealedFile.open(ledger_path(store.root, ledger_id), ledger_id)
+    if sealed is None:
+        return _parsed_open_ledger(store, ledger_id, compacted, charge)
+    try:
+        return sealed_index(sealed, compacted=compacted, write=write, charge=charge)
+    finally:
+        sealed.close()
+
+
+def ledger_path(root: str, ledger_id: int) -> str:
+    """The file of ledger ``ledger_id`` in the ledger directory ``root``."""
+    return os.path.join(root, ledger_file_name(ledger_id))
+
+
+def sealed_index(
+    sealed: SealedFile, *, compacted: bool, write: bool = True, charge: Callable[[int], object] = lambda size: None,
+) -> KeyIndex:
+    """``ensure_index`` of a sealed ledger, its file already open."""
+    ledger = IndexedLedger(sealed.ledger_id, sealed.entries, sealed.size_bytes)
+    path = index_path(sealed.path)
+    try:
+        index = read_index(path, ledger)
+    except CorruptIndexError as error:
+        log.warning("%s; parsing the ledger and writing it again", error)
+        index = None
+    if index is not None:
+        charge(os.path.getsize(path))
+        return index
+    offsets, lengths = sealed.walk()
+    index = build_index(_sealed_entries(sealed, offsets, lengths, compacted, charge), (offsets, lengths))
+    if write:
         write_index(path, index, ledger)
     return index
 
 
-def _stored_entries(
-    store: FileLedgerStore, ledger_id: int, entries: int, compacted: bool, charge: Callable[[int], object],
+def _sealed_entries(
+    sealed: SealedFile, offsets: Sequence[int], lengths: Sequence[int], compacted: bool,
+    charge: Callable[[int], object],
 ) -> Iterable[tuple[int, int, int, bytes]]:
-    """Every entry of the ledger as ``build_index`` takes them."""
-    for first in range(0, entries, BUILD_READ_ENTRIES_MAX):
-        batch = store.read(ledger_id, first, min(entries, first + BUILD_READ_ENTRIES_MAX) - 1)
+    """Every entry of a sealed ledger as ``build_index`` takes them."""
+    for first in range(0, sealed.entries, BUILD_READ_ENTRIES_MAX):
+        last = min(sealed.entries, first + BUILD_READ_ENTRIES_MAX)
+        batch = sealed.read(first, offsets[first:last], lengths[first:last])
         charge(sum(len(data) for data in batch))
-        for offset, data in enumerate(batch):
-            if compacted:
-                inner = decode_compacted_entry(data)
-                yield first + offset, inner.position.ledger_id, inner.position.entry_id, inner.data
-            else:
-                yield first + offset, ledger_id, first + offset, data
+        yield from _as_built(sealed.ledger_id, first, batch, compacted)
+
+
+def _parsed_open_ledger(
+    store: FileLedgerStore, ledger_id: int, compacted: bool, charge: Callable[[int], object],
+) -> KeyIndex:
+    """The index of an open ledger's confirmed entries, parsed through the store."""
+    entries = store.info(ledger_id).entries
+
+    def read() -> Iterable[tuple[int, int, int, bytes]]:
+        for first in range(0, entries, BUILD_READ_ENTRIES_MAX):
+            batch = store.read(ledger_id, first, min(entries, first + BUILD_READ_ENTRIES_MAX) - 1)
+            charge(sum(len(data) for data in batch))
+            yield from _as_built(ledger_id, first, batch, compacted)
+
+    return build_index(read())
+
+
+def _as_built(
+    ledger_id: int, first: int, batch: Sequence[bytes], compacted: bool,
+) -> Iterable[tuple[int, int, int, bytes]]:
+    for offset, data in enumerate(batch):
+        if compacted:
+            inner = decode_compacted_entry(data)
+            yield first + offset, inner.position.ledger_id, inner.position.entry_id, inner.data
+        else:
+            yield first + offset, ledger_id, first + offset, data

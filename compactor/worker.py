@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from compactor.algorithm import CompactedEntry
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
+from compactor.index_source import IndexSource
 from compactor.indexed import IndexedRound, IndexUnavailable
-from compactor.key_index import ensure_index
 from compactor.record import LATENCY_BUCKETS_MS, latency_bucket
 from compactor.rounds import capacity_keys, round_phase_one, round_phase_two
 from compactor.throttle import Throttle
@@ -188,24 +188,22 @@ def _indexed_round(
 ) -> RoundReport | None:
     """The round over key indexes (``compactor.indexed``); None when its input needs
     parsing (the caller runs the parsing round)."""
-    def read(whole: LedgerRange, first: int, last: int) -> list[bytes]:
-        batch = list(store.read(whole.ledger_id, first, last))
-        throttle.charge(sum(len(data) for data in batch))
-        return batch
-
+    source = IndexSource(store, throttle.charge)
     indexed = IndexedRound(
         request.ranges, capacity_keys=capacity_keys(request.memory_budget_bytes),
         keep_tombstones_since_ms=request.keep_tombstones_since_ms, retain_null_key=request.retain_null_key,
-        load=lambda whole: ensure_index(store, whole.ledger_id, compacted=whole.compacted, charge=throttle.charge),
-        read=read)
+        load=source.load, read=source.read)
     try:
-        indexed.plan()
-    except IndexUnavailable as reason:
-        log.info("round over %d ranges parses its input: %s", len(request.ranges), reason)
-        return None
-    stop = indexed.stop if indexed.filled and indexed.stop is not None else request.stop
-    phase_one_s = time.monotonic() - started
-    kept, latencies, written = _write(request, stop, indexed.survivors(), throttle)
+        try:
+            indexed.plan()
+        except IndexUnavailable as reason:
+            log.info("round over %d ranges parses its input: %s", len(request.ranges), reason)
+            return None
+        stop = indexed.stop if indexed.filled and indexed.stop is not None else request.stop
+        phase_one_s = time.monotonic() - started
+        kept, latencies, written = _write(request, stop, indexed.survivors(), throttle)
+    finally:
+        source.close()
     return RoundReport(
         stop=stop, ledger_id=written.ledger_id, entries_written=written.entries, bytes_written=written.size_bytes,
         messages_kept=kept, keys_kept=indexed.keys_kept, entries_read=indexed.entries_read,

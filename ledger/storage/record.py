@@ -54,6 +54,7 @@ __all__ = [
     "encode_seal",
     "entry_payload",
     "scan",
+    "seal_counts",
 ]
 
 MAGIC = b"CDLEDGR1"
@@ -199,6 +200,19 @@ def scan(data: bytes | memoryview, path: str = "?", *, done_with: Callable[[int]
             done_with(offset)
             released = offset
     return result
+
+
+def seal_counts(tail: bytes) -> tuple[int, int, int] | None:
+    """When ``tail`` (the last bytes of a file, at least a SEAL record's) ends with an
+    intact SEAL record: its ``(entries, size_bytes, record bytes)``; else None."""
+    if len(tail) < _SEAL_RECORD_BYTES:
+        return None
+    view = memoryview(tail)
+    record = _read_record(view, len(view) - _SEAL_RECORD_BYTES)
+    if record is None or record[0] is not RecordKind.SEAL or record[2] != len(view):
+        return None
+    entries, size_bytes = _SEAL.unpack(record[1])
+    return entries, size_bytes, _SEAL_RECORD_BYTES
 
 
 def _trailing_seal_offset(view: memoryview) -> int | None:

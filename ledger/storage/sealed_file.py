@@ -1,0 +1,110 @@
+"""A sealed ledger file read directly, by the record offsets a caller already knows.
+
+``FileLedgerStore`` loads a ledger by scanning every record of its file (a CRC32C each)
+to learn where its entries are: a few microseconds per entry in Python, the main cost of
+reading a topic of small messages once. A sealed file never changes, so a reader that
+kept the entries' offsets (``compactor.key_index`` records them) needs no scan:
+
+* ``SealedFile.open`` checks the file's MAGIC and its trailing SEAL record (the file is
+  sealed; the SEAL gives the entry count and size), nothing else;
+* ``walk`` finds the offsets once, by the records' length fields alone (no CRC): a walk
+  that does not land exactly on the SEAL, or whose counts differ from it, raises
+  ``CorruptLedgerError`` (the caller falls back to the store's scan);
+* ``read`` returns entries by their offsets and lengths, each checked against its CRC32C
+  as ``FileLedgerStore.read`` checks it (``ledger.storage.record.entry_payload``): a
+  record that does not match raises ``CorruptEntryError`` and is never served.
+
+The file is only read (``os.pread``), so any process may do this while the store that
+owns the directory goes on with other ledgers.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from collections.abc import Sequence
+
+from ledger.errors import CorruptEntryError, CorruptLedgerError
+from ledger.storage.record import HEADER, MAGIC, RecordKind, entry_payload, seal_counts
+
+__all__ = ["SealedFile"]
+
+# Bytes read at a time while walking the records' headers.
+_WALK_BLOCK_BYTES = 4 * 1024 * 1024
+
+
+class SealedFile:
+    """One sealed ledger file, open for reading (see the module docstring)."""
+
+    def __init__(self, path: str, ledger_id: int, fd: int, entries: int, size_bytes: int, seal_offset: int) -> None:
+        self.path = path
+        self.ledger_id = ledger_id
+        self.entries = entries
+        self.size_bytes = size_bytes
+        self._fd = fd
+        self._seal_offset = seal_offset
+
+    @classmethod
+    def open(cls, path: str, ledger_id: int) -> SealedFile | None:
+        """The sealed file at ``path``; None when it is not sealed (or not there)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, len(MAGIC), 0)
+            counts = seal_counts(os.pread(fd, 64, max(0, size - 64)))
+        except OSError:
+            os.close(fd)
+            raise
+        if head != MAGIC or counts is None:
+            os.close(fd)
+            return None
+        entries, size_bytes, seal_bytes = counts
+        return cls(path, ledger_id, fd, entries, size_bytes, size - seal_bytes)
+
+    def walk(self) -> tuple[array[int], array[int]]:
+        """Every entry's record offset and payload length, by the length fields alone."""
+        offsets, lengths = array("q"), array("q")
+        offset = len(MAGIC)
+        block, block_start = b"", offset
+        kind_entry = int(RecordKind.ENTRY)
+        while offset < self._seal_offset:
+            if offset + HEADER.size > block_start + len(block):
+                block_start = offset
+                block = os.pread(self._fd, _WALK_BLOCK_BYTES, offset)
+                if len(block) < HEADER.size:
+                    break
+            length, _, kind = HEADER.unpack_from(block, offset - block_start)
+            if kind == kind_entry:
+                offsets.append(offset)
+                lengths.append(length)
+            elif kind != RecordKind.META or offsets:
+                break
+            offset += HEADER.size + length
+        if offset != self._seal_offset or len(offsets) != self.entries or sum(lengths) != self.size_bytes:
+            raise CorruptLedgerError(f"{self.path}: its records do not add up to its SEAL record",
+                                     ledger_id=self.ledger_id)
+        return offsets, lengths
+
+    def read(self, first_entry_id: int, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """The entries at ``offsets`` (entry ids from ``first_entry_id``, adjacent in the
+        file), each checked against its CRC32C, read in one piece."""
+        if not offsets:
+            return []
+        start = offsets[0]
+        block = os.pread(self._fd, offsets[-1] + HEADER.size + lengths[-1] - start, start)
+        view = memoryview(block)
+        entries = []
+        for entry_id, (offset, length) in enumerate(zip(offsets, lengths, strict=True), first_entry_id):
+            payload = entry_payload(view, offset - start, length)
+            if payload is None:
+                raise CorruptEntryError(
+                    f"ledger {self.ledger_id}: entry {entry_id} fails its CRC32C check; it is not served",
+                    ledger_id=self.ledger_id, entry_id=entry_id)
+            entries.append(bytes(payload))
+        return entries
+
+    def close(self) -> None:
+        os.close(self._fd)
