@@ -54,14 +54,17 @@ class IndexSource:
         self._sealed[key] = (sealed, index["entry_offset"][starts].tolist(), index["stored_bytes"][starts].tolist())
         return index
 
-    def read(self, whole: LedgerRange, first: int, last: int) -> list[bytes]:
-        """The stored bytes of ``whole``'s entries ``first..last``."""
+    def read(self, whole: LedgerRange, stored: list[int]) -> list[bytes]:
+        """The stored bytes of ``whole``'s entries ``stored`` (ascending indexes)."""
         known = self._sealed.get((whole.compacted, whole.ledger_id))
+        if not stored:
+            return []
         if known is None:
-            batch = list(self._store.read(whole.ledger_id, first, last))
+            span = self._store.read(whole.ledger_id, stored[0], stored[-1])
+            batch = [span[at - stored[0]] for at in stored]
         else:
             sealed, offsets, lengths = known
-            batch = sealed.read(first, offsets[first: last + 1], lengths[first: last + 1])
+            batch = sealed.read(stored, [offsets[at] for at in stored], [lengths[at] for at in stored])
         self._charge(sum(len(data) for data in batch))
         return batch
 

@@ -72,7 +72,7 @@ DELETED = np.uint64((1 << 64) - 1)
 _NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _BYTES_PER_KEY = 24  # a row waiting to be merged, and a key in the map: high, low, value
-# Entries per store read in phase two.
+# Entries with a survivor asked for at once in phase two.
 READ_BATCH_ENTRIES_MAX = 1000
 
 
@@ -154,14 +154,15 @@ class _Source:
 class IndexedRound:
     """One round over indexes (see the module docstring).
 
-    ``load(range)`` gives the index of a range's ledger; ``read(range, first, last)`` the
-    stored bytes of its entries ``first..last`` (charged to the run's throttle by the caller).
+    ``load(range)`` gives the index of a range's ledger; ``read(range, stored)`` the stored
+    bytes of its entries ``stored`` (ascending indexes in the ledger; charged to the run's
+    throttle by the caller).
     """
 
     def __init__(
         self, ranges: tuple[LedgerRange, ...], *, capacity_keys: int, keep_tombstones_since_ms: int | None,
         retain_null_key: bool, load: Callable[[LedgerRange], KeyIndex],
-        read: Callable[[LedgerRange, int, int], list[bytes]],
+        read: Callable[[LedgerRange, list[int]], list[bytes]],
     ) -> None:
         self.ranges = ranges
         self.capacity_keys = capacity_keys
@@ -318,28 +319,30 @@ class IndexedRound:
         kept = np.add.reduceat(keep.astype(np.int64), starts)
         messages = np.add.reduceat(((rows["flags"] & _NOT_A_MESSAGE) == 0).astype(np.int64), starts)
         ends = np.append(starts[1:], len(stored))
-        wanted = np.flatnonzero(kept)
-        block_first, block = -1, list[bytes]()
-        for entry in wanted.tolist():
-            start, end = int(starts[entry]), int(ends[entry])
-            at = int(stored[start])
-            if not block_first <= at < block_first + len(block):
-                block_first = at
-                block = self._read(whole, at, min(at + READ_BATCH_ENTRIES_MAX, int(stored[-1]) + 1) - 1)
-            data = block[at - block_first]
-            if whole.compacted:
-                data = decode_compacted_entry(data).data
-            yield _compacted(rows, start, end, keep[start:end], int(kept[entry]) == int(messages[entry]), data)
+        wanted = np.flatnonzero(kept).tolist()
+        starts_of, ends_of, kept_of, messages_of = starts.tolist(), ends.tolist(), kept.tolist(), messages.tolist()
+        stored_of = stored[starts].tolist()
+        ledger_of, entry_of = rows["ledger_id"][starts].tolist(), rows["entry_id"][starts].tolist()
+        batched_of = ((rows["batch_size"][starts] > 0) & ((rows["flags"][starts] & FLAG_OPAQUE) == 0)).tolist()
+        for chunk in range(0, len(wanted), READ_BATCH_ENTRIES_MAX):
+            entries = wanted[chunk: chunk + READ_BATCH_ENTRIES_MAX]
+            block = self._read(whole, [stored_of[entry] for entry in entries])
+            for entry, data in zip(entries, block, strict=True):
+                start, end = starts_of[entry], ends_of[entry]
+                if whole.compacted:
+                    data = decode_compacted_entry(data).data
+                position = Position(ledger_of[entry], entry_of[entry])
+                if not batched_of[entry]:  # one message, or an entry kept whole as it is
+                    yield CompactedEntry(position, data)
+                else:
+                    yield _batch(position, rows, start, end, keep[start:end], kept_of[entry] == messages_of[entry],
+                                 data)
 
 
-def _compacted(
-    rows: Rows, start: int, end: int, keep: Mask, whole: bool, data: bytes,
-) -> CompactedEntry:
-    """The compacted entry of the entry whose rows are ``start..end`` (some kept)."""
-    position = Position(int(rows["ledger_id"][start]), int(rows["entry_id"][start]))
+def _batch(position: Position, rows: Rows, start: int, end: int, keep: Mask, whole: bool, data: bytes) -> CompactedEntry:
+    """The compacted entry of the batch whose rows are ``start..end`` (some kept): as
+    stored when every live slot is kept, else rewritten."""
     batch_size = int(rows["batch_size"][start])
-    if not batch_size or rows["flags"][start] & FLAG_OPAQUE:
-        return CompactedEntry(position, data)
     surviving = tuple(rows["batch_index"][start:end][keep].tolist())
     if not whole:
         metadata, header_size, has_checksum = parse_header(data)

@@ -346,7 +346,7 @@ def _sealed_entries(
     """Every entry of a sealed ledger as ``build_index`` takes them."""
     for first in range(0, sealed.entries, BUILD_READ_ENTRIES_MAX):
         last = min(sealed.entries, first + BUILD_READ_ENTRIES_MAX)
-        batch = sealed.read(first, offsets[first:last], lengths[first:last])
+        batch = sealed.read(range(first, last), offsets[first:last], lengths[first:last])
         charge(sum(len(data) for data in batch))
         yield from _as_built(sealed.ledger_id, first, batch, compacted)
 

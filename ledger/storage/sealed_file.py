@@ -10,7 +10,7 @@ kept the entries' offsets (``compactor.key_index`` records them) needs no scan:
 * ``walk`` finds the offsets once, by the records' length fields alone (no CRC): a walk
   that does not land exactly on the SEAL, or whose counts differ from it, raises
   ``CorruptLedgerError`` (the caller falls back to the store's scan);
-* ``read`` returns entries by their offsets and lengths, each checked against its CRC32C
+* ``read`` returns entries (any of them, ascending) by their offsets and lengths, each checked against its CRC32C
   as ``FileLedgerStore.read`` checks it (``ledger.storage.record.entry_payload``): a
   record that does not match raises ``CorruptEntryError`` and is never served.
 
@@ -31,6 +31,8 @@ __all__ = ["SealedFile"]
 
 # Bytes read at a time while walking the records' headers.
 _WALK_BLOCK_BYTES = 4 * 1024 * 1024
+# Entries closer together than this are read with one pread.
+_READ_SPAN_BYTES = 4 * 1024 * 1024
 
 
 class SealedFile:
@@ -88,17 +90,27 @@ class SealedFile:
                                      ledger_id=self.ledger_id)
         return offsets, lengths
 
-    def read(self, first_entry_id: int, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
-        """The entries at ``offsets`` (entry ids from ``first_entry_id``, adjacent in the
-        file), each checked against its CRC32C, read in one piece."""
-        if not offsets:
-            return []
-        start = offsets[0]
-        block = os.pread(self._fd, offsets[-1] + HEADER.size + lengths[-1] - start, start)
+    def read(self, entry_ids: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """The entries ``entry_ids`` (ascending) at ``offsets``, of ``lengths``, each
+        checked against its CRC32C; entries close together are read in one piece."""
+        entries: list[bytes] = []
+        start = 0
+        while start < len(entry_ids):
+            end = start + 1
+            while end < len(entry_ids) and offsets[end] + lengths[end] - offsets[start] < _READ_SPAN_BYTES:
+                end += 1
+            entries.extend(self._span(entry_ids[start:end], offsets[start:end], lengths[start:end]))
+            start = end
+        return entries
+
+    def _span(self, entry_ids: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """Entries read with one ``pread`` from the first's record to the last's end."""
+        first = offsets[0]
+        block = os.pread(self._fd, offsets[-1] + HEADER.size + lengths[-1] - first, first)
         view = memoryview(block)
         entries = []
-        for entry_id, (offset, length) in enumerate(zip(offsets, lengths, strict=True), first_entry_id):
-            payload = entry_payload(view, offset - start, length)
+        for entry_id, offset, length in zip(entry_ids, offsets, lengths, strict=True):
+            payload = entry_payload(view, offset - first, length)
             if payload is None:
                 raise CorruptEntryError(
                     f"ledger {self.ledger_id}: entry {entry_id} fails its CRC32C check; it is not served",

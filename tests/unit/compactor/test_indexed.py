@@ -77,9 +77,10 @@ class _Ledgers:
         return build_index((stored, ledger_id, entry_id, data)
                            for stored, (ledger_id, entry_id, data) in enumerate(entries))
 
-    def read(self, whole: LedgerRange, first: int, last: int) -> list[bytes]:
-        assert whole.first_entry_id <= first <= last <= whole.last_entry_id
-        return [data for _, _, data in self.ledgers[(whole.compacted, whole.ledger_id)][first: last + 1]]
+    def read(self, whole: LedgerRange, stored: list[int]) -> list[bytes]:
+        assert stored == sorted(stored) and all(whole.first_entry_id <= at <= whole.last_entry_id for at in stored)
+        entries = self.ledgers[(whole.compacted, whole.ledger_id)]
+        return [entries[at][2] for at in stored]
 
 
 def _both_rounds(
