@@ -265,3 +265,53 @@ def test_the_indexes_a_run_needed_are_written_beside_sealed_ledgers_and_read_by_
     after = {name for name in os.listdir(ledgers) if name.endswith(INDEX_SUFFIX)}
     assert before < after  # the newly sealed ledgers, and the first run's compacted ledger
     assert set(written) == after - before  # the first run's indexes were read, not built again
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_a_damaged_index_is_never_used_the_run_parses_that_ledger_and_writes_it_again(
+    tmp_path: Path, opened: list[DataDir], damage: str,
+) -> None:
+    from compactor.key_index import ensure_index
+    views = {}
+    for key_index in (False, True):
+        topic = _open(tmp_path / str(key_index), opened)
+        _append(topic.ledger, _workload(1, 30))
+        store = topic.ledger.store
+        ledgers = os.path.join(str(tmp_path / str(key_index)), "ledgers")
+        for record in topic.ledger.ledger_list()[:-1]:  # what the builder writes at seal
+            ensure_index(store, record.ledger_id, compacted=False)  # type: ignore[arg-type]
+        damaged = [name for name in sorted(os.listdir(ledgers)) if name.endswith(INDEX_SUFFIX)]
+        assert damaged
+        for name in damaged:
+            _damage(os.path.join(ledgers, name), damage)
+        Compactor(CompactionConfig(engine="local", key_index=key_index)).compact(topic)
+        views[key_index] = _view(topic)
+    assert views[True] == views[False]
+    from compactor.key_index import IndexedLedger, read_index
+    from ledger.storage.sealed_file import SealedFile
+    ledgers = os.path.join(str(tmp_path / "True"), "ledgers")
+    checked = 0
+    for name in sorted(os.listdir(ledgers)):
+        if name.endswith(INDEX_SUFFIX):
+            ledger_file = os.path.join(ledgers, name[: -len(INDEX_SUFFIX)])
+            sealed = SealedFile.open(ledger_file, int(name.split(".")[0]))
+            assert sealed is not None
+            assert read_index(ledger_file + INDEX_SUFFIX,
+                              IndexedLedger(sealed.ledger_id, sealed.entries, sealed.size_bytes)) is not None
+            sealed.close()
+            checked += 1
+    assert checked
+
+
+def _damage(path: str, how: str) -> None:
+    with open(path, "r+b") as file:
+        size = os.fstat(file.fileno()).st_size
+        if how == "truncate":
+            file.truncate(size // 2)
+        elif how == "empty":
+            file.truncate(0)
+        else:
+            file.seek(size // 3)
+            byte = file.read(1)
+            file.seek(size // 3)
+            file.write(bytes([byte[0] ^ 0xFF]))
