@@ -38,17 +38,18 @@ class IndexSource:
         self._sealed: dict[tuple[bool, int], tuple[SealedFile, list[int], list[int]]] = {}
         self._open: set[tuple[bool, int]] = set()
 
-    def load(self, whole: LedgerRange) -> KeyIndex:
-        """The index of ``whole``'s ledger."""
+    def load(self, whole: LedgerRange, columns: tuple[str, ...]) -> KeyIndex:
+        """The index of ``whole``'s ledger (at least ``columns`` of it)."""
         key = (whole.compacted, whole.ledger_id)
         known = self._sealed.get(key)
         if known is not None:
-            return sealed_index(known[0], compacted=whole.compacted, charge=self._charge)
+            return sealed_index(known[0], compacted=whole.compacted, charge=self._charge, columns=columns)
         sealed = SealedFile.open(ledger_path(self._store.root, whole.ledger_id), whole.ledger_id)
         if sealed is None:
             self._open.add(key)
             return ensure_index(self._store, whole.ledger_id, compacted=whole.compacted, charge=self._charge)
-        index = sealed_index(sealed, compacted=whole.compacted, charge=self._charge)
+        index = sealed_index(sealed, compacted=whole.compacted, charge=self._charge,
+                             columns=(*columns, "entry_offset", "stored_bytes"))
         stored = index["stored"]
         starts = np.flatnonzero(np.concatenate(([True], stored[1:] != stored[:-1]))[: len(stored)])
         self._sealed[key] = (sealed, index["entry_offset"][starts].tolist(), index["stored_bytes"][starts].tolist())

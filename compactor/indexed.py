@@ -72,6 +72,10 @@ DELETED = np.uint64((1 << 64) - 1)
 _NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _BYTES_PER_KEY = 24  # a row waiting to be merged, and a key in the map: high, low, value
+# The index columns each step reads.
+_PHASE_ONE = ("flags", "hash_high", "hash_low", "publish_time", "entry_bytes", "ledger_id", "entry_id")
+_CLEAN = ("flags", "hash_high", "hash_low", "publish_time")
+_PHASE_TWO = ("ledger_id", "entry_id", "batch_index", "batch_size", "flags", "publish_time", "slot_end")
 # Entries with a survivor asked for at once in phase two.
 READ_BATCH_ENTRIES_MAX = 1000
 
@@ -154,7 +158,7 @@ class _Source:
 class IndexedRound:
     """One round over indexes (see the module docstring).
 
-    ``load(range)`` gives the index of a range's ledger; ``read(range, stored)`` the stored
+    ``load(range, columns)`` gives the index of a range's ledger (at least ``columns``); ``read(range, stored)`` the stored
     bytes of its entries ``stored`` (ascending indexes in the ledger; charged to the run's
     throttle by the caller).
     """
@@ -187,7 +191,7 @@ class IndexedRound:
         """Phase one; raises ``IndexUnavailable`` when the round must parse instead."""
         dirty_rows = 0
         for whole in self.ranges:
-            rows = self._rows(whole)
+            rows = self._rows(whole, _PHASE_ONE)
             if np.any(rows["flags"] & FLAG_CHUNK):
                 raise IndexUnavailable(f"ledger {whole.ledger_id} holds a chunked message")
             source = _Source(whole, len(rows["flags"]), dirty_rows)
@@ -202,14 +206,14 @@ class IndexedRound:
         self.key_map.merge()
         for source in self._plan:
             if source.range.compacted:
-                source.clean_keep = self._clean_keep(self._rows(source.range))
+                source.clean_keep = self._clean_keep(self._rows(source.range, _CLEAN))
 
     def _dirty_planned(self) -> bool:
         return any(not source.range.compacted for source in self._plan)
 
-    def _rows(self, whole: LedgerRange) -> Rows:
-        """The index rows of ``whole``'s entries."""
-        index = self._load(whole)
+    def _rows(self, whole: LedgerRange, columns: tuple[str, ...]) -> Rows:
+        """The index rows of ``whole``'s entries (``columns`` of them, and ``stored``)."""
+        index = self._load(whole, columns)
         stored = index["stored"]
         first, last = np.searchsorted(stored, [whole.first_entry_id, whole.last_entry_id + 1])
         return {name: column[first:last] for name, column in index.columns.items()}
@@ -290,7 +294,7 @@ class IndexedRound:
         """Phase two: the surviving entries of the round's stream, in order."""
         retained = np.sort(self.key_map.value[self.key_map.value != DELETED])
         for source in self._plan:
-            rows = {name: column[: source.rows] for name, column in self._rows(source.range).items()}
+            rows = {name: column[: source.rows] for name, column in self._rows(source.range, _PHASE_TWO).items()}
             if source.clean_keep is not None:
                 keep = source.clean_keep
                 self.clean_keys_kept += int(np.count_nonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0)))

@@ -32,7 +32,8 @@ reference reader cannot disagree (``tests/unit/compactor/test_key_index.py``).
 
 Integrity: the file's key-value metadata records the index's format, the ledger it
 describes (id, entry count, size in bytes: a file describing another ledger, or another
-state of it, is refused), and a CRC32C over every column's values. ``read_index`` gives
+state of it, is refused), and a CRC32C of each column's values (a reader may read only the
+columns it needs, each checked); Parquet's page checksums are written and verified too. ``read_index`` gives
 None for a file that is missing, and raises ``CorruptIndexError`` for one that does not
 read back whole and consistent; the caller then parses the ledger instead (and may write a
 fresh index). ``write_index`` writes a temporary file, fsyncs it, renames it over the final
@@ -93,7 +94,7 @@ INDEX_SUFFIX = ".kidx"
 """Appended to the ledger file's name."""
 TEMP_SUFFIX = ".kidx-tmp"
 """A temporary file being written; never read, removed at the next start."""
-FORMAT = "compactd-key-index/2"
+FORMAT = "compactd-key-index/3"
 
 FLAG_KEYLESS = 1
 """The message has no key (``retain_null_key`` decides)."""
@@ -210,11 +211,8 @@ def index_path(ledger_file: str) -> str:
     return ledger_file + INDEX_SUFFIX
 
 
-def _checksum(columns: dict[str, npt.NDArray[Any]]) -> int:
-    value = 0
-    for name, _ in _COLUMNS:
-        value = crc32c.crc32c(np.ascontiguousarray(columns[name]).tobytes(), value)
-    return value
+def _checksum(column: npt.NDArray[Any]) -> str:
+    return str(crc32c.crc32c(np.ascontiguousarray(column).tobytes()))
 
 
 def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
@@ -224,7 +222,8 @@ def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
 
     metadata = {
         "format": FORMAT, "ledger_id": str(ledger.ledger_id), "entries": str(ledger.entries),
-        "size_bytes": str(ledger.size_bytes), "crc32c": str(_checksum(index.columns)),
+        "size_bytes": str(ledger.size_bytes),
+        **{f"crc32c.{name}": _checksum(index.columns[name]) for name, _ in _COLUMNS},
     }
     table = pa.table({name: index.columns[name] for name, _ in _COLUMNS}).replace_schema_metadata(metadata)
     temporary = f"{path}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
@@ -247,8 +246,9 @@ def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
         os.close(directory)
 
 
-def read_index(path: str, ledger: IndexedLedger) -> KeyIndex | None:
+def read_index(path: str, ledger: IndexedLedger, columns: Sequence[str] | None = None) -> KeyIndex | None:
     """The index at ``path`` if it describes ``ledger`` exactly; None when there is no file.
+    ``columns``: only those (and ``stored``), each checked; None: all of them.
 
     Raises ``CorruptIndexError`` when the file does not read back whole (a damaged page, a
     checksum that does not match, a column missing) or describes another ledger or another
@@ -257,25 +257,28 @@ def read_index(path: str, ledger: IndexedLedger) -> KeyIndex | None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    wanted = [name for name, _ in _COLUMNS if columns is None or name == "stored" or name in columns]
     try:
-        table = pq.read_table(path, page_checksum_verification=True)
+        table = pq.read_table(path, columns=wanted, page_checksum_verification=True)
+        metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
     except FileNotFoundError:
         return None
-    except (OSError, pa.ArrowException, ValueError) as error:
+    except (OSError, pa.ArrowException, ValueError) as error:  # UnicodeDecodeError is a ValueError
         raise CorruptIndexError(f"key index {path} does not read: {error}") from None
-    metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
     expected = {"format": FORMAT, "ledger_id": str(ledger.ledger_id), "entries": str(ledger.entries),
                 "size_bytes": str(ledger.size_bytes)}
     for key, value in expected.items():
         if metadata.get(key) != value:
             raise CorruptIndexError(f"key index {path}: {key} is {metadata.get(key)!r}, expected {value!r}")
+    dtypes = dict(_COLUMNS)
     try:
-        columns = {name: table.column(name).to_numpy().astype(dtype, copy=False) for name, dtype in _COLUMNS}
+        read = {name: table.column(name).to_numpy().astype(dtypes[name], copy=False) for name in wanted}
     except (KeyError, pa.ArrowException) as error:
         raise CorruptIndexError(f"key index {path}: {error}") from None
-    if str(_checksum(columns)) != metadata.get("crc32c"):
-        raise CorruptIndexError(f"key index {path}: the columns' checksum does not match")
-    index = KeyIndex(columns, ledger.entries)
+    for name, column in read.items():
+        if _checksum(column) != metadata.get(f"crc32c.{name}"):
+            raise CorruptIndexError(f"key index {path}: the checksum of column {name} does not match")
+    index = KeyIndex(read, ledger.entries)
     _check_shape(path, index)
     return index
 
@@ -320,12 +323,14 @@ def ledger_path(root: str, ledger_id: int) -> str:
 
 def sealed_index(
     sealed: SealedFile, *, compacted: bool, write: bool = True, charge: Callable[[int], object] = lambda size: None,
+    columns: Sequence[str] | None = None,
 ) -> KeyIndex:
-    """``ensure_index`` of a sealed ledger, its file already open."""
+    """``ensure_index`` of a sealed ledger, its file already open; ``columns`` as for
+    ``read_index`` (an index built now has them all)."""
     ledger = IndexedLedger(sealed.ledger_id, sealed.entries, sealed.size_bytes)
     path = index_path(sealed.path)
     try:
-        index = read_index(path, ledger)
+        index = read_index(path, ledger, columns)
     except CorruptIndexError as error:
         log.warning("%s; parsing the ledger and writing it again", error)
         index = None

@@ -67,7 +67,7 @@ class _Ledgers:
             self.ledgers[(False, ledger_id)] = [(ledger_id, e.position.entry_id, e.data) for e in entries]
             self.ranges.append(LedgerRange(ledger_id, dirty[0], len(entries) - 1))
 
-    def load(self, whole: LedgerRange) -> KeyIndex:
+    def load(self, whole: LedgerRange, columns: tuple[str, ...]) -> KeyIndex:
         entries = self.ledgers[(whole.compacted, whole.ledger_id)]
         if whole.compacted:
             from compactor.view import decode_compacted_entry
@@ -169,8 +169,8 @@ def test_two_keys_sharing_the_high_half_of_their_hash_make_the_round_parse() -> 
     ledgers = _Ledgers(raw, [], EARLIEST)
     real = indexed.IndexedRound._rows
 
-    def colliding(self: IndexedRound, whole: LedgerRange) -> dict[str, object]:
-        rows = real(self, whole)
+    def colliding(self: IndexedRound, whole: LedgerRange, columns: tuple[str, ...]) -> dict[str, object]:
+        rows = real(self, whole, columns)
         rows["hash_high"] = rows["hash_high"] * 0 + 7  # every key's high half the same
         return rows  # type: ignore[return-value]
 
