@@ -165,7 +165,7 @@ class IndexedRound:
 
     def __init__(
         self, ranges: tuple[LedgerRange, ...], *, capacity_keys: int, keep_tombstones_since_ms: int | None,
-        retain_null_key: bool, load: Callable[[LedgerRange], KeyIndex],
+        retain_null_key: bool, load: Callable[[LedgerRange, tuple[str, ...]], KeyIndex],
         read: Callable[[LedgerRange, list[int]], list[bytes]],
     ) -> None:
         self.ranges = ranges
