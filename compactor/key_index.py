@@ -242,7 +242,8 @@ def read_index(path: str, ledger: IndexedLedger) -> KeyIndex | None:
         return None
     except (OSError, pa.ArrowException, ValueError) as error:
         raise CorruptIndexError(f"key index {path} does not read: {error}") from None
-    metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
+    metadata = {key.decode(errors="replace"): value.decode(errors="replace")  # a damaged byte: a mismatch below
+                for key, value in (table.schema.metadata or {}).items()}
     expected = {"format": FORMAT, "ledger_id": str(ledger.ledger_id), "entries": str(ledger.entries),
                 "size_bytes": str(ledger.size_bytes)}
     for key, value in expected.items():
