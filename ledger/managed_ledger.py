@@ -128,7 +128,7 @@ class ManagedLedger:
         config: ManagedLedgerConfig,
         clock: Callable[[], float],
         roll_over_in_background: bool = False,
-        on_sealed: Callable[[int], None] | None = None,
+        on_sealed: Callable[[int, int], None] | None = None,
     ) -> None:
         self.name = name
         self.store = store
@@ -166,12 +166,12 @@ class ManagedLedger:
         *,
         clock: Callable[[], float] = time.time,
         roll_over_in_background: bool = False,
-        on_sealed: Callable[[int], None] | None = None,
+        on_sealed: Callable[[int, int], None] | None = None,
     ) -> ManagedLedger:
         """Load topic ``name`` (creating it if new) and open a fresh ledger for writing;
         ``roll_over_in_background`` moves roll-overs off the appending thread.
-        ``on_sealed(ledger_id)`` is called after each ledger of the topic with entries is
-        sealed and recorded closed (a roll-over, a close, a ledger the last run left open),
+        ``on_sealed(ledger_id, entries)`` is called after each ledger of the topic with entries
+        is sealed and recorded closed (a roll-over, a close, a ledger the last run left open),
         on the sealing thread: it must return quickly, and what it raises is logged only."""
         managed = cls(name, store, metadata, config or ManagedLedgerConfig(), clock, roll_over_in_background,
                       on_sealed)
@@ -422,7 +422,7 @@ class ManagedLedger:
         if self._on_sealed is None or entries == 0:
             return
         try:
-            self._on_sealed(ledger_id)
+            self._on_sealed(ledger_id, entries)
         except Exception:  # a listener's failure never fails a seal
             log.exception("topic %s: the on-sealed hook failed for ledger %d", self.name, ledger_id)
 

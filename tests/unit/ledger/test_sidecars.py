@@ -110,10 +110,15 @@ def test_the_on_sealed_hook_hears_every_sealed_ledger_with_entries(tmp_path: Pat
     store = FileLedgerStore(str(tmp_path / "ledgers"), sync=SyncPolicy.GROUP)
     metadata = MetadataStore(str(tmp_path / "metadata.db"))
     sealed: list[int] = []
+
+    def hear(ledger_id: int, entries: int) -> None:
+        assert entries == store.info(ledger_id).last_add_confirmed + 1 > 0
+        sealed.append(ledger_id)
+
     for background in (False, True):
         topic = f"{TOPIC}-{background}"
         ledger = ManagedLedger.open(topic, store, metadata, ManagedLedgerConfig(max_entries_per_ledger=3),
-                                    roll_over_in_background=background, on_sealed=sealed.append)
+                                    roll_over_in_background=background, on_sealed=hear)
         futures = [ledger.append(f"m{index}".encode()) for index in range(7)]
         positions = [future.result(timeout=10) for future in futures]
         ledger.close()  # seals the third ledger (one entry)
@@ -131,9 +136,9 @@ def test_a_ledger_left_open_by_a_crash_is_reported_when_the_topic_opens_again(tm
     metadata = MetadataStore(str(tmp_path / "metadata.db"))
     crashed = ManagedLedger.open(TOPIC, store, metadata)
     position = crashed.append(b"durable").result(timeout=10)  # never closed: as after kill -9
-    sealed: list[int] = []
-    ManagedLedger.open(TOPIC, store, metadata, on_sealed=sealed.append).close()
-    assert sealed == [position.ledger_id]
+    sealed: list[tuple[int, int]] = []
+    ManagedLedger.open(TOPIC, store, metadata, on_sealed=lambda *sealed_ledger: sealed.append(sealed_ledger)).close()
+    assert sealed == [(position.ledger_id, 1)]
     store.shutdown()
     metadata.close()
 
@@ -142,7 +147,7 @@ def test_a_failing_on_sealed_hook_never_fails_a_roll_over(tmp_path: Path) -> Non
     store = FileLedgerStore(str(tmp_path / "ledgers"), sync=SyncPolicy.GROUP)
     metadata = MetadataStore(str(tmp_path / "metadata.db"))
 
-    def broken(ledger_id: int) -> None:
+    def broken(ledger_id: int, entries: int) -> None:
         raise RuntimeError(f"cannot index {ledger_id}")
 
     ledger = ManagedLedger.open(TOPIC, store, metadata, ManagedLedgerConfig(max_entries_per_ledger=2),
