@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from api.broker.admin_topics import TopicOperations
 from api.broker.service import BrokerService
 from api.config import Settings
 from compactor.encoder import encode_entry
@@ -30,8 +31,9 @@ DEADLINE_S = 60.0  # a worker process starts and indexes a ledger
 
 
 def _settings(**overrides: object) -> Settings:
-    return Settings(compaction_monitor_interval_seconds=0, managed_ledger_max_entries_per_ledger=INDEX_MIN_ENTRIES,
-                    **overrides)  # type: ignore[arg-type]
+    chosen: dict[str, object] = {"compaction_monitor_interval_seconds": 0,
+                                 "managed_ledger_max_entries_per_ledger": INDEX_MIN_ENTRIES, **overrides}
+    return Settings(**chosen)  # type: ignore[arg-type]
 
 
 def _entry(index: int) -> bytes:
@@ -78,6 +80,26 @@ def test_a_rolled_over_ledger_is_indexed_by_the_broker(tmp_path: Path) -> None:
             await broker.stop()
         assert broker.key_indexes.pids() == []  # the worker process is gone with the stop
         data_dir.close()
+
+    asyncio.run(main())
+
+
+def test_a_ledger_sealed_by_an_unload_is_indexed(tmp_path: Path) -> None:
+    async def main() -> None:
+        data_dir = DataDir.open(str(tmp_path / "data"))
+        broker = BrokerService(data_dir, _settings(managed_ledger_max_entries_per_ledger=10 * INDEX_MIN_ENTRIES))
+        broker.start_tasks()
+        try:
+            topic = broker.get_topic(TOPIC)
+            _fill(topic.ledger, INDEX_MIN_ENTRIES)
+            current = topic.ledger.current_ledger_id
+            TopicOperations(broker.admin).unload(TOPIC)
+            store = data_dir.ledgers
+            assert isinstance(store, FileLedgerStore)
+            await _indexed(store, current)
+        finally:
+            await broker.stop()
+            data_dir.close()
 
     asyncio.run(main())
 
