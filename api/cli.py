@@ -93,6 +93,8 @@ MemoryBudget = Annotated[str | None, _option(
     "compaction_memory_budget_bytes", "--compaction-memory-budget-bytes", "BYTES")]
 WorkerProcess = Annotated[bool | None, _option(
     "compaction_worker_process", "--compaction-worker-process/--no-compaction-worker-process")]
+KeyIndex = Annotated[bool | None, _option(
+    "compaction_key_index", "--compaction-key-index/--no-compaction-key-index")]
 MinLag = Annotated[str | None, _option("compaction_min_lag_ms", "--compaction-min-lag-ms", "MS")]
 MaxBytesPerSecond = Annotated[str | None, _option(
     "compaction_max_bytes_per_second", "--compaction-max-bytes-per-second", "BYTES")]
@@ -170,6 +172,7 @@ def serve(  # one parameter per setting, each named as its key
     compaction_max_concurrent_runs: MaxConcurrentRuns = None,
     compaction_engine: Engine = None, spark_master: SparkMaster = None,
     compaction_memory_budget_bytes: MemoryBudget = None, compaction_worker_process: WorkerProcess = None,
+    compaction_key_index: KeyIndex = None,
     compaction_min_lag_ms: MinLag = None, compaction_max_bytes_per_second: MaxBytesPerSecond = None,
     compacted_ledger_grace_period_s: GracePeriod = None,
     log_format: LogFormatOption = None, log_level: LogLevelOption = None,

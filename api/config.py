@@ -140,6 +140,9 @@ class Settings:
     compaction_worker_process: bool = _setting(
         True, "Run the local engine's compaction rounds in worker processes (one per concurrent run), off "
         "the broker's interpreter, so that a run never holds the broker's GIL.")
+    compaction_key_index: bool = _setting(
+        _COMPACTION.key_index, "Index each sealed ledger's keys in a background worker process (a .kidx file "
+        "beside the ledger), and run compaction rounds over the indexes instead of parsing every message.")
     compaction_memory_budget_bytes: int = _setting(
         _COMPACTION.memory_budget_bytes, "Most memory the local engine's key map may hold (24 bytes a key); past it a run "
         "compacts in rounds, each one published.", minimum=1)

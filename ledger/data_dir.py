@@ -28,6 +28,7 @@ from ledger.metadata import MetadataStore
 from ledger.storage.base import LedgerStore, SyncPolicy
 from ledger.storage.file import MAX_OPEN_FILES_DEFAULT, FileLedgerStore
 from ledger.storage.sealed_writer import remove_temp_files
+from ledger.storage.sidecars import remove_stale_sidecars
 
 __all__ = ["DataDir"]
 
@@ -70,7 +71,8 @@ class DataDir:
         Call it at start, before any ledger is created: a ledger created by a run that
         crashed before referencing it is garbage (Pulsar leaks these). So are the
         temporary files of ledgers written whole elsewhere (``ledger.storage.sealed_writer``)
-        by a writer that died: they are deleted too.
+        by a writer that died: they are deleted too, and so are the temporary sidecar files
+        and the sidecars of ledgers that are gone (``ledger.storage.sidecars``).
         """
         if isinstance(self.ledgers, FileLedgerStore):
             stale = remove_temp_files(self.ledgers.root)
@@ -82,6 +84,10 @@ class DataDir:
             self.ledgers.delete(ledger_id)
         if orphans:
             log.info("collected orphan ledgers %s", orphans)
+        if isinstance(self.ledgers, FileLedgerStore):
+            sidecars = remove_stale_sidecars(self.ledgers.root)
+            if sidecars:
+                log.info("removed stale sidecar files %s", sidecars)
         return orphans
 
     def close(self) -> None:

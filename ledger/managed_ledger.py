@@ -128,6 +128,7 @@ class ManagedLedger:
         config: ManagedLedgerConfig,
         clock: Callable[[], float],
         roll_over_in_background: bool = False,
+        on_sealed: Callable[[int, int], None] | None = None,
     ) -> None:
         self.name = name
         self.store = store
@@ -151,6 +152,7 @@ class ManagedLedger:
         self._queued: list[tuple[bytes, Future[Position]]] = []
         self._rolled = threading.Event()  # set while no roll-over is in flight
         self._rolled.set()
+        self._on_sealed = on_sealed
 
     # -- opening ------------------------------------------------------------------------
 
@@ -164,10 +166,15 @@ class ManagedLedger:
         *,
         clock: Callable[[], float] = time.time,
         roll_over_in_background: bool = False,
+        on_sealed: Callable[[int, int], None] | None = None,
     ) -> ManagedLedger:
         """Load topic ``name`` (creating it if new) and open a fresh ledger for writing;
-        ``roll_over_in_background`` moves roll-overs off the appending thread."""
-        managed = cls(name, store, metadata, config or ManagedLedgerConfig(), clock, roll_over_in_background)
+        ``roll_over_in_background`` moves roll-overs off the appending thread.
+        ``on_sealed(ledger_id, entries)`` is called after each ledger of the topic with entries
+        is sealed and recorded closed (a roll-over, a close, a ledger the last run left open),
+        on the sealing thread: it must return quickly, and what it raises is logged only."""
+        managed = cls(name, store, metadata, config or ManagedLedgerConfig(), clock, roll_over_in_background,
+                      on_sealed)
         metadata.create_topic(name, managed._now_ms())
         kept: list[_Ledger] = []
         empty: list[int] = []
@@ -199,6 +206,7 @@ class ManagedLedger:
         closed_at_ms = self._now_ms()
         self.metadata.close_ledger(record.ledger_id, entries=info.entries,
                                    size_bytes=info.size_bytes, closed_at_ms=closed_at_ms)
+        self._notify_sealed(record.ledger_id, info.entries)
         return _Ledger(record.ledger_id, info.entries, info.size_bytes, record.created_at_ms, closed_at_ms)
 
     def _create_ledger(self) -> None:
@@ -407,6 +415,16 @@ class ManagedLedger:
         with self._counts_lock:
             ledger.entries, ledger.size_bytes = info.entries, info.size_bytes
             ledger.closed_at_ms = closed_at_ms
+        self._notify_sealed(ledger.ledger_id, info.entries)
+
+    def _notify_sealed(self, ledger_id: int, entries: int) -> None:
+        """Tell ``on_sealed`` that ``ledger_id`` is sealed (not an empty one: it leaves the list)."""
+        if self._on_sealed is None or entries == 0:
+            return
+        try:
+            self._on_sealed(ledger_id, entries)
+        except Exception:  # a listener's failure never fails a seal
+            log.exception("topic %s: the on-sealed hook failed for ledger %d", self.name, ledger_id)
 
     def _remove_empty(self, ledger: _Ledger) -> None:
         """Drop an empty, sealed ledger: reference first, then data."""

@@ -14,7 +14,9 @@ trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compa
 awaited) all go through; the core only builds each run's ``RunJob`` (the topic and its
 ``deleteRetentionMs``, ``minCompactionLagMs`` and ``compactionMaxBytesPerSecond``: topic
 policy, else namespace policy, else the broker default). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
-compaction scheduler, the sweep of replaced compacted ledgers past their grace period); ``stop`` ends it, cancels queued runs and waits for the running
+compaction scheduler, the sweep of replaced compacted ledgers past their grace period) and, with
+``compaction_key_index``, queues the sealed ledgers without a key index for the background
+builds (``compactor.index_builds``: each sealed ledger is indexed in a worker process); ``stop`` ends it, cancels queued runs and waits for the running
 ones, then seals every topic's current ledger, which makes (or fails) every pending append
 before it returns, and writes every queued cursor state (``cursor.store``: a clean stop
 loses no acknowledgement).
@@ -41,6 +43,7 @@ from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
 from api.config import Settings
 from compactor.errors import CompactionInProgressError
+from compactor.index_builds import KeyIndexBuilds, unindexed_ledgers
 from compactor.record import RunFigures
 from compactor.runner import CompactionConfig, Compactor, sweep_compacted_garbage
 from compactor.runs import CompactionRuns, RunJob
@@ -56,6 +59,7 @@ from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
+from ledger.storage.file import FileLedgerStore
 
 __all__ = ["GARBAGE_SWEEP_INTERVAL_S", "TRIM_INTERVAL_S", "BrokerService", "compaction_config", "ledger_config"]
 
@@ -76,6 +80,7 @@ def compaction_config(settings: Settings) -> CompactionConfig:
         engine=settings.compaction_engine,
         spark_master=settings.spark_master,
         memory_budget_bytes=settings.compaction_memory_budget_bytes,
+        key_index=settings.compaction_key_index,
     )
 
 
@@ -108,6 +113,10 @@ class BrokerService:
         self.ledger_config = ledger_config(settings)
         self.runs = CompactionRuns(self.compactor, self.compaction_statuses,
                                    max_concurrent_runs=settings.compaction_max_concurrent_runs)
+        # Each sealed raw ledger's key index, built in a worker process (compactor.index_builds).
+        self.key_indexes = (KeyIndexBuilds(data_dir.ledgers.root) if settings.compaction_key_index
+                            and isinstance(data_dir.ledgers, FileLedgerStore) else None)
+        self._index_task: asyncio.Task[None] | None = None
         # Pulsar's producer names: cluster, a broker instance id that never repeats on this
         # data dir (persisted), and a counter.
         self._producer_name_prefix = (f"{settings.cluster_name}-"
@@ -135,10 +144,12 @@ class BrokerService:
         interval_s = self.settings.compaction_monitor_interval_seconds
         if interval_s > 0:
             self._scheduler_task = asyncio.create_task(self._schedule_periodically(interval_s))
+        if self.key_indexes is not None:
+            self._index_task = asyncio.create_task(self._index_sealed_ledgers(self.key_indexes))
 
     def stop_tasks(self) -> None:
         """Cancel the periodic work (the runs in flight go on; ``stop`` waits for them)."""
-        for task in (self._trim_task, self._scheduler_task, self._sweep_task):
+        for task in (self._trim_task, self._scheduler_task, self._sweep_task, self._index_task):
             if task is not None:
                 task.cancel()
 
@@ -146,6 +157,8 @@ class BrokerService:
         """End the periodic work and the runs in flight; seal every topic (pending appends
         finish). A listener closes its connections before it calls this."""
         self.stop_tasks()
+        if self.key_indexes is not None:  # first: the seals below queue nothing (the next start indexes them)
+            await asyncio.to_thread(self.key_indexes.close)
         await self.runs.stop()
         for topic in list(self.topics.values()):
             try:
@@ -158,6 +171,17 @@ class BrokerService:
         except Exception as error:  # noqa: BLE001 - the stop goes on; those acks come again
             log.warning("writing the queued cursor states: %s", error)
         self.compactor.close()  # stops the Spark session if the spark engine started one
+
+    async def _index_sealed_ledgers(self, builds: KeyIndexBuilds) -> None:
+        """At start: queue every sealed raw ledger that has no key index yet (the last run
+        sealed its topics' current ledgers at its stop, or died while indexing)."""
+        try:
+            missing = await asyncio.to_thread(unindexed_ledgers, self.data_dir.metadata, builds.ledgers_root)
+        except Exception as error:  # noqa: BLE001 - the runs parse what has no index
+            log.warning("listing the ledgers without a key index: %s", error)
+            return
+        for ledger_id, entries in missing:
+            builds.submit(ledger_id, entries)
 
     async def _trim_periodically(self) -> None:
         """Trim every loaded topic each interval, on a worker thread: a trim's deletes and
@@ -202,7 +226,8 @@ class BrokerService:
         if create and not self.data_dir.metadata.topic_exists(key):
             self.check_creatable(name)
         ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config,
-                                    roll_over_in_background=True)
+                                    roll_over_in_background=True,
+                                    on_sealed=self.key_indexes.submit if self.key_indexes is not None else None)
         topic = Topic(name, ledger, self.loop or asyncio.get_running_loop(),
                       deduplication=self.deduplication_enabled(name), cursors=self.cursors,
                       compacted_grace_period_s=self.settings.compacted_ledger_grace_period_s)

@@ -28,6 +28,7 @@ the files' lifecycle and durability:
 * ``close`` flushes what is pending, then writes and syncs the SEAL record. A ledger fenced
   by a failed write is first cut back to its last durable entry (``last_add_confirmed``):
   what the failed appends left in the file is truncated, never sealed in.
+* ``delete`` removes the ledger's sidecar files with it (``ledger.storage.sidecars``).
 * ``read_only=True`` opens the directory without owning it (no lock, no truncation, no
   writes): another process can read sealed ledgers, and the intact prefix of open ones,
   while the owning broker keeps appending to other ledgers.
@@ -73,6 +74,7 @@ from ledger.storage.record import (
     entry_payload,
     scan,
 )
+from ledger.storage.sidecars import sidecar_paths
 
 __all__ = ["MAX_OPEN_FILES_DEFAULT", "FileLedgerStore"]
 
@@ -295,11 +297,13 @@ class FileLedgerStore:
                 futures = []
         for _, future in futures:
             future.set_exception(LedgerNotFoundError(f"ledger {ledger_id} was deleted"))
-        try:
-            os.unlink(self._path(ledger_id))
-        except FileNotFoundError:
-            return
-        _fsync_dir(self.root)
+        removed = False
+        for path in [*sidecar_paths(self._path(ledger_id)), self._path(ledger_id)]:  # sidecars first
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed = True
+        if removed:
+            _fsync_dir(self.root)
 
     def list(self) -> list[int]:
         ids = []

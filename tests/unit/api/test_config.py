@@ -38,6 +38,7 @@ NOT_YET_IN_INTERFACES = {
     "max_num_partitions_per_partitioned_topic",
     "compacted_ledger_grace_period_s",  # issue 13
     "compaction_worker_process",  # issue 12
+    "compaction_key_index",  # issue 12
 }
 
 # INTERFACES §1 and §4, column "default".
@@ -63,6 +64,7 @@ DOCUMENTED_DEFAULTS = {
     "advertised_address": None,  # issue 16
     "max_num_partitions_per_partitioned_topic": 1024,
     "compacted_ledger_grace_period_s": 60.0,  # issue 13
+    "compaction_key_index": True,  # issue 12
 }
 
 # One valid, non-default value per key: (as text for a flag or env var, as TOML, parsed).
@@ -85,6 +87,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "compaction_memory_budget_bytes": ("4096", "4096", 4096),
     "broker_deduplication_enabled": ("on", "true", True),
     "compaction_worker_process": ("off", "false", False),
+    "compaction_key_index": ("off", "false", False),
     "cluster_name": ("east", '"east"', "east"),
     "max_open_ledger_files": ("64", "64", 64),
     "managed_ledger_mark_delete_rate_limit": ("0.1", "0.1", 0.1),

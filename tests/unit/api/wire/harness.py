@@ -120,6 +120,8 @@ def broker_service(path: Path, settings: Settings | None = None, *,
             service._server.close()
         for connection in list(service.connections):
             connection.close()
+        if service.key_indexes is not None:  # its worker process, if a seal started one
+            service.key_indexes.close()
         for topic in list(service.topics.values()):
             topic.close()
         service.topics.clear()
