@@ -315,3 +315,22 @@ def _damage(path: str, how: str) -> None:
             byte = file.read(1)
             file.seek(size // 3)
             file.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_sealed_ledger_read_at_the_offsets_its_index_recorded_gives_the_stores_entries(
+    tmp_path: Path, opened: list[DataDir],
+) -> None:
+    from compactor.index_source import IndexSource
+    topic = _open(tmp_path, opened)
+    _append(topic.ledger, _workload(3, 40))
+    store = topic.ledger.store
+    sealed = [record for record in topic.ledger.ledger_list()[:-1] if record.entries]
+    assert sealed
+    source = IndexSource(store, lambda size: None)  # type: ignore[arg-type]
+    for record in sealed:
+        whole = LedgerRange(record.ledger_id, 0, record.entries - 1)
+        source.load(whole, ("flags",))
+        every = list(range(record.entries))
+        assert source.read(whole, every) == list(store.read(record.ledger_id, 0, record.entries - 1))
+        assert source.read(whole, every[1::3]) == [store.read(record.ledger_id, at, at)[0] for at in every[1::3]]
+    source.close()
