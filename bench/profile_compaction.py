@@ -9,7 +9,9 @@ For each layout (non-batched, batched ``--batch-size``) it writes the topic once
 ``py-spy record --format raw --nolineno`` and prints, per phase, the functions with the
 most samples: *self* (the sampled frame is the function) and *total* (the function is on
 the stack). Samples are put in a phase by their stack: under ``_phase_two`` → phase two;
-under ``_local_phase_one`` → phase one; on a thread-pool worker → phase one reads (phase
+under ``_local_phase_one`` → phase one (over key indexes, the default, which the
+setup builds first as the broker's background builder would: ``IndexedRound.survivors``
+and ``IndexedRound.plan``; ``--no-key-index`` profiles the parsing rounds); on a thread-pool worker → phase one reads (phase
 one reads the store on one, beside the main thread); under the file store's
 ``_flush_loop`` → flusher (phase two's appends made durable); anything else (opening the
 topic, publishing) → other. py-spy leaves out threads it sees idle, though a thread
@@ -36,7 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import _child
 
 COMPACTION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compaction.py")
-PHASES = (("phase two", {"Compactor._phase_two"}), ("phase one", {"Compactor._local_phase_one"}),
+PHASES = (("phase two", {"Compactor._phase_two", "IndexedRound.survivors"}),
+          ("phase one", {"Compactor._local_phase_one", "IndexedRound.plan"}),
           ("phase one reads", {"_worker"}), ("flusher", {"FileLedgerStore._flush_loop"}))
 COMMON_SHARE = 0.995  # a function on at least this share of a phase's stacks is its common path
 
@@ -89,6 +92,8 @@ def profile(layout: str, spec: dict[str, object], root: str, rate: int) -> str:
     """Record one runner child of ``layout``; returns the raw stacks' path."""
     template, copy = os.path.join(root, f"{layout}-template"), os.path.join(root, f"{layout}-run")
     _child.spawn(COMPACTION, "setup", {**spec, "dir": template})
+    if spec["key_index"]:  # as the broker's background builder leaves the sealed ledgers
+        _child.spawn(COMPACTION, "index", {**spec, "dir": template})
     shutil.copytree(template, copy)
     raw = os.path.join(root, f"{layout}.raw.txt")
     py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -112,6 +117,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--out", default=None, help="where the raw stacks are kept (default: a temp dir)")
     parser.add_argument("--summarise", nargs="+", metavar="RAW", help="only summarise raw stacks recorded before")
+    parser.add_argument("--no-key-index", action="store_true", help="profile the parsing rounds (no key index)")
     args = parser.parse_args()
     if args.summarise:
         for raw in args.summarise:
@@ -120,7 +126,7 @@ def main() -> None:
     root = args.out or tempfile.mkdtemp(prefix="bench-profile-")
     os.makedirs(root, exist_ok=True)
     base = {"messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes, "tombstones": 0.01,
-            "compression": "none", "seed": 1, "sync": "group"}
+            "compression": "none", "seed": 1, "sync": "group", "key_index": not args.no_key_index}
     for layout, batch_size in (("non-batched", 1), (f"batched-x{args.batch_size}", args.batch_size)):
         raw = profile(layout, {**base, "batch_size": batch_size}, root, args.rate)
         report(f"{layout}: {args.messages:,} messages, {args.keys:,} keys ({raw})", raw, args.top)
