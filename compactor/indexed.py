@@ -73,9 +73,10 @@ _NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _BYTES_PER_KEY = 24  # a row waiting to be merged, and a key in the map: high, low, value
 # The index columns each step reads.
-_PHASE_ONE = ("flags", "hash_high", "hash_low", "publish_time", "entry_bytes", "ledger_id", "entry_id")
-_CLEAN = ("flags", "hash_high", "hash_low", "publish_time")
-_PHASE_TWO = ("ledger_id", "entry_id", "batch_index", "batch_size", "flags", "publish_time", "slot_end")
+# (``publish_time`` too, where tombstones may be young.)
+_PHASE_ONE = ("flags", "hash_high", "hash_low", "entry_bytes")
+_CLEAN = ("flags", "hash_high", "hash_low")
+_PHASE_TWO = ("ledger_id", "entry_id", "batch_index", "batch_size", "flags", "slot_end")
 # Entries with a survivor asked for at once in phase two.
 READ_BATCH_ENTRIES_MAX = 1000
 
@@ -171,6 +172,7 @@ class IndexedRound:
         self.ranges = ranges
         self.capacity_keys = capacity_keys
         self.keep_since = keep_tombstones_since_ms
+        self._young: tuple[str, ...] = () if keep_tombstones_since_ms is None else ("publish_time",)
         self.retain_null_key = retain_null_key
         self._load, self._read = load, read
         self.key_map = _KeyMap()
@@ -191,7 +193,7 @@ class IndexedRound:
         """Phase one; raises ``IndexUnavailable`` when the round must parse instead."""
         dirty_rows = 0
         for whole in self.ranges:
-            rows = self._rows(whole, _PHASE_ONE)
+            rows = self._rows(whole, _PHASE_ONE + self._young)
             if np.any(rows["flags"] & FLAG_CHUNK):
                 raise IndexUnavailable(f"ledger {whole.ledger_id} holds a chunked message")
             source = _Source(whole, len(rows["flags"]), dirty_rows)
@@ -199,14 +201,14 @@ class IndexedRound:
                 rows = self._fold(rows, dirty_rows, first=not self._dirty_planned())
                 source.rows = len(rows["flags"])
                 dirty_rows += source.rows
-            self._count(rows)
+            self._count(whole, rows)
             self._plan.append(source)
             if self.filled:
                 break
         self.key_map.merge()
         for source in self._plan:
             if source.range.compacted:
-                source.clean_keep = self._clean_keep(self._rows(source.range, _CLEAN))
+                source.clean_keep = self._clean_keep(self._rows(source.range, _CLEAN + self._young))
 
     def _dirty_planned(self) -> bool:
         return any(not source.range.compacted for source in self._plan)
@@ -256,8 +258,9 @@ class IndexedRound:
         over = over[over > 0] if first else over
         return int(starts[over[0]]) if len(over) else None
 
-    def _count(self, rows: Rows) -> None:
-        """Count a range's entries, messages and bytes; the last entry is the round's stop."""
+    def _count(self, whole: LedgerRange, rows: Rows) -> None:
+        """Count a range's entries, messages and bytes; a raw range's last entry is the
+        round's stop so far (a raw ledger's entries are stored at their entry ids)."""
         stored = rows["stored"]
         if not len(stored):
             return
@@ -265,7 +268,8 @@ class IndexedRound:
         self.entries_read += len(starts)
         self.bytes_read += int(rows["entry_bytes"][starts].astype(np.int64).sum())
         self.messages_read += int(np.count_nonzero((rows["flags"] & _NOT_A_MESSAGE) == 0))
-        self.stop = Position(int(rows["ledger_id"][-1]), int(rows["entry_id"][-1]))
+        if not whole.compacted:
+            self.stop = Position(whole.ledger_id, int(stored[-1]))
 
     def _clean_keep(self, rows: Rows) -> Mask:
         """A clean row survives iff it survives today and the dirty part never wrote its key."""
@@ -294,7 +298,7 @@ class IndexedRound:
         """Phase two: the surviving entries of the round's stream, in order."""
         retained = np.sort(self.key_map.value[self.key_map.value != DELETED])
         for source in self._plan:
-            rows = {name: column[: source.rows] for name, column in self._rows(source.range, _PHASE_TWO).items()}
+            rows = {name: column[: source.rows] for name, column in self._rows(source.range, _PHASE_TWO + self._young).items()}
             if source.clean_keep is not None:
                 keep = source.clean_keep
                 self.clean_keys_kept += int(np.count_nonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0)))

@@ -49,33 +49,35 @@ _VIEW_LEDGER = -1  # the previous view's ledger in the pure harness (never a raw
 
 
 class _Ledgers:
-    """One round's input as ledgers in memory: the previous view, then the raw ledgers;
-    each ledger's entries are ``(ledger_id, entry_id, stored bytes)`` by stored index."""
+    """One round's input as ledgers in memory: the previous view (entries stored from 0),
+    then the raw ledgers (entries stored at their entry ids, as in a raw ledger file)."""
 
     def __init__(self, raw: list[Entry], view: list[CompactedEntry], horizon: Position) -> None:
-        self.ledgers: dict[tuple[bool, int], list[tuple[int, int, bytes]]] = {}
+        self.ledgers: dict[tuple[bool, int], dict[int, tuple[int, int, bytes]]] = {}
         self.ranges: list[LedgerRange] = []
         if view:
-            self.ledgers[(True, _VIEW_LEDGER)] = [
-                (entry.position.ledger_id, entry.position.entry_id, encode_compacted_entry(entry)) for entry in view]
+            self.ledgers[(True, _VIEW_LEDGER)] = {
+                stored: (entry.position.ledger_id, entry.position.entry_id, encode_compacted_entry(entry))
+                for stored, entry in enumerate(view)}
             self.ranges.append(LedgerRange(_VIEW_LEDGER, 0, len(view) - 1, compacted=True))
         for ledger_id, group in itertools.groupby(raw, key=lambda entry: entry.position.ledger_id):
             entries = list(group)
-            dirty = [stored for stored, entry in enumerate(entries) if entry.position > horizon]
+            dirty = [entry.position.entry_id for entry in entries if entry.position > horizon]
             if not dirty:
                 continue
-            self.ledgers[(False, ledger_id)] = [(ledger_id, e.position.entry_id, e.data) for e in entries]
-            self.ranges.append(LedgerRange(ledger_id, dirty[0], len(entries) - 1))
+            self.ledgers[(False, ledger_id)] = {e.position.entry_id: (ledger_id, e.position.entry_id, e.data)
+                                                for e in entries}
+            self.ranges.append(LedgerRange(ledger_id, dirty[0], entries[-1].position.entry_id))
 
     def load(self, whole: LedgerRange, columns: tuple[str, ...]) -> KeyIndex:
         entries = self.ledgers[(whole.compacted, whole.ledger_id)]
         if whole.compacted:
             from compactor.view import decode_compacted_entry
-            inner = [decode_compacted_entry(data) for _, _, data in entries]
+            inner = {stored: decode_compacted_entry(data) for stored, (_, _, data) in entries.items()}
             return build_index((stored, e.position.ledger_id, e.position.entry_id, e.data)
-                               for stored, e in enumerate(inner))
+                               for stored, e in inner.items())
         return build_index((stored, ledger_id, entry_id, data)
-                           for stored, (ledger_id, entry_id, data) in enumerate(entries))
+                           for stored, (ledger_id, entry_id, data) in entries.items())
 
     def read(self, whole: LedgerRange, stored: list[int]) -> list[bytes]:
         assert stored == sorted(stored) and all(whole.first_entry_id <= at <= whole.last_entry_id for at in stored)
