@@ -259,7 +259,8 @@ def read_index(path: str, ledger: IndexedLedger, columns: Sequence[str] | None =
 
     wanted = [name for name, _ in _COLUMNS if columns is None or name == "stored" or name in columns]
     try:
-        table = pq.read_table(path, columns=wanted, page_checksum_verification=True)
+        with pq.ParquetFile(path, page_checksum_verification=True) as parquet:  # (read_table imports pandas)
+            table = parquet.read(columns=wanted, use_pandas_metadata=False)
         metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
     except FileNotFoundError:
         return None
