@@ -273,8 +273,10 @@ def read_index(path: str, ledger: IndexedLedger, columns: Sequence[str] | None =
             raise CorruptIndexError(f"key index {path}: {key} is {metadata.get(key)!r}, expected {value!r}")
     dtypes = dict(_COLUMNS)
     try:
-        read = {name: table.column(name).to_numpy().astype(dtypes[name], copy=False) for name in wanted}
+        read = {name: _numpy(table.column(name), np.dtype(dtypes[name])) for name in wanted}
     except (KeyError, pa.ArrowException) as error:
+        raise CorruptIndexError(f"key index {path}: {error}") from None
+    except _WrongColumn as error:
         raise CorruptIndexError(f"key index {path}: {error}") from None
     for name, column in read.items():
         if _checksum(column) != metadata.get(f"crc32c.{name}"):
@@ -282,6 +284,23 @@ def read_index(path: str, ledger: IndexedLedger, columns: Sequence[str] | None =
     index = KeyIndex(read, ledger.entries)
     _check_shape(path, index)
     return index
+
+
+class _WrongColumn(Exception):
+    """A column is not the plain array of its type the writer wrote."""
+
+
+def _numpy(column: Any, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """A Parquet column as a numpy array over its buffers (no copy for one chunk).
+    ``ChunkedArray.to_numpy`` would import pandas, half a second into a run."""
+    parts = []
+    for chunk in column.chunks:
+        if chunk.null_count or str(chunk.type) != str(dtype):
+            raise _WrongColumn(f"a column holds {chunk.type} with {chunk.null_count} nulls, not {dtype}")
+        parts.append(np.frombuffer(chunk.buffers()[1], dtype=dtype, count=len(chunk), offset=chunk.offset * dtype.itemsize))
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
 def _check_shape(path: str, index: KeyIndex) -> None:
