@@ -43,6 +43,10 @@ another's. Peak RSS is the child's ``VmHWM`` (``/proc/self/status``): Linux carr
   = index rows / seconds. The runs' copies carry the indexes, so a run reads them
   (``compactor.indexed``); the runner child imports pyarrow before its timer starts, as a
   worker process has after its first round. ``--no-key-index`` measures the parsing rounds.
+  With the key index, (e) is measured by ``child_memory_indexed`` instead: one round's
+  phase one over the indexes of every sealed ledger, under ``tracemalloc`` (retained: the
+  merged key map; peak: a ledger's index columns, the keyed rows waiting to be merged,
+  the merge's copies).
 * **I/O floor** (``bench/_io_floor.py``), in each runner child after its run, on the same
   files: plain reads of every input ledger file and a write of the compacted ledger's bytes
   to a new file with fsync. ``io_floor_ratio`` = that time / the run's wall time.
@@ -69,13 +73,19 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np
+
 from bench import _child
 from bench._child import current_rss_bytes, peak_rss_bytes
 from bench._io_floor import io_floor
 from bench._io_floor import ledger_files as _ledger_files
 from bench._workload import CODECS, Workload
 from compactor.algorithm import phase_one, phase_two
+from compactor.engine import LedgerRange
+from compactor.index_source import IndexSource
+from compactor.indexed import DELETED, IndexedRound
 from compactor.key_index import ensure_index
+from compactor.rounds import capacity_keys
 from compactor.runner import CompactionConfig, Compactor
 from compactor.topic import CompactedTopic
 from cursor.store import CursorStore
@@ -220,6 +230,36 @@ def child_memory(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def child_memory_indexed(spec: dict[str, Any]) -> dict[str, Any]:
+    """``child_memory`` for a run over the key indexes: the phase one of one round over
+    every sealed ledger of the topic in ``spec["dir"]`` (``compactor.indexed``), under
+    ``tracemalloc``: ``retained`` is the merged key map (high, low, value per key),
+    ``peak`` the most phase one held at once (index columns of one ledger, keyed rows
+    waiting to be merged, the merge's copies)."""
+    import tracemalloc
+
+    import pyarrow.parquet  # noqa: F401 - imported before the trace, as in a warm worker
+
+    store = FileLedgerStore(os.path.join(spec["dir"], "ledgers"), sync=SyncPolicy.NONE, read_only=True)
+    ranges = tuple(LedgerRange(ledger_id, 0, store.info(ledger_id).entries - 1) for ledger_id in store.list()
+                   if store.info(ledger_id).state is LedgerState.CLOSED and store.info(ledger_id).entries)
+    source = IndexSource(store, lambda size: None)
+    one = IndexedRound(ranges, capacity_keys=capacity_keys(CompactionConfig().memory_budget_bytes),
+                       keep_tombstones_since_ms=None, retain_null_key=False, load=source.load, read=source.read)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    one.plan()
+    retained, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    key_map = one.key_map
+    source.close()
+    store.shutdown()
+    return {
+        "live_keys": int(np.count_nonzero(key_map.value != DELETED)), "retained_bytes": retained - before,
+        "peak_bytes": peak - before, "map_nbytes": int(key_map.high.nbytes + key_map.low.nbytes + key_map.value.nbytes),
+    }
+
+
 def child_runner(spec: dict[str, Any]) -> dict[str, Any]:
     """One full ``Compactor().compact`` of the topic in ``spec["dir"]``."""
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy(spec["sync"]))
@@ -251,6 +291,7 @@ def child_runner(spec: dict[str, Any]) -> dict[str, Any]:
 
 CHILDREN = {
     "idle": child_idle, "setup": child_setup, "index": child_index, "pure": child_pure, "runner": child_runner, "memory": child_memory,
+    "memory_indexed": child_memory_indexed,
 }
 
 
@@ -344,7 +385,8 @@ def measure(args: argparse.Namespace) -> Measured:
             setups[name] = spawn("setup", {**spec, "dir": template})
             if spec["key_index"]:
                 setups[name]["index"] = spawn("index", {**spec, "dir": template})
-            memory[name] = spawn("memory", spec)
+            memory[name] = spawn("memory_indexed", {**spec, "dir": template}) if spec["key_index"] else spawn(
+                "memory", spec)
             pure[name], runner[name] = [], []
             for run in range(args.runs):
                 if not args.no_pure:

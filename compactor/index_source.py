@@ -12,11 +12,13 @@ answers both for a ``FileLedgerStore``'s directory, in the process running the r
   last confirmed entry for an index that is never written.
 
 Every byte read (index files, entries) is charged to the round's throttle. The sealed
-files stay open until ``close``.
+files stay open until ``close``; the entries' locations (16 bytes an entry) are read from
+the index when phase two first reads a ledger, and kept for that ledger only.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 
 import numpy as np
@@ -35,42 +37,54 @@ class IndexSource:
     def __init__(self, store: FileLedgerStore, charge: Callable[[int], object]) -> None:
         self._store = store
         self._charge = charge
-        self._sealed: dict[tuple[bool, int], tuple[SealedFile, list[int], list[int]]] = {}
-        self._open: set[tuple[bool, int]] = set()
+        self._sealed: dict[tuple[bool, int], SealedFile | None] = {}  # None: an open ledger
+        self._located: tuple[tuple[bool, int], array[int], array[int]] | None = None  # the last one read
 
     def load(self, whole: LedgerRange, columns: tuple[str, ...]) -> KeyIndex:
         """The index of ``whole``'s ledger (at least ``columns`` of it)."""
-        key = (whole.compacted, whole.ledger_id)
-        known = self._sealed.get(key)
-        if known is not None:
-            return sealed_index(known[0], compacted=whole.compacted, charge=self._charge, columns=columns)
-        sealed = SealedFile.open(ledger_path(self._store.root, whole.ledger_id), whole.ledger_id)
+        sealed = self._open(whole)
         if sealed is None:
-            self._open.add(key)
             return ensure_index(self._store, whole.ledger_id, compacted=whole.compacted, charge=self._charge)
-        index = sealed_index(sealed, compacted=whole.compacted, charge=self._charge,
-                             columns=(*columns, "entry_offset", "stored_bytes"))
-        stored = index["stored"]
-        starts = np.flatnonzero(np.concatenate(([True], stored[1:] != stored[:-1]))[: len(stored)])
-        self._sealed[key] = (sealed, index["entry_offset"][starts].tolist(), index["stored_bytes"][starts].tolist())
-        return index
+        return sealed_index(sealed, compacted=whole.compacted, charge=self._charge, columns=columns)
 
     def read(self, whole: LedgerRange, stored: list[int]) -> list[bytes]:
         """The stored bytes of ``whole``'s entries ``stored`` (ascending indexes)."""
-        known = self._sealed.get((whole.compacted, whole.ledger_id))
         if not stored:
             return []
-        if known is None:
+        sealed = self._open(whole)
+        if sealed is None:
             span = self._store.read(whole.ledger_id, stored[0], stored[-1])
             batch = [span[at - stored[0]] for at in stored]
         else:
-            sealed, offsets, lengths = known
+            offsets, lengths = self._locations(whole, sealed)
             batch = sealed.read(stored, [offsets[at] for at in stored], [lengths[at] for at in stored])
         self._charge(sum(len(data) for data in batch))
         return batch
 
+    def _open(self, whole: LedgerRange) -> SealedFile | None:
+        """``whole``'s ledger file, when it is sealed (opened once)."""
+        key = (whole.compacted, whole.ledger_id)
+        if key not in self._sealed:
+            self._sealed[key] = SealedFile.open(ledger_path(self._store.root, whole.ledger_id), whole.ledger_id)
+        return self._sealed[key]
+
+    def _locations(self, whole: LedgerRange, sealed: SealedFile) -> tuple[array[int], array[int]]:
+        """Each entry's record offset and stored size (from the index; kept for the ledger
+        read last only: phase two reads the ledgers one after the other)."""
+        key = (whole.compacted, whole.ledger_id)
+        if self._located is None or self._located[0] != key:
+            index = sealed_index(sealed, compacted=whole.compacted, charge=self._charge,
+                                 columns=("entry_offset", "stored_bytes"))
+            stored = index["stored"]
+            starts = np.flatnonzero(np.concatenate(([True], stored[1:] != stored[:-1]))[: len(stored)])
+            self._located = (key, array("q", index["entry_offset"][starts].astype(np.int64).tobytes()),
+                             array("q", index["stored_bytes"][starts].astype(np.int64).tobytes()))
+        return self._located[1], self._located[2]
+
     def close(self) -> None:
         """Close the sealed files."""
-        for sealed, _, _ in self._sealed.values():
-            sealed.close()
+        for sealed in self._sealed.values():
+            if sealed is not None:
+                sealed.close()
         self._sealed.clear()
+        self._located = None
