@@ -260,7 +260,7 @@ def read_index(path: str, ledger: IndexedLedger, columns: Sequence[str] | None =
     wanted = [name for name, _ in _COLUMNS if columns is None or name == "stored" or name in columns]
     try:
         with pq.ParquetFile(path, page_checksum_verification=True) as parquet:  # (read_table imports pandas)
-            table = parquet.read(columns=wanted, use_pandas_metadata=False)
+            table = parquet.read(columns=wanted, use_threads=False, use_pandas_metadata=False)  # a run takes one core
         metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
     except FileNotFoundError:
         return None
