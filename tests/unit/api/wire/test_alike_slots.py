@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,9 +45,10 @@ def _check_slots_verdict(body: bytes, count: int) -> bool:
 
 
 @st.composite
-def alike_bodies(draw: st.DrawFn) -> tuple[bytes, int, int]:
+def alike_bodies(draw: st.DrawFn) -> tuple[bytes, int, int, bool]:
     """A batch body of slots laid out alike (one value size; sequence ids and event times
-    counting up, possibly across a varint length), its slot count and its stride."""
+    counting up, possibly across a varint length), its slot count, its stride, and
+    whether every sequence id is below 2**63 (a 10-byte varint is never let vary)."""
     count = draw(st.integers(1, 40))
     value_size = draw(st.integers(0, 30))
     first_sequence_id = draw(st.one_of(st.none(), st.integers(0, 1 << 20), st.integers(0, (1 << 64) - count)))
@@ -66,19 +68,20 @@ def alike_bodies(draw: st.DrawFn) -> tuple[bytes, int, int]:
             single.properties.add(key=name, value=value)
         body += encode_slot(single, bytes([index % 256]) * value_size)
     first_size = struct.unpack_from(">I", body)[0]
-    return bytes(body), count, 4 + first_size + value_size
+    below = first_sequence_id is None or first_sequence_id + count <= 1 << 63
+    return bytes(body), count, 4 + first_size + value_size, below
 
 
 @settings(max_examples=400, deadline=None)
 @given(batch=alike_bodies(), flips=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(1, 255)), max_size=3),
        in_head=st.booleans(), cut=st.integers(0, 50), extra=st.integers(-2, 2))
 def test_the_column_check_never_accepts_what_read_slot_refuses(
-    batch: tuple[bytes, int, int], flips: list[tuple[int, int]], in_head: bool, cut: int, extra: int,
+    batch: tuple[bytes, int, int, bool], flips: list[tuple[int, int]], in_head: bool, cut: int, extra: int,
 ) -> None:
     """Damage anywhere (often inside the slots' size fields and metadata, where the
     column check looks), truncation and a wrong count: accepted only if ``read_slot``
     reads every slot, and the SEND's verdict is exactly ``read_slot``'s."""
-    body, count, stride = batch
+    body, count, stride, _ = batch
     damaged = bytearray(body)
     for where, mask in flips:
         if in_head:  # byte j of slot k, j inside the first slot's size field and metadata
@@ -95,12 +98,13 @@ def test_the_column_check_never_accepts_what_read_slot_refuses(
 
 @settings(max_examples=200, deadline=None)
 @given(batch=alike_bodies())
-def test_an_intact_alike_batch_takes_the_column_check(batch: tuple[bytes, int, int]) -> None:
+def test_an_intact_alike_batch_takes_the_column_check(batch: tuple[bytes, int, int, bool]) -> None:
     """Slots of one value size whose sequence ids keep one varint length are accepted
     without the walk (the short path is the one producers of fixed-size values hit)."""
-    body, count, stride = batch
+    body, count, stride, below_2_63 = batch
     assert _read_slot_verdict(body, count)
-    if len(body) == count * stride:  # every slot as long as the first: no varint grew
+    head = 4 + struct.unpack_from(">I", body)[0]
+    if len(body) == count * stride and head <= validate._ALIKE_HEAD_BYTES_MAX and below_2_63:  # no varint grew
         assert validate._alike_slots_fit(body, count)
 
 
@@ -143,3 +147,21 @@ def test_a_slot_with_another_payload_size_is_not_taken_as_alike() -> None:
     body = b"".join(slots)
     assert not validate._alike_slots_fit(body, 10)
     assert not _check_slots_verdict(body, 10) and not _read_slot_verdict(body, 10)
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=st.sampled_from([100, 16_300, 2_097_100, (1 << 35) - 50]), count=st.integers(8, 300),
+       value_size=st.integers(0, 12))
+def test_a_batch_whose_sequence_ids_grow_a_varint_byte_is_checked_in_runs_without_the_walk(
+    first: int, count: int, value_size: int,
+) -> None:
+    """Sequence ids crossing 128, 16,384, ... change the slots' length mid-batch: the
+    check starts a new run there instead of walking the batch."""
+    body = b"".join(encode_slot(pb.SingleMessageMetadata(payload_size=value_size, sequence_id=first + index),
+                                b"v" * value_size) for index in range(count))
+    walked: list[int] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(validate, "_walked_slots_fit", lambda body, count, position=0: walked.append(count))
+        assert validate._slots_fit(body, count)
+    assert walked == []
+    assert _read_slot_verdict(body, count) and _check_slots_verdict(body, count)
