@@ -26,7 +26,7 @@ pulsar-lite has no fsync setting and does not fsync a send, see ``bench/_peer_br
 * **reader**: a reader from earliest on that topic reads every message; msgs/s;
 * **consume_ack**: a durable Exclusive subscription from earliest receives every message
   and acknowledges each individually; msgs/s from the subscribe to the last ack;
-* **broker CPU per 100 k**: the broker's user + system CPU seconds (/proc/PID/stat, its
+* **broker CPU per 100 k**: the broker's user + system CPU seconds (its CPU-time clock, ns; its
   whole process tree) over those three phases (the consumer closed, so its last grouped
   acks are in), scaled to 100,000 messages: what taking 100 k messages in, serving them
   once to a reader and once to an acknowledging consumer costs the broker;

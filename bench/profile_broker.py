@@ -177,8 +177,8 @@ def raw_acks(url: str, messages: int, record: Any) -> None:
 class _Recorder:
     """``with recorder():`` runs py-spy against the broker for the block."""
 
-    def __init__(self, pid: int, raw: str, rate: int, native: bool = False) -> None:
-        self.pid, self.raw, self.rate, self.native = pid, raw, rate, native
+    def __init__(self, pid: int, raw: str, rate: int, native: bool = False, gil: bool = False) -> None:
+        self.pid, self.raw, self.rate, self.native, self.gil = pid, raw, rate, native, gil
 
     def __call__(self) -> _Recorder:
         return self
@@ -187,7 +187,7 @@ class _Recorder:
         py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
         self.process = subprocess.Popen(
             [py_spy, "record", "--pid", str(self.pid), "--format", "raw", "--nolineno", "--rate", str(self.rate),
-             "--output", self.raw, *(["--native"] if self.native else [])],
+             "--output", self.raw, *(["--native"] if self.native else []), *(["--gil"] if self.gil else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # py-spy attached
 
@@ -196,12 +196,12 @@ class _Recorder:
         self.process.wait(60)
 
 
-def profile(workload: str, messages: int, root: str, rate: int, native: bool = False) -> str:
+def profile(workload: str, messages: int, root: str, rate: int, native: bool = False, gil: bool = False) -> str:
     data = os.path.join(root, f"{workload}-data-{uuid.uuid4().hex[:6]}")
     raw = os.path.join(root, f"{workload}.raw.txt")
     broker = Broker("compactd", data, fsync=None, pulsar_lite="")
     try:
-        recorder = _Recorder(broker.pid, raw, rate, native)
+        recorder = _Recorder(broker.pid, raw, rate, native, gil)
         if workload == "produce":
             with recorder():
                 produce(broker.url, messages)
@@ -223,6 +223,10 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--native", action="store_true", help="py-spy --native: C frames too (e.g. the GC)")
+    parser.add_argument("--gil", action="store_true",
+                        help="py-spy --gil: only samples of the thread holding the GIL (py-spy samples wall "
+                             "time; a thread waiting for the GIL or blocked in a system call is otherwise "
+                             "often counted busy)")
     parser.add_argument("--out", default=None, help="where the raw stacks are kept (default: a temp dir)")
     parser.add_argument("--summarise", nargs="+", metavar="RAW", help="only summarise raw stacks recorded before")
     args = parser.parse_args()
@@ -233,7 +237,7 @@ def main() -> None:
     root = args.out or tempfile.mkdtemp(prefix="bench-profile-broker-")
     os.makedirs(root, exist_ok=True)
     for workload in args.workloads:
-        raw = profile(workload, args.messages, root, args.rate, args.native)
+        raw = profile(workload, args.messages, root, args.rate, args.native, args.gil)
         report(f"{workload}: {args.messages:,} messages ({raw})", raw, args.top)
 
 

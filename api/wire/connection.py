@@ -176,7 +176,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self._loop = asyncio.get_event_loop()
         self._loop_thread = threading.get_ident()  # connections are made on the loop's thread
         self.outbox = Outbox(self._loop, self._transport_write)  # what is written goes out once a loop turn
-        self._completions = SendCompletions(self._loop, self._send_done)  # appends ended, to the loop in batches
+        self._completions = SendCompletions(self._loop, self._send_done, self.outbox)  # appends ended, to the loop in batches
         self._last_received = self._loop.time()
         self._activity = asyncio.Event()  # set by any data received or by the connection's end
         self._keepalive: asyncio.TimerHandle | None = None

@@ -294,7 +294,8 @@ def _decode_frame(buffer: bytearray, command_start: int, command_size: int, end:
             raise FrameError(f"{_type_name(command.type)} ends inside its checksum")
         expected_checksum = _U32.unpack_from(buffer, position + 2)[0]
         position += _MAGIC_BLOCK_BYTES
-    entry = bytes(buffer[position:end])
+    with memoryview(buffer) as view:
+        entry = view[position:end].tobytes()  # one copy (a bytearray slice would be a second)
     if expected_checksum is not None and crc32c.crc32c(entry) != expected_checksum:
         return Frame(command, entry, checksum_ok=False)
     problem = _entry_shape_problem(entry)

@@ -5,11 +5,12 @@ per MESSAGE dispatched, per SEND_RECEIPT, per answer. ``Outbox`` owns the frames
 ``ServerConnection`` has written but not yet handed to its transport, and hands them over
 joined:
 
-* while **corked** (the connection handles the frames of one ``data_received``), frames
+* while **corked** (the connection handles the frames of one ``data_received``, or the
+  receipts of the sends a group commit completed: ``producing.SendCompletions``), frames
   wait and go out together when it uncorks, so a command's answers are written before
   ``data_received`` returns;
-* otherwise (a dispatch round, receipts coming back from the ledger's thread), the first
-  frame schedules one flush for the end of the current turn of the event loop;
+* otherwise (a dispatch round), the first frame schedules one flush for the end of the
+  current turn of the event loop;
 * past ``FLUSH_BYTES`` the frames go out at once, so the transport's own flow control
   (``pause_writing`` above its high-water mark) still sees what waits, within that much.
 

@@ -33,6 +33,7 @@ from api.broker.errors import BrokerError, ProducerBusyError
 from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import U64_MAX, server_error, to_message_id
 from api.wire.frames import Frame
+from api.wire.outbox import Outbox
 from api.wire.schema_commands import producer_schema_version
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
@@ -100,12 +101,16 @@ class SendCompletions:
     they queue here and the loop takes every one queued in one call. On the loop's own
     thread (an append refused at once) a completion is handled at once. Receipts still
     go out in send order: ``_drain_receipts`` answers by the order of ``receipts``.
+    With the connection's ``outbox``, the receipts of one call are written together at
+    its end (corked), not in a flush scheduled for another turn of the loop.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_done: Callable[..., None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_done: Callable[..., None],
+                 outbox: Outbox | None = None) -> None:
         self._loop = loop
         self._loop_thread = threading.get_ident()  # made on the loop's thread, with its connection
         self._on_done = on_done
+        self._outbox = outbox
         self._queued: deque[tuple[object, ...]] = deque()
         self._lock = threading.Lock()
         self._scheduled = False
@@ -125,9 +130,17 @@ class SendCompletions:
     def _run(self) -> None:
         with self._lock:
             self._scheduled = False  # a completion queued from here on schedules a new call
-        queued = self._queued
-        while queued:
-            self._on_done(*queued.popleft())
+        queued, outbox = self._queued, self._outbox
+        if outbox is None:
+            while queued:
+                self._on_done(*queued.popleft())
+            return
+        outbox.cork()
+        try:
+            while queued:
+                self._on_done(*queued.popleft())
+        finally:
+            outbox.uncork()
 
 
 class ProducerHandlers:

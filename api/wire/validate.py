@@ -27,6 +27,7 @@ creates nothing. The rules:
 
 from __future__ import annotations
 
+import re
 import struct
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -249,10 +250,24 @@ def _check_slots(body: bytes, count: int) -> None:
 def _slots_fit(body: bytes, count: int) -> bool:
     """True when ``body`` holds ``count`` slots whose metadata parse, are initialised and
     whose payloads fit (``read_slot``'s rules); False at the first doubt."""
+    position, left = 0, count
+    if count >= _ALIKE_SLOTS_MIN:
+        for _ in range(_ALIKE_RUNS_MAX):
+            run, stride = _alike_run(body, position, left)
+            if not run:
+                break
+            position, left = position + run * stride, left - run
+            if not left:
+                return True
+    return _walked_slots_fit(body, left, position)
+
+
+def _walked_slots_fit(body: bytes, count: int, position: int = 0) -> bool:
+    """``_slots_fit`` slot by slot from ``position``: each slot's metadata parsed from a
+    view of the body."""
     single = pb.SingleMessageMetadata()
     parse, initialized, unpack = single.ParseFromString, single.IsInitialized, _U32.unpack_from
     view, size = memoryview(body), len(body)
-    position = 0
     try:
         for _ in range(count):
             start = position + 4
@@ -273,3 +288,108 @@ def _slots_fit(body: bytes, count: int) -> bool:
     finally:
         view.release()
     return True
+
+
+# -- batches whose slots are laid out alike ---------------------------------------------
+# A producer that sends values of one size writes every slot of a batch with the same
+# bytes but for its sequence id (and event time): ``u32 size · SingleMessageMetadata ·
+# payload`` at a fixed stride. Then the slots need not be walked one by one: the first
+# slot is parsed as ``read_slot`` parses it, and the bytes every other slot must share
+# with it are compared column by column (byte j of every slot, ``body[j::stride]``) in C.
+# Where a sequence id's varint grows a byte (at 128, 16,384, ...) the layout changes: a
+# new run starts there. Any other layout (values of different sizes, keys, properties)
+# is walked.
+
+_ALIKE_SLOTS_MIN = 8
+"""Fewer slots are walked: the column check costs about as much as walking a few."""
+_ALIKE_RUNS_MAX = 4
+"""Runs of alike slots looked for in one batch before the rest is walked."""
+_ALIKE_HEAD_BYTES_MAX = 64
+"""Slots whose size field and metadata are longer than this are walked."""
+_VARYING_FIELDS = frozenset({5, 8})
+"""``SingleMessageMetadata`` fields that may differ from slot to slot, all ``uint64``
+varints (event_time, sequence_id): any varint value of a given length parses as every other."""
+_VARINT_BYTES_MAX = 9  # below the 10-byte varints whose last byte may overflow 64 bits
+_HIGH_BYTE = re.compile(b"[\x80-\xff]")
+_LOW_BYTE = re.compile(b"[\x00-\x7f]")
+_MORE, _LAST = 1, 2  # a varint byte that has a successor / that ends the varint
+
+
+def _alike_slots_fit(body: bytes, count: int) -> bool:
+    """True when the ``count`` slots at the start of ``body`` are one run of alike slots
+    (see ``_alike_run``): ``read_slot`` accepts every one of them."""
+    return _alike_run(body, 0, count)[0] == count
+
+
+def _alike_run(body: bytes, start: int, count: int) -> tuple[int, int]:
+    """``(slots, stride)``: how many of the ``count`` slots from ``start`` have the layout
+    of the first of them, each of which ``read_slot`` accepts: the same size field, the
+    same metadata bytes but inside the values of ``_VARYING_FIELDS`` (whose varints keep
+    their length), hence the same ``payload_size``, at a stride of ``4 + size +
+    payload_size``; ``(0, 0)`` when the first is not such a slot (walk it)."""
+    size = len(body)
+    if start + 4 > size:
+        return 0, 0
+    head = 4 + _U32.unpack_from(body, start)[0]
+    if head > min(size - start, _ALIKE_HEAD_BYTES_MAX):
+        return 0, 0
+    single = pb.SingleMessageMetadata()
+    try:
+        single.ParseFromString(body[start + 4 : start + head])
+    except (DecodeError, UnicodeDecodeError):
+        return 0, 0
+    payload_size: int = single.payload_size
+    if not single.IsInitialized() or payload_size < 0:
+        return 0, 0
+    stride = head + payload_size
+    kinds = _varying_bytes(body, start + 4, start + head)
+    slots = min(count, (size - start) // stride)
+    if kinds is None or not slots:
+        return 0, 0
+    span = (slots - 1) * stride + 1
+    for offset in range(start, start + head):
+        column = body[offset : offset + span : stride]
+        kind = kinds.get(offset)
+        if kind is None:
+            slots -= len(column.lstrip(column[:1]))  # column[0] is the first slot's byte
+        else:
+            bad = (_HIGH_BYTE if kind == _LAST else _LOW_BYTE).search(column)
+            slots = slots if bad is None else min(slots, bad.start())
+        span = (slots - 1) * stride + 1
+    return slots, stride
+
+
+def _varying_bytes(body: bytes, start: int, end: int) -> dict[int, int] | None:
+    """The offsets of ``body[start:end]`` (one ``SingleMessageMetadata`` that parses) that
+    are bytes of a ``_VARYING_FIELDS`` varint, each ``_MORE`` or ``_LAST``; None for a
+    layout this does not follow (a tag of more than one byte, a group)."""
+    kinds: dict[int, int] = {}
+    position = start
+    while position < end:
+        tag = body[position]
+        if tag >= 0x80:
+            return None
+        position += 1
+        wire_type = tag & 7
+        if wire_type in (0, 2):
+            varint_end = position
+            while varint_end < end and body[varint_end] >= 0x80:
+                varint_end += 1
+            if varint_end >= end:
+                return None
+            varint_end += 1
+            if wire_type == 0:
+                if tag >> 3 in _VARYING_FIELDS and varint_end - position <= _VARINT_BYTES_MAX:
+                    kinds.update(dict.fromkeys(range(position, varint_end - 1), _MORE))
+                    kinds[varint_end - 1] = _LAST
+                position = varint_end
+            else:
+                length = 0
+                for shift, byte in enumerate(body[position:varint_end]):
+                    length |= (byte & 0x7F) << (7 * shift)
+                position = varint_end + length
+        elif wire_type in (1, 5):
+            position += 8 if wire_type == 1 else 4
+        else:
+            return None
+    return kinds if position == end else None

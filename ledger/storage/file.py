@@ -380,7 +380,7 @@ class FileLedgerStore:
         with self._lock:
             if not ledger.pending_futures:
                 return
-            data, futures = bytes(ledger.pending), ledger.pending_futures
+            data, futures = ledger.pending, ledger.pending_futures  # taken whole: no copy
             ledger.pending, ledger.pending_futures = bytearray(), []
             self._dirty.pop(ledger.ledger_id, None)
             write_at = ledger.scanned.entry_offsets[futures[0][0]]
@@ -622,7 +622,7 @@ def _create_file(path: str, header: bytes, ledger_id: int) -> int:
     return fd
 
 
-def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+def _write_all(fd: int, data: bytes | bytearray, offset: int | None = None) -> None:
     """Write every byte of ``data`` (at ``offset`` when given), retrying short writes."""
     view = memoryview(data)
     position = offset
