@@ -355,23 +355,20 @@ def _batch(position: Position, rows: Rows, start: int, end: int, keep: Mask, who
     if not whole:
         metadata, header_size, has_checksum = parse_header(data)
         body = decompress(metadata.compression, data[header_size:], metadata.uncompressed_size)
-        data = reframe_batch(metadata, _cut_body(body, rows["slot_end"][start:end], keep), with_checksum=has_checksum)
+        body = _cut_body(body, rows["slot_end"][start:end].tolist(), keep.tolist())
+        data = reframe_batch(metadata, body, with_checksum=has_checksum)
     return CompactedEntry(position, data, batch_size, surviving)
 
 
-def _cut_body(body: bytes, slot_ends: npt.NDArray[Any], keep: Mask) -> bytes:
+def _cut_body(body: bytes, slot_ends: list[int], keep: list[bool]) -> bytes:
     """``body`` with every slot not in ``keep`` replaced by ``COMPACTED_OUT_SLOT`` (as
-    ``compactor.encoder.rewrite_slots`` does), a run of kept slots copied in one piece."""
-    changes = np.flatnonzero(keep[1:] != keep[:-1]) + 1
-    run_starts = np.concatenate(([0], changes)).tolist()
-    run_ends = np.concatenate((changes, [len(keep)])).tolist()
-    ends = slot_ends.tolist()
-    pieces = []
-    for first, stop in zip(run_starts, run_ends, strict=True):
-        if keep[first]:
-            pieces.append(body[(ends[first - 1] if first else 0): ends[stop - 1]])
-        else:
-            pieces.append(COMPACTED_OUT_SLOT * (stop - first))
+    ``compactor.encoder.rewrite_slots`` does)."""
+    view = memoryview(body)
+    pieces: list[bytes | memoryview] = []
+    start = 0
+    for end, kept in zip(slot_ends, keep, strict=True):
+        pieces.append(view[start:end] if kept else COMPACTED_OUT_SLOT)
+        start = end
     return b"".join(pieces)
 
 
