@@ -269,8 +269,8 @@ class Compactor:
             cursor, previous, horizon = at
             total = (previous.entries if previous is not None else 0) + topic.ledger.entries_between(horizon, stop)
             if execute is not None:
-                report = self._worker_round(topic, at, stop, cutoff, Counted("phase-two", total, progress), run,
-                                            execute)
+                report = self._worker_round(topic, at, stop, cutoff, (Counted("phase-one", total, progress),
+                                            Counted("phase-two", total, progress)), run, execute)
                 at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.ledger_id], previous),
                             report.stop)
                 rounds.add_report(report)
@@ -297,8 +297,8 @@ class Compactor:
                      "going on to %s", topic.name, round_stop, rounds.count, stop)
 
     def _worker_round(
-        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: Counted,
-        run: RunIo, execute: Callable[[RoundRequest], RoundReport],
+        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None,
+        counted: tuple[Counted, Counted], run: RunIo, execute: Callable[[RoundRequest], RoundReport],
     ) -> RoundReport:
         """One round of the local engine as ``compactor.worker`` runs it (``execute``: in a
         worker process, or here): its ledger id reserved here, then both phases and the
@@ -313,14 +313,16 @@ class Compactor:
             store.root, tuple(ranges), horizon, stop, ledger_id,  # type: ignore[attr-defined]
             tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
             self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index)
-        counted.start()
+        for phase in counted:  # both phases run in one call: a bar each, whole at its end
+            phase.start()
         try:
             report = execute(request)
         except BaseException:
             _delete_quietly(store, ledger_id)  # a complete file may be there, or none
             raise
-        counted.done = report.entries_read
-        counted.end()
+        for phase in counted:
+            phase.done = report.entries_read
+            phase.end()
         return report
 
     # -- the input stream ---------------------------------------------------------------
