@@ -152,6 +152,7 @@ class CursorStore:
         self._queued: dict[CursorKey, Queued] = {}  # the newest state of each cursor, not yet written
         self._waiters: dict[CursorKey, list[Future[None]]] = {}  # ``written`` futures of queued states
         self._writing: dict[CursorKey, list[Future[None]]] = {}  # ... of the states a write has taken
+        self._in_write: dict[CursorKey, Queued] = {}  # the states a write has taken, until it ends
         self._due: dict[CursorKey, float] = {}  # when each queued record is written
         self._written_at: dict[CursorKey, float] = {}  # when each cursor was last written
         self._lock = threading.Lock()  # _state's lock: ``with self._lock`` is the cheap way to hold it
@@ -293,6 +294,7 @@ class CursorStore:
     def _end_writing(self, keys: builtins.list[CursorKey], error: BaseException | None) -> None:
         """The write that took ``keys`` ended: tell their waiters (outside ``_state``)."""
         with self._state:
+            self._in_write = {}
             futures = [future for key in keys for future in self._writing.pop(key, [])]
         for future in futures:
             if error is None:
@@ -354,6 +356,7 @@ class CursorStore:
                     del self._due[key]
                 keys = [key for key, _ in taken]
                 self._begin_writing(keys)
+                self._in_write = dict(taken)
             if not taken:
                 return 0
             try:
@@ -436,8 +439,9 @@ class CursorStore:
 
     def load(self, topic: str, name: str) -> CursorRecord | None:
         """The newest state of cursor ``name`` on ``topic`` (queued, else persisted), or None."""
-        with self._state:
-            queued, state = (topic, name) in self._queued, self._queued.get((topic, name))
+        with self._state:  # before the query: a state taken by a write may commit meanwhile
+            pending = {**self._in_write, **self._queued}
+            queued, state = (topic, name) in pending, pending.get((topic, name))
         if not queued:
             return self.load_persisted(topic, name)
         return None if state is None else state()  # None: its deletion is queued
@@ -468,9 +472,10 @@ class CursorStore:
     def list(self, topic: str) -> builtins.list[str]:
         """Names of the durable cursors of ``topic``, sorted: those persisted, less those
         whose deletion is queued, and those created and queued (after the persisted ones)."""
+        with self._state:  # before the query: a state taken by a write may commit meanwhile
+            pending = {**self._in_write, **self._queued}
+        queued = {key[1]: state is not None for key, state in pending.items() if key[0] == topic}
         rows = self.database.query("SELECT name FROM cursors WHERE topic = ? ORDER BY name", (topic,))
-        with self._state:
-            queued = {key[1]: state is not None for key, state in self._queued.items() if key[0] == topic}
         persisted = [row[0] for row in rows]
         created = sorted(name for name, alive in queued.items() if alive and name not in set(persisted))
         return [name for name in persisted if queued.get(name, True)] + created

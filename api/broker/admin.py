@@ -25,6 +25,7 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 from api.broker.admin_topics import TopicOperations
@@ -125,13 +126,14 @@ class Admin:
     def list_topics(self, namespace: str) -> list[str]:
         return self.broker.list_topics(namespace)
 
-    def delete_subscription(self, text: str, subscription: str) -> None:
+    def delete_subscription(self, text: str, subscription: str) -> Future[None]:
+        """Delete ``subscription``; a future of the moment its deletion is durable."""
         topic = self.topic(text)
         if subscription == DEDUP_CURSOR:
             raise TopicNotFoundError(f"Subscription {subscription} not found")
         if subscription == COMPACTION_SUBSCRIPTION:
             self.broker.runs.check_delete(str(topic.name), view_only=True)  # refused while running
-        topic.delete_subscription(subscription)
+        return topic.delete_subscription(subscription)
 
     # -- compaction -----------------------------------------------------------------
 

@@ -149,7 +149,7 @@ class BrokerService:
         await self.runs.stop()
         for topic in list(self.topics.values()):
             try:
-                topic.close()
+                await topic.close_off_loop()  # seal and cursor writes off the loop
             except Exception as error:  # noqa: BLE001 - keep closing the others; the data dir syncs the rest
                 log.warning("closing %s: %s", topic.name, error)
         self.topics.clear()

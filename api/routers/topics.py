@@ -8,6 +8,8 @@ compacted view and deletes its ledger (the next run rebuilds it from the raw top
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
 
 from api.routers.common import (
@@ -79,5 +81,5 @@ async def delete_subscription(admin: AdminDependency, tenant: Tenant, namespace:
                               topic: TopicPart, subscription: str) -> Response:
     """Delete the subscription and its cursor; its consumers are disconnected. Deleting
     `__compaction` drops the compacted view and deletes the compacted ledger."""
-    admin.delete_subscription(topic_name(tenant, namespace, topic), subscription)
+    await asyncio.wrap_future(admin.delete_subscription(topic_name(tenant, namespace, topic), subscription))
     return Response(status_code=204)
