@@ -391,7 +391,7 @@ class CursorStore:
     def _delete_rows(db: sqlite3.Connection, topic: str, name: str) -> bool:
         """Delete cursor ``name``'s rows; False when it had none."""
         db.execute("DELETE FROM cursor_properties WHERE topic = ? AND cursor = ?", (topic, name))
-        return bool(db.execute("DELETE FROM cursors WHERE topic = ? AND name = ?", (topic, name)).rowcount == 1)
+        return int(db.execute("DELETE FROM cursors WHERE topic = ? AND name = ?", (topic, name)).rowcount) == 1
 
     def _write_rows(self, db: sqlite3.Connection, record: CursorRecord) -> None:
         md = record.mark_delete_position

@@ -61,7 +61,7 @@ from api.wire.codec import (
     server_error,
     to_message_id,
 )
-from api.wire.durable import answer_when_written
+from api.wire.durable import answer_when_written, detach
 from api.wire.frames import (
     FRAME_BYTES_MAX,
     MESSAGE_BYTES_MAX,
@@ -516,7 +516,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         consumer.partition = -1 if (index := partition_index(topic.name)) is None else index
         self.consumers[request.consumer_id] = consumer
         answer_when_written(self._loop, self, subscription.cursor.written(), request.request_id,  # cursor durable
-                            lambda: self._close_consumer_quietly(consumer))
+                            lambda: detach(self.consumers, consumer))
 
     def _consumer(self, consumer_id: int) -> WireConsumer:
         consumer = self.consumers.get(consumer_id)
@@ -581,13 +581,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def _close_consumer(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.close_consumer
-        self._close_consumer_quietly(self.consumers.get(request.consumer_id))
+        consumer = self.consumers.pop(request.consumer_id, None)
+        if consumer is not None and consumer.topic is not None and consumer.subscription is not None:
+            consumer.topic.remove_consumer(consumer.subscription, consumer)
         self._success(request.request_id)
-
-    def _close_consumer_quietly(self, consumer: WireConsumer | None) -> None:
-        """Detach ``consumer`` (if still on this connection) without answering."""
-        if consumer is not None and self.consumers.get(consumer.consumer_id) is consumer:
-            del self.consumers[consumer.consumer_id]
-            if consumer.topic is not None and consumer.subscription is not None:
-                consumer.topic.remove_consumer(consumer.subscription, consumer)
 

@@ -17,9 +17,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["Answering", "answer_when_written"]
+if TYPE_CHECKING:
+    from api.wire.connection import WireConsumer
+
+__all__ = ["Answering", "answer_when_written", "detach"]
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +61,12 @@ def answer_when_written(loop: asyncio.AbstractEventLoop, connection: Answering, 
             log.debug("request %d: not answered, the event loop is closed", request_id)
 
     written.add_done_callback(from_writer)
+
+
+def detach(consumers: dict[int, WireConsumer], consumer: WireConsumer) -> None:
+    """Undo a SUBSCRIBE whose cursor could not be written: ``consumer`` leaves its
+    connection's ``consumers`` (if still there) and its subscription."""
+    if consumers.get(consumer.consumer_id) is consumer:
+        del consumers[consumer.consumer_id]
+        if consumer.topic is not None and consumer.subscription is not None:
+            consumer.topic.remove_consumer(consumer.subscription, consumer)
