@@ -516,7 +516,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         consumer.partition = -1 if (index := partition_index(topic.name)) is None else index
         self.consumers[request.consumer_id] = consumer
         answer_when_written(self._loop, self, subscription.cursor.written(), request.request_id,  # cursor durable
-                            lambda: detach(self.consumers, consumer))
+                            lambda: detach(self.consumers, consumer, topic, subscription))
 
     def _consumer(self, consumer_id: int) -> WireConsumer:
         consumer = self.consumers.get(consumer_id)

@@ -17,10 +17,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from api.wire.connection import WireConsumer
+    from api.broker.consumer import Consumer
+    from api.broker.dispatch import Subscription
+    from api.broker.topic import Topic
 
 __all__ = ["Answering", "answer_when_written", "detach"]
 
@@ -63,10 +65,12 @@ def answer_when_written(loop: asyncio.AbstractEventLoop, connection: Answering, 
     written.add_done_callback(from_writer)
 
 
-def detach(consumers: dict[int, WireConsumer], consumer: WireConsumer) -> None:
+C = TypeVar("C", bound="Consumer")
+
+
+def detach(consumers: dict[int, C], consumer: C, topic: Topic, subscription: Subscription) -> None:
     """Undo a SUBSCRIBE whose cursor could not be written: ``consumer`` leaves its
-    connection's ``consumers`` (if still there) and its subscription."""
+    connection's ``consumers`` (if still there) and ``subscription``."""
     if consumers.get(consumer.consumer_id) is consumer:
         del consumers[consumer.consumer_id]
-        if consumer.topic is not None and consumer.subscription is not None:
-            consumer.topic.remove_consumer(consumer.subscription, consumer)
+        topic.remove_consumer(subscription, consumer)
