@@ -26,7 +26,7 @@ Behaviour follows Pulsar's ``ManagedCursorImpl`` (reference ``managed-ledger.md`
   properties)`` (or the deletion) with the ``CursorStore``, whose thread writes it:
   acknowledgements on the persist schedule (at most ``mark_delete_rate_limit`` times a
   second; with 0, at once), the others at once. Nothing is committed on the caller's
-  thread; ``written()`` is a future of the moment what is queued is durable (what the
+  thread; ``when_written()`` is a future of the moment what is queued is durable (what the
   broker waits for before it answers a subscribe, a seek or an unsubscribe). A crash loses
   at most the changes queued and not yet written: acknowledgements are delivered again
   (at-least-once); the persisted state is always one the cursor had, never older than a
@@ -319,7 +319,7 @@ class ManagedCursor:
         """Seek the subscription: the next read returns the first entry at or after
         ``position``; MD moves to the entry before it (possibly backwards); individual acks
         are forgotten; properties are cleared unless ``keep_properties`` (compaction cursor).
-        Persisted first; a deferred cursor's is queued (``written()`` tells when durable).
+        Persisted first; a deferred cursor's is queued (``when_written()`` tells when durable).
         """
         position = position.entry_position()
         if position == EARLIEST:
@@ -442,11 +442,11 @@ class ManagedCursor:
         if self.store is not None and self.durable:
             self.store.flush(self.ledger.name, self.name)
 
-    def written(self) -> Future[None]:
+    def when_written(self) -> Future[None]:
         """A future that resolves once this cursor's queued state is durable (at once when
-        nothing is queued, or the cursor is not durable); see ``CursorStore.written``."""
+        nothing is queued, or the cursor is not durable); see ``CursorStore.when_written``."""
         if self.store is not None and self.durable:
-            return self.store.written(self.ledger.name, self.name)
+            return self.store.when_written(self.ledger.name, self.name)
         done = Future[None]()
         done.set_result(None)
         return done
@@ -477,7 +477,7 @@ class ManagedCursor:
     def delete_durable(self, also: Also | None = None) -> None:
         """Remove a durable cursor's persisted state (unsubscribe); it stops holding data.
         ``also(db)`` runs inside the delete transaction (on the caller's thread); without
-        it, a deferred cursor's deletion is queued (``written()`` tells when durable)."""
+        it, a deferred cursor's deletion is queued (``when_written()`` tells when durable)."""
         if self.store is not None:
             if self._persists_later and also is None:
                 self.store.delete_later(self.ledger.name, self.name)

@@ -40,7 +40,7 @@ topic's queue (the topic is being deleted); ``close`` flushes everything and sto
 thread. A failed background write is logged and retried one interval later; the queued
 record stays the cursor's newest, which ``load`` returns.
 
-**Waiting for a write, off the caller's thread.** ``written(topic, name)`` makes what is
+**Waiting for a write, off the caller's thread.** ``when_written(topic, name)`` makes what is
 queued for a cursor due now and returns a future that resolves once it is committed (at
 once when nothing is queued or being written), or fails with the write's error (the
 record stays queued and is retried). ``delete_later`` queues a cursor's deletion the same
@@ -150,7 +150,7 @@ class CursorStore:
         self._clock = clock
         self._background = background
         self._queued: dict[CursorKey, Queued] = {}  # the newest state of each cursor, not yet written
-        self._waiters: dict[CursorKey, list[Future[None]]] = {}  # ``written`` futures of queued states
+        self._waiters: dict[CursorKey, list[Future[None]]] = {}  # ``when_written`` futures of queued states
         self._writing: dict[CursorKey, list[Future[None]]] = {}  # ... of the states a write has taken
         self._in_write: dict[CursorKey, Queued] = {}  # the states a write has taken, until it ends
         self._due: dict[CursorKey, float] = {}  # when each queued record is written
@@ -231,7 +231,7 @@ class CursorStore:
         raises ``MetadataError`` when the write fails (the records stay queued)."""
         return self._write(lambda key: (topic is None or key[0] == topic) and (name is None or key[1] == name))
 
-    def written(self, topic: str, name: str) -> Future[None]:
+    def when_written(self, topic: str, name: str) -> Future[None]:
         """A future that resolves once what is queued for cursor ``name`` of ``topic`` now
         (or being written) is committed, or fails with that write's error; what is queued
         becomes due now. Resolved at once when nothing is (see "Waiting for a write")."""
@@ -256,15 +256,15 @@ class CursorStore:
         return future
 
     def flush_later(self, topic: str) -> Future[None]:
-        """``written`` of every cursor of ``topic`` queued now, as one future (the first
+        """``when_written`` of every cursor of ``topic`` queued now, as one future (the first
         error, once every write ended)."""
         with self._state:
             names = {key[1] for key in [*self._queued, *self._writing] if key[0] == topic}
-        return _all_of([self.written(topic, name) for name in sorted(names, key=repr)])
+        return _all_of([self.when_written(topic, name) for name in sorted(names, key=repr)])
 
     def delete_later(self, topic: str, name: str) -> None:
         """Queue the deletion of cursor ``name`` (written at once, in the background:
-        ``written`` tells when it is durable); with no writer thread, ``delete`` it now."""
+        ``when_written`` tells when it is durable); with no writer thread, ``delete`` it now."""
         key = (topic, name)
         with self._state:
             synchronous = self._synchronous_waits
@@ -283,7 +283,7 @@ class CursorStore:
 
     @property
     def _synchronous_waits(self) -> bool:
-        """``written``, ``delete_later`` work on the caller's thread (caller holds ``_state``)."""
+        """``when_written``, ``delete_later`` work on the caller's thread (caller holds ``_state``)."""
         return self._closed or not self._background
 
     def _begin_writing(self, keys: builtins.list[CursorKey]) -> None:

@@ -207,7 +207,7 @@ class TopicOperations:
         else:
             cursor.reset(target)
         log.info("subscription %s of %s reset to %s", subscription, topic.name, target)
-        return cursor.written()
+        return cursor.when_written()
 
     def skip_all(self, text: str, subscription: str) -> Future[None]:
         """Acknowledge every message stored so far (``clear-backlog``); a future of the
@@ -215,7 +215,7 @@ class TopicOperations:
         topic, cursor = self._existing(text, subscription)
         last = topic.ledger.last_confirmed_position()
         if last.entry_id < 0 or last <= cursor.mark_delete_position:
-            return cursor.written()
+            return cursor.when_written()
         live = topic.subscriptions.get(subscription)
         try:
             if live is not None:
@@ -225,7 +225,7 @@ class TopicOperations:
                 cursor.mark_delete(last)
         except CursorError as error:
             raise PreconditionFailedError(f"cannot clear the backlog of {subscription}: {error}") from None
-        return cursor.written()
+        return cursor.when_written()
 
     # -- the topic ------------------------------------------------------------------------
 

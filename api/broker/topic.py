@@ -20,7 +20,7 @@
   them, so a clean stop loses no acknowledgement and a deleted topic gets no cursor row back.
 * **No cursor commit on the event loop.** A subscription's creation, a seek, an
   unsubscribe and a subscription delete change memory and queue the cursor's new state
-  (or deletion) for the store's thread; the caller answers once ``cursor.written()`` (or
+  (or deletion) for the store's thread; the caller answers once ``cursor.when_written()`` (or
   the future ``delete_subscription`` returns) resolves, so an answered subscribe, seek or
   unsubscribe is durable. The de-duplication cursor's snapshots are queued the same way
   (a snapshot lost in a crash only means a longer replay at the next load).
@@ -235,7 +235,7 @@ class Topic:
 
     def unsubscribe(self, subscription: Subscription, consumer: Consumer) -> None:
         """Delete the subscription; only its sole consumer may. The deletion is queued:
-        ``subscription.cursor.written()`` tells when it is durable."""
+        ``subscription.cursor.when_written()`` tells when it is durable."""
         if subscription.consumers != [consumer]:
             raise NotAllowedError(f"subscription {subscription.name} has other consumers")
         subscription.remove_consumer(consumer)
@@ -255,7 +255,7 @@ class Topic:
             consumer.disconnect()
         self.cursors.delete_later(str(self.name), name)
         self.counters.forget(name)
-        return self.cursors.written(str(self.name), name)
+        return self.cursors.when_written(str(self.name), name)
 
     def close(self) -> Future[None]:
         """Seal the current ledger; the topic takes no more appends; the queued cursor

@@ -515,7 +515,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         consumer.topic, consumer.subscription = topic, subscription
         consumer.partition = -1 if (index := partition_index(topic.name)) is None else index
         self.consumers[request.consumer_id] = consumer
-        answer_when_written(self._loop, self, subscription.cursor.written(), request.request_id,  # cursor durable
+        answer_when_written(self._loop, self, subscription.cursor.when_written(), request.request_id,  # cursor durable
                             lambda: detach(self.consumers, consumer, topic, subscription))
 
     def _consumer(self, consumer_id: int) -> WireConsumer:
@@ -556,7 +556,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         else:
             position = from_message_id(request.message_id)
         consumer.subscription.seek(position)  # CLOSE_CONSUMER to every consumer first
-        answer_when_written(self._loop, self, consumer.subscription.cursor.written(), request.request_id)
+        answer_when_written(self._loop, self, consumer.subscription.cursor.when_written(), request.request_id)
 
     def _get_last_message_id(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.getLastMessageId
@@ -577,7 +577,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         assert consumer.topic is not None and consumer.subscription is not None
         consumer.topic.unsubscribe(consumer.subscription, consumer)
         self.consumers.pop(request.consumer_id, None)
-        answer_when_written(self._loop, self, consumer.subscription.cursor.written(), request.request_id)
+        answer_when_written(self._loop, self, consumer.subscription.cursor.when_written(), request.request_id)
 
     def _close_consumer(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.close_consumer

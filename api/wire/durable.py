@@ -3,7 +3,7 @@
 The broker core never commits a cursor on the event loop: a subscription's creation, a
 seek's reset and an unsubscribe's deletion change memory and are queued for the cursor
 store's thread (``cursor.store``), which hands back a future of the commit
-(``ManagedCursor.written``). ``answer_when_written`` sends the command's SUCCESS once that
+(``ManagedCursor.when_written``). ``answer_when_written`` sends the command's SUCCESS once that
 future resolves, from the event loop, so a client that got SUCCESS knows the new cursor
 state survives a crash (kill -9); the loop goes on serving everything else meanwhile. When
 the write fails, the command is answered ERROR (``MetadataError``) after ``undo``: a
@@ -39,7 +39,7 @@ class Answering(Protocol):
 
 def answer_when_written(loop: asyncio.AbstractEventLoop, connection: Answering, written: Future[None],
                         request_id: int, undo: Callable[[], None] | None = None) -> None:
-    """SUCCESS for ``request_id`` once ``written`` resolves (at once when it is done), on
+    """SUCCESS for ``request_id`` once ``when_written`` resolves (at once when it is done), on
     ``loop``; ERROR after ``undo()`` when it fails."""
 
     def settle(done: Future[None]) -> None:
