@@ -24,6 +24,7 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
@@ -65,6 +66,7 @@ class AdminBroker(Protocol):
     data_dir: DataDir
     policies: PolicyStore
     topics: dict[str, Topic]
+    deleting: set[str]  # topics whose deletion runs off the loop: not loaded meanwhile
     runs: CompactionRuns
     tenants: Tenants
     partitioned: PartitionedTopics
@@ -122,6 +124,22 @@ class Admin:
         self.broker.runs.check_delete(str(topic.name))  # refused while running or waiting for a slot
         self.broker.topics.pop(str(topic.name), None)
         topic.delete()
+
+    async def delete_topic_off_loop(self, text: str) -> None:
+        """``delete_topic`` with the deletion itself (its transaction — the topic's ledgers,
+        cursors and every other row of it — and its files) on a worker thread; while it
+        runs, loading the topic is refused (``BrokerService.get_topic``)."""
+        topic = self.topic(text)
+        if any(s.consumers for s in topic.subscriptions.values()) or topic.producers_connected():
+            raise PreconditionFailedError(f"Topic {topic.name} has active producers or consumers")
+        name = str(topic.name)
+        self.broker.runs.check_delete(name)  # refused while running or waiting for a slot
+        self.broker.topics.pop(name, None)
+        self.broker.deleting.add(name)
+        try:
+            await asyncio.to_thread(topic.delete)
+        finally:
+            self.broker.deleting.discard(name)
 
     def list_topics(self, namespace: str) -> list[str]:
         return self.broker.list_topics(namespace)

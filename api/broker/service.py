@@ -102,6 +102,7 @@ class BrokerService:
         self.schemas = SchemaRegistry(data_dir.database, self.policies, settings.schema_compatibility_strategy)
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
+        self.deleting: set[str] = set()  # topics deleted off the loop right now (Admin.delete_topic_off_loop)
         # The broker's runs go to worker processes, one per run slot (compactor.worker), so
         # that no run holds this interpreter's GIL; compact-topic's stay in its process.
         workers = settings.compaction_max_concurrent_runs if settings.compaction_worker_process else 0
@@ -198,6 +199,8 @@ class BrokerService:
         topic = self.topics.get(key)
         if topic is not None:
             return topic
+        if key in self.deleting:
+            raise NotAllowedError(f"Topic {key} is being deleted")
         if not create and not self.data_dir.metadata.topic_exists(key):
             raise TopicNotFoundError(f"Topic {key} not found")
         if create and not self.data_dir.metadata.topic_exists(key):

@@ -8,7 +8,7 @@ trace callback, set on the database's one connection, sees every statement on th
 that runs it: the test records the thread of each ``BEGIN``/``COMMIT`` while a consumer
 subscribes, a producer publishes with de-duplication, the consumer acks every message,
 seeks, unsubscribes, another subscription is created and closed, an admin resets it,
-clears its backlog and deletes it, and the broker stops (its topics close). None may run
+clears its backlog and deletes it, then deletes the topic, and the broker stops. None may run
 on the loop's thread; the cursor writes must have happened (on the cursor store's thread).
 Loading a topic (its first ledger and internal cursors) and unloading it (the seal) are
 outside the watched window: they still commit on the loop (see the issue 12 report).
@@ -102,7 +102,10 @@ def test_subscribe_ack_seek_unsubscribe_admin_and_stop_never_commit_on_the_event
     client = pulsar.Client(harness.url, operation_timeout_seconds=10, logger=QUIET)
     try:
         producer = client.create_producer(topic, producer_name="p", batching_enabled=False)  # loads the topic
+        kept = client.create_producer(topic + "-kept", batching_enabled=False)  # loaded until the stop
         commits.watching = True
+        for i in range(10):
+            kept.send(b"k%d" % i)  # a de-duplication state the stop's close snapshots
         consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
                                     initial_position=pulsar.InitialPosition.Earliest)
         ids = [producer.send(b"m%d" % i) for i in range(MESSAGES)]  # roll-overs, dedup snapshots
@@ -117,9 +120,12 @@ def test_subscribe_ack_seek_unsubscribe_admin_and_stop_never_commit_on_the_event
         assert admin("POST", path + "/subscription/other/skip_all") == 204
         assert admin("DELETE", path + "/subscription/other") == 204
         producer.close()
+        kept.close()
+        assert admin("DELETE", path) == 204  # the topic: its ledgers' and cursors' rows, its files
+        assert harness.service is not None and topic not in harness.service.topics
     finally:
         client.close()
-    harness.stop()  # every topic closes: its last snapshot and cursor states are written
+    harness.stop()  # the topic left closes: its seal, last snapshot and cursor states
     commits.watching = False
     assert commits.on(loop_thread) == [], commits.on(loop_thread)[:5]
     writers = {name for _, _, name in commits.off(loop_thread)}
