@@ -182,7 +182,7 @@ class Settings:
     managed_ledger_mark_delete_rate_limit: float = _setting(
         MARK_DELETE_RATE_LIMIT, "Times a second a subscription's acknowledgements are persisted, at most "
         "(written in the background; a crash redelivers what was acknowledged since the last persist); "
-        "0 persists every acknowledgement before the next is handled.", minimum=0)
+        "0 writes every acknowledgement at once, in the background too.", minimum=0)
     # Far under the usual limit of 1,024 descriptors a process, which connections and SQLite share.
     max_open_ledger_files: int = _setting(
         MAX_OPEN_FILES_DEFAULT, "Ledger files kept open while idle; more are closed (least recently used first) "

@@ -19,9 +19,9 @@ command the broker handles on its own. ``--client both`` measures both clients.
 
 Modes, measured in the same run:
 
-* ``every-ack`` (the baseline, the old behaviour): ``--managed-ledger-mark-delete-rate-limit 0``,
-  every ACK command is an SQLite commit (``synchronous=FULL``) on the event loop before
-  the next command is read;
+* ``every-ack``: ``--managed-ledger-mark-delete-rate-limit 0``, every ACK is written at
+  once by the cursor store's thread (before issue 12's last step: an SQLite commit,
+  ``synchronous=FULL``, on the event loop before the next command was read);
 * ``scheduled`` (the default, 1.0): acks change the cursor in memory and a background
   thread persists each cursor at most once a second.
 

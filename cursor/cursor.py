@@ -19,17 +19,20 @@ Behaviour follows Pulsar's ``ManagedCursorImpl`` (reference ``managed-ledger.md`
   live in memory only. A durable cursor persists through the ``CursorStore`` it is given
   (``store=``, ``cursor.store``: the cursor layer's tables on the shared database), never
   through the managed ledger.
-* **Deferred persistence** (``deferred=True``: a subscription's cursor). Acknowledgements
-  (``mark_delete``, ``delete``) change memory first — the in-memory state is what dispatch
-  reads — and queue the new ``(MD, ranges, properties)`` with ``CursorStore.save_later``,
-  which writes it on the persist schedule (at most ``mark_delete_rate_limit`` times a
-  second, off the caller's thread). A crash loses at most the acknowledgements queued and
-  not yet written: they are delivered again (at-least-once); the persisted state is always
-  one the cursor had, never older than a previous persisted one. ``close`` writes what is
-  queued. Without ``deferred`` (the ``__compaction`` cursor, whose mark-delete is the
-  publish of a run; the de-duplication cursor), or with a store whose rate limit is 0,
-  every change is persisted first, and memory changes only once it is.
-  ``reset`` and ``retreat_into_trimmed`` always persist first.
+* **Deferred persistence** (``deferred=True``: a subscription's cursor, the
+  de-duplication cursor). Every change — the creation, acknowledgements (``mark_delete``,
+  ``delete``), ``reset``, ``retreat_into_trimmed``, ``delete_durable`` — changes memory
+  first (the in-memory state is what dispatch reads) and queues the new ``(MD, ranges,
+  properties)`` (or the deletion) with the ``CursorStore``, whose thread writes it:
+  acknowledgements on the persist schedule (at most ``mark_delete_rate_limit`` times a
+  second; with 0, at once), the others at once. Nothing is committed on the caller's
+  thread; ``when_written()`` is a future of the moment what is queued is durable (what the
+  broker waits for before it answers a subscribe, a seek or an unsubscribe). A crash loses
+  at most the changes queued and not yet written: acknowledgements are delivered again
+  (at-least-once); the persisted state is always one the cursor had, never older than a
+  previous persisted one. ``close`` writes what is queued. Without ``deferred`` (the
+  ``__compaction`` cursor, whose mark-delete is the publish of a run), every change is
+  persisted first, on the caller's thread, and memory changes only once it is.
 * A read-compacted subscription also reads compacted entries whose raw ledgers were
   trimmed (they keep their original positions). Its ``compacted_successor`` names them:
   they can then be acknowledged like entries, and MD stops at the first unacknowledged one
@@ -43,6 +46,7 @@ import enum
 import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 
 from cursor.errors import CursorError, InvalidMarkDeletePositionError, MarkDeleteBackwardsError
 from cursor.ranges import AckedRanges
@@ -115,10 +119,12 @@ class ManagedCursor:
         store: CursorStore,
         clock: Callable[[], float] = time.time,
         deferred: bool = False,
+        create_at_once: bool = False,
     ) -> ManagedCursor:
         """Recover durable cursor ``name`` from ``store``, or create it there at
-        ``initial_position``; ``deferred``: acknowledgements are persisted on the store's
-        schedule (see "Deferred persistence").
+        ``initial_position``; ``deferred``: changes are persisted by the store's thread
+        (see "Deferred persistence"), the creation too unless ``create_at_once`` (then it is
+        persisted before this returns, on the caller's thread).
 
         ``initial_position`` only matters when the cursor is created. A recovered position
         in a ledger that no longer exists moves to ``(next ledger, -1)`` unless it is before
@@ -133,7 +139,10 @@ class ManagedCursor:
                 start = ledger.last_confirmed_position()
             cursor = cls(ledger, name, durable=True, mark_delete_position=start, clock=clock, store=store,
                          deferred=deferred)
-            cursor._persist(start, cursor._acked, cursor._properties)
+            if cursor._persists_later and not create_at_once:
+                cursor._persist_later(start, cursor._acked, cursor._properties, at_once=True)
+            else:
+                cursor._persist(start, cursor._acked, cursor._properties)
             return cursor
         position = _clamp_recovered(ledger, record.mark_delete_position)
         acked = AckedRanges(_existing_runs(ledger, record.individually_deleted))
@@ -291,20 +300,26 @@ class ManagedCursor:
         """Move MD back to ``position``, before the first ledger, keeping acknowledgements
         and properties: a read-compacted subscription that acknowledged nothing of the
         ledgers left (MD at the first ledger's start) consumed none of the compacted entries
-        whose raw ledgers were trimmed; this makes MD say so. Persisted first."""
+        whose raw ledgers were trimmed; this makes MD say so. Persisted first (deferred:
+        queued)."""
         if self._mark_delete_position != self.ledger.first_position() or not self._in_trimmed_prefix(position):
             raise CursorError(
                 f"cursor {self.name}: cannot move MD {self._mark_delete_position} back to {position}",
                 topic=self.ledger.name, cursor=self.name,
             )
         position = position.entry_position()
-        self._persist(position, self._acked, self._properties)
-        self._mark_delete_position = position
+        if self._persists_later:
+            self._mark_delete_position = position
+            self._persist_later(position, self._acked, self._properties, at_once=True)
+        else:
+            self._persist(position, self._acked, self._properties)
+            self._mark_delete_position = position
 
     def reset(self, position: Position, *, keep_properties: bool = False) -> None:
         """Seek the subscription: the next read returns the first entry at or after
         ``position``; MD moves to the entry before it (possibly backwards); individual acks
         are forgotten; properties are cleared unless ``keep_properties`` (compaction cursor).
+        Persisted first; a deferred cursor's is queued (``when_written()`` tells when durable).
         """
         position = position.entry_position()
         if position == EARLIEST:
@@ -317,11 +332,15 @@ class ManagedCursor:
             read_position = self.ledger.next_valid_position(self.ledger.previous_position(position))
         mark_delete_position = self.ledger.previous_position(read_position)
         properties = self._properties if keep_properties else {}
-        self._persist(mark_delete_position, AckedRanges(), properties)
+        acked = AckedRanges()
+        if not self._persists_later:
+            self._persist(mark_delete_position, acked, properties)
         self._mark_delete_position = mark_delete_position
-        self._acked = AckedRanges()
+        self._acked = acked
         self._properties = dict(properties)
         self.read_position = read_position
+        if self._persists_later:
+            self._persist_later(mark_delete_position, acked, self._properties, at_once=True)
 
     def _check_confirmed(self, positions: list[Position]) -> None:
         """Raise unless every position is at or before the last confirmed entry (asking the
@@ -359,10 +378,8 @@ class ManagedCursor:
             self._properties = dict(properties)
         if self.read_position <= position:
             self.read_position = self._next_position(position)
-        if later and self.store is not None:
-            installed = self._properties
-            self.store.save_later_from(self.ledger.name, self.name,
-                                       lambda: self._record(position, acked, installed))
+        if later:
+            self._persist_later(position, acked, self._properties)
 
     def _advance(self, position: Position, acked: AckedRanges) -> Position:
         """``position`` moved over every acknowledged run that directly follows it.
@@ -393,8 +410,17 @@ class ManagedCursor:
 
     @property
     def _persists_later(self) -> bool:
-        """Acknowledgements go to the persist schedule (see "Deferred persistence")."""
-        return self.deferred and self.store is not None and self.store.mark_delete_rate_limit > 0
+        """Changes are queued for the store's thread (see "Deferred persistence")."""
+        return self.deferred and self.store is not None
+
+    def _persist_later(self, position: Position, acked: AckedRanges, properties: Mapping[str, int], *,
+                       at_once: bool = False) -> None:
+        """Queue ``(MD, ranges, properties)``, installed and never changed again, for the
+        store's thread (its record is built when it is written): on the persist schedule,
+        or due now (``at_once``: a creation, a reset)."""
+        if self.store is not None:
+            queue = self.store.save_soon_from if at_once else self.store.save_later_from
+            queue(self.ledger.name, self.name, lambda: self._record(position, acked, properties))
 
     def _persist(self, position: Position, acked: AckedRanges, properties: Mapping[str, int],
                  also: Also | None = None) -> None:
@@ -415,6 +441,15 @@ class ManagedCursor:
         """Write what is queued of this cursor's state now (a clean stop loses nothing)."""
         if self.store is not None and self.durable:
             self.store.flush(self.ledger.name, self.name)
+
+    def when_written(self) -> Future[None]:
+        """A future that resolves once this cursor's queued state is durable (at once when
+        nothing is queued, or the cursor is not durable); see ``CursorStore.when_written``."""
+        if self.store is not None and self.durable:
+            return self.store.when_written(self.ledger.name, self.name)
+        done = Future[None]()
+        done.set_result(None)
+        return done
 
     def flush_soon(self) -> None:
         """Have what is queued of this cursor's state written now, in the background."""
@@ -441,9 +476,13 @@ class ManagedCursor:
 
     def delete_durable(self, also: Also | None = None) -> None:
         """Remove a durable cursor's persisted state (unsubscribe); it stops holding data.
-        ``also(db)`` runs inside the delete transaction."""
+        ``also(db)`` runs inside the delete transaction (on the caller's thread); without
+        it, a deferred cursor's deletion is queued (``when_written()`` tells when durable)."""
         if self.store is not None:
-            self.store.delete(self.ledger.name, self.name, also)
+            if self._persists_later and also is None:
+                self.store.delete_later(self.ledger.name, self.name)
+            else:
+                self.store.delete(self.ledger.name, self.name, also)
 
 
 def _existing_runs(ledger: ManagedLedger, runs: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

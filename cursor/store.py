@@ -39,6 +39,17 @@ queued record never brings a deleted cursor back). ``flush`` writes what is queu
 topic's queue (the topic is being deleted); ``close`` flushes everything and stops the
 thread. A failed background write is logged and retried one interval later; the queued
 record stays the cursor's newest, which ``load`` returns.
+
+**Waiting for a write, off the caller's thread.** ``when_written(topic, name)`` makes what is
+queued for a cursor due now and returns a future that resolves once it is committed (at
+once when nothing is queued or being written), or fails with the write's error (the
+record stays queued and is retried). ``delete_later`` queues a cursor's deletion the same
+way (a deletion is a queued state: ``load`` then returns None, ``list`` leaves it out, a
+later save brings it back), and ``flush_later(topic)`` makes a topic's queued records due
+now and returns one future for them. The broker's event loop uses these three to answer a
+subscribe, an unsubscribe, a seek or a subscription delete only once its cursor state is
+durable, without ever committing on the loop. A store without a background thread
+(``background=False``), or closed, does each of them at once on the caller's thread.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ledger.database import Database, TopicTable
@@ -116,6 +128,7 @@ CursorKey = tuple[str, str]  # (topic, cursor name)
 Also = Callable[[sqlite3.Connection], None]
 """More statements run inside a cursor write's transaction (``save``, ``delete``)."""
 Snapshot = Callable[[], CursorRecord]  # a queued cursor's record, built when it is written
+Queued = Snapshot | None  # a queued state: a record to write, or None: the cursor's deletion
 
 
 class CursorStore:
@@ -136,7 +149,10 @@ class CursorStore:
         self._interval_s = 1.0 / mark_delete_rate_limit if mark_delete_rate_limit > 0 else 0.0
         self._clock = clock
         self._background = background
-        self._queued: dict[CursorKey, Snapshot] = {}  # the newest state of each cursor, not yet written
+        self._queued: dict[CursorKey, Queued] = {}  # the newest state of each cursor, not yet written
+        self._waiters: dict[CursorKey, list[Future[None]]] = {}  # ``when_written`` futures of queued states
+        self._writing: dict[CursorKey, list[Future[None]]] = {}  # ... of the states a write has taken
+        self._in_write: dict[CursorKey, Queued] = {}  # the states a write has taken, until it ends
         self._due: dict[CursorKey, float] = {}  # when each queued record is written
         self._written_at: dict[CursorKey, float] = {}  # when each cursor was last written
         self._lock = threading.Lock()  # _state's lock: ``with self._lock`` is the cheap way to hold it
@@ -158,12 +174,18 @@ class CursorStore:
             with self._state:
                 self._queued.pop(key, None)
                 self._due.pop(key, None)
-            with self.database.transaction("cursor.save", record=record) as db:
-                self._write_rows(db, record)
-                if also is not None:
-                    also(db)
+                self._begin_writing([key])
+            try:
+                with self.database.transaction("cursor.save", record=record) as db:
+                    self._write_rows(db, record)
+                    if also is not None:
+                        also(db)
+            except BaseException as error:
+                self._end_writing([key], error)
+                raise
             with self._state:
                 self._written_at[key] = self._clock()
+            self._end_writing([key], None)
 
     def save_later(self, record: CursorRecord) -> None:
         """Queue ``record`` as its cursor's newest state, written on the persist schedule
@@ -177,13 +199,25 @@ class CursorStore:
         second builds one record per write, not one per acknowledgement. ``snapshot`` is
         called on the writer's thread: it must read one consistent state of the cursor
         (``ManagedCursor`` keeps its persisted state in one immutable tuple for this)."""
+        self._queue(topic, name, snapshot, at_once=False)
+
+    def save_soon_from(self, topic: str, name: str, snapshot: Snapshot) -> None:
+        """``save_later_from``, due now whatever the schedule (a cursor's creation, a reset):
+        written by the thread at once; with no thread (``background=False``), on the
+        caller's thread before this returns."""
+        self._queue(topic, name, snapshot, at_once=True)
+
+    def _queue(self, topic: str, name: str, snapshot: Snapshot, *, at_once: bool) -> None:
         key = (topic, name)
         with self._lock:  # the condition's own lock, held without its Python-level wrapper
-            if self._interval_s == 0 or self._closed:  # after close: nothing would write it
-                synchronous = True
-            else:
-                synchronous = False
-                if key not in self._queued:
+            # no thread (no rate limit, or a write due now); or after close: nothing would write it
+            synchronous = self._synchronous_waits if at_once else self._synchronous
+            if not synchronous:
+                if at_once:
+                    self._due[key] = self._clock()
+                    self._state.notify()
+                    self._start_thread()
+                elif key not in self._queued:
                     self._due[key] = max(self._clock(), self._written_at.get(key, -math.inf) + self._interval_s)
                     self._state.notify()
                     self._start_thread()
@@ -196,6 +230,77 @@ class CursorStore:
         every cursor of ``topic``, or every cursor. Returns the number of cursors written;
         raises ``MetadataError`` when the write fails (the records stay queued)."""
         return self._write(lambda key: (topic is None or key[0] == topic) and (name is None or key[1] == name))
+
+    def when_written(self, topic: str, name: str) -> Future[None]:
+        """A future that resolves once what is queued for cursor ``name`` of ``topic`` now
+        (or being written) is committed, or fails with that write's error; what is queued
+        becomes due now. Resolved at once when nothing is (see "Waiting for a write")."""
+        key, future = (topic, name), Future[None]()
+        with self._state:
+            if key in self._queued and not self._synchronous_waits:
+                self._waiters.setdefault(key, []).append(future)
+                self._due[key] = self._clock()
+                self._state.notify()
+                return future
+            if key in self._writing:
+                self._writing[key].append(future)
+                return future
+            queued = key in self._queued
+        try:
+            if queued:  # no writer thread: write it now
+                self.flush(topic, name)
+        except Exception as error:  # noqa: BLE001 - the future carries it
+            future.set_exception(error)
+        else:
+            future.set_result(None)
+        return future
+
+    def flush_later(self, topic: str) -> Future[None]:
+        """``when_written`` of every cursor of ``topic`` queued now, as one future (the first
+        error, once every write ended)."""
+        with self._state:
+            names = {key[1] for key in [*self._queued, *self._writing] if key[0] == topic}
+        return _all_of([self.when_written(topic, name) for name in sorted(names, key=repr)])
+
+    def delete_later(self, topic: str, name: str) -> None:
+        """Queue the deletion of cursor ``name`` (written at once, in the background:
+        ``when_written`` tells when it is durable); with no writer thread, ``delete`` it now."""
+        key = (topic, name)
+        with self._state:
+            synchronous = self._synchronous_waits
+            if not synchronous:
+                self._queued[key] = None
+                self._due[key] = self._clock()
+                self._state.notify()
+                self._start_thread()
+        if synchronous:
+            self.delete(topic, name)
+
+    @property
+    def _synchronous(self) -> bool:
+        """``save_later`` writes on the caller's thread (the caller holds ``_state``)."""
+        return self._closed or (self._interval_s == 0 and not self._background)
+
+    @property
+    def _synchronous_waits(self) -> bool:
+        """``when_written``, ``delete_later`` work on the caller's thread (caller holds ``_state``)."""
+        return self._closed or not self._background
+
+    def _begin_writing(self, keys: builtins.list[CursorKey]) -> None:
+        """The waiters of ``keys`` now wait for the write that took them (holding ``_state``)."""
+        for key in keys:
+            self._writing.setdefault(key, []).extend(self._waiters.pop(key, []))
+
+    def _end_writing(self, keys: builtins.list[CursorKey], error: BaseException | None) -> None:
+        """The write that took ``keys`` ended: tell their waiters (outside ``_state``)."""
+        with self._state:
+            self._in_write = {}
+            futures = [future for key in keys for future in self._writing.pop(key, [])]
+        for future in futures:
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
     def flush_soon(self, topic: str, name: str) -> None:
         """Have the background thread write cursor ``name``'s queued record now (its last
@@ -214,12 +319,16 @@ class CursorStore:
     def discard(self, topic: str) -> None:
         """Forget what is queued for ``topic``'s cursors (the topic is being deleted): once
         this returns, no queued record of it is written."""
-        with self._write_lock, self._state:
-            for key in [key for key in self._queued if key[0] == topic]:
-                del self._queued[key]
-                del self._due[key]
-            for key in [key for key in self._written_at if key[0] == topic]:
-                del self._written_at[key]
+        with self._write_lock:
+            with self._state:
+                keys = [key for key in self._queued if key[0] == topic]
+                for key in keys:
+                    del self._queued[key]
+                    del self._due[key]
+                for key in [key for key in self._written_at if key[0] == topic]:
+                    del self._written_at[key]
+                self._begin_writing(keys)
+            self._end_writing(keys, None)  # nothing of the topic is left to write
 
     def queued_count(self) -> int:
         """Cursors whose newest record is queued, not yet written."""
@@ -237,33 +346,52 @@ class CursorStore:
         self.flush()
 
     def _write(self, wanted: Callable[[CursorKey], bool]) -> int:
-        """Take the queued records ``wanted`` picks and commit them together; on failure
-        put them back unless a newer record of the cursor was queued meanwhile."""
+        """Take the queued states ``wanted`` picks and commit them together; on failure
+        put them back unless a newer state of the cursor was queued meanwhile."""
         with self._write_lock:
             with self._state:
-                taken = [(key, snapshot) for key, snapshot in self._queued.items() if wanted(key)]
+                taken = [(key, queued) for key, queued in self._queued.items() if wanted(key)]
                 for key, _ in taken:
                     del self._queued[key]
                     del self._due[key]
+                keys = [key for key, _ in taken]
+                self._begin_writing(keys)
+                self._in_write = dict(taken)
             if not taken:
                 return 0
-            records = [snapshot() for _, snapshot in taken]  # the cursors' states now, the newest
             try:
+                # the cursors' states now, the newest (None: deleted)
+                states = [(key, None if queued is None else queued()) for key, queued in taken]
+                records = [record for _, record in states if record is not None]
                 with self.database.transaction("cursor.save_batch", records=records) as db:
-                    for record in records:
-                        self._write_rows(db, record)
-            except BaseException:
+                    for key, record in states:
+                        if record is None:
+                            self._delete_rows(db, *key)
+                        else:
+                            self._write_rows(db, record)
+            except BaseException as error:
                 with self._state:
                     retry_at = self._clock() + self._interval_s
-                    for key, snapshot in taken:
+                    for key, queued in taken:
                         if key not in self._queued:
-                            self._queued[key], self._due[key] = snapshot, retry_at
+                            self._queued[key], self._due[key] = queued, retry_at
+                self._end_writing(keys, error)
                 raise
             with self._state:
                 now = self._clock()
-                for record in records:
-                    self._written_at[(record.topic, record.name)] = now
-            return len(records)
+                for key, record in states:
+                    if record is None:
+                        self._written_at.pop(key, None)
+                    else:
+                        self._written_at[key] = now
+            self._end_writing(keys, None)
+            return len(states)
+
+    @staticmethod
+    def _delete_rows(db: sqlite3.Connection, topic: str, name: str) -> bool:
+        """Delete cursor ``name``'s rows; False when it had none."""
+        db.execute("DELETE FROM cursor_properties WHERE topic = ? AND cursor = ?", (topic, name))
+        return int(db.execute("DELETE FROM cursors WHERE topic = ? AND name = ?", (topic, name)).rowcount) == 1
 
     def _write_rows(self, db: sqlite3.Connection, record: CursorRecord) -> None:
         md = record.mark_delete_position
@@ -311,11 +439,12 @@ class CursorStore:
 
     def load(self, topic: str, name: str) -> CursorRecord | None:
         """The newest state of cursor ``name`` on ``topic`` (queued, else persisted), or None."""
-        with self._state:
-            queued = self._queued.get((topic, name))
-        if queued is not None:
-            return queued()
-        return self.load_persisted(topic, name)
+        with self._state:  # before the query: a state taken by a write may commit meanwhile
+            pending = {**self._in_write, **self._queued}
+            queued, state = (topic, name) in pending, pending.get((topic, name))
+        if not queued:
+            return self.load_persisted(topic, name)
+        return None if state is None else state()  # None: its deletion is queued
 
     def load_persisted(self, topic: str, name: str) -> CursorRecord | None:
         """The persisted state of cursor ``name`` on ``topic`` (what survives a crash), or None."""
@@ -341,9 +470,15 @@ class CursorStore:
         )
 
     def list(self, topic: str) -> builtins.list[str]:
-        """Names of the durable cursors of ``topic``, sorted."""
+        """Names of the durable cursors of ``topic``, sorted: those persisted, less those
+        whose deletion is queued, and those created and queued (after the persisted ones)."""
+        with self._state:  # before the query: a state taken by a write may commit meanwhile
+            pending = {**self._in_write, **self._queued}
+        queued = {key[1]: state is not None for key, state in pending.items() if key[0] == topic}
         rows = self.database.query("SELECT name FROM cursors WHERE topic = ? ORDER BY name", (topic,))
-        return [row[0] for row in rows]
+        persisted = [row[0] for row in rows]
+        created = sorted(name for name, alive in queued.items() if alive and name not in set(persisted))
+        return [name for name in persisted if queued.get(name, True)] + created
 
     def mark_delete_positions(self, topic: str) -> dict[str, Position]:
         """Persisted mark-delete position of every durable cursor of ``topic``."""
@@ -363,14 +498,44 @@ class CursorStore:
     def delete(self, topic: str, name: str, also: Also | None = None) -> bool:
         """Forget cursor ``name``, queued record included; False when it was not persisted.
         ``also(db)`` runs inside the delete transaction (as ``save``'s)."""
+        key = (topic, name)
         with self._write_lock:
             with self._state:
-                self._queued.pop((topic, name), None)
-                self._due.pop((topic, name), None)
-                self._written_at.pop((topic, name), None)
-            with self.database.transaction("cursor.delete", topic=topic, name=name) as db:
-                db.execute("DELETE FROM cursor_properties WHERE topic = ? AND cursor = ?", (topic, name))
-                deleted = db.execute("DELETE FROM cursors WHERE topic = ? AND name = ?", (topic, name)).rowcount == 1
-                if also is not None:
-                    also(db)
-                return deleted
+                self._queued.pop(key, None)
+                self._due.pop(key, None)
+                self._written_at.pop(key, None)
+                self._begin_writing([key])
+            try:
+                with self.database.transaction("cursor.delete", topic=topic, name=name) as db:
+                    deleted = self._delete_rows(db, topic, name)
+                    if also is not None:
+                        also(db)
+            except BaseException as error:
+                self._end_writing([key], error)
+                raise
+            self._end_writing([key], None)
+            return deleted
+
+
+def _all_of(futures: list[Future[None]]) -> Future[None]:
+    """One future for ``futures``: done when all are, failed with the first error."""
+    combined = Future[None]()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[None]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        errors = [future.exception() for future in futures if future.exception() is not None]
+        if errors:
+            combined.set_exception(errors[0])
+        else:
+            combined.set_result(None)
+
+    if not futures:
+        combined.set_result(None)
+    for future in futures:
+        future.add_done_callback(one_done)
+    return combined

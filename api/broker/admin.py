@@ -24,7 +24,9 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 from api.broker.admin_topics import TopicOperations
@@ -64,6 +66,7 @@ class AdminBroker(Protocol):
     data_dir: DataDir
     policies: PolicyStore
     topics: dict[str, Topic]
+    deleting: set[str]  # topics whose deletion runs off the loop: not loaded meanwhile
     runs: CompactionRuns
     tenants: Tenants
     partitioned: PartitionedTopics
@@ -122,16 +125,33 @@ class Admin:
         self.broker.topics.pop(str(topic.name), None)
         topic.delete()
 
+    async def delete_topic_off_loop(self, text: str) -> None:
+        """``delete_topic`` with the deletion itself (its transaction — the topic's ledgers,
+        cursors and every other row of it — and its files) on a worker thread; while it
+        runs, loading the topic is refused (``BrokerService.get_topic``)."""
+        topic = self.topic(text)
+        if any(s.consumers for s in topic.subscriptions.values()) or topic.producers_connected():
+            raise PreconditionFailedError(f"Topic {topic.name} has active producers or consumers")
+        name = str(topic.name)
+        self.broker.runs.check_delete(name)  # refused while running or waiting for a slot
+        self.broker.topics.pop(name, None)
+        self.broker.deleting.add(name)
+        try:
+            await asyncio.to_thread(topic.delete)
+        finally:
+            self.broker.deleting.discard(name)
+
     def list_topics(self, namespace: str) -> list[str]:
         return self.broker.list_topics(namespace)
 
-    def delete_subscription(self, text: str, subscription: str) -> None:
+    def delete_subscription(self, text: str, subscription: str) -> Future[None]:
+        """Delete ``subscription``; a future of the moment its deletion is durable."""
         topic = self.topic(text)
         if subscription == DEDUP_CURSOR:
             raise TopicNotFoundError(f"Subscription {subscription} not found")
         if subscription == COMPACTION_SUBSCRIPTION:
             self.broker.runs.check_delete(str(topic.name), view_only=True)  # refused while running
-        topic.delete_subscription(subscription)
+        return topic.delete_subscription(subscription)
 
     # -- compaction -----------------------------------------------------------------
 

@@ -16,6 +16,9 @@ broker's typed errors; the REST router ``api.routers.subscriptions`` only parses
   published at or after a time). A subscription with consumers is sought as a client SEEK
   does (its consumers are disconnected and subscribe again from there).
 * ``skip_all``: acknowledge everything published so far (``clear-backlog``).
+* ``reset_cursor``, ``skip_all`` and ``unload`` return a future of the moment what they
+  changed in a cursor is durable: the cursor store's thread commits it, never the event
+  loop; the REST layer answers once it resolves.
 * ``unload``: disconnect the topic's producers and consumers (clients reconnect), seal its
   ledger and drop it from the registry; the next use loads it again. Refused while a
   compaction of the topic is in flight.
@@ -25,6 +28,7 @@ broker's typed errors; the REST router ``api.routers.subscriptions`` only parses
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -159,10 +163,12 @@ class TopicOperations:
 
     @staticmethod
     def _cursor(topic: Topic, name: str) -> ManagedCursor:
+        """The live subscription's cursor, else the persisted one, deferred as a live one
+        (what it is asked to persist goes to the cursor store's thread)."""
         live = topic.subscriptions.get(name)
         if live is not None:
             return live.cursor
-        return ManagedCursor.open_durable(topic.ledger, name, store=topic.cursors)
+        return ManagedCursor.open_durable(topic.ledger, name, store=topic.cursors, deferred=True)
 
     def peek(self, text: str, subscription: str, n: int) -> PeekedEntry:
         """The ``n``-th unacknowledged entry of ``subscription`` (1-based)."""
@@ -185,9 +191,10 @@ class TopicOperations:
             position = ledger.next_valid_position(entries[-1].position)
 
     def reset_cursor(self, text: str, subscription: str, *, timestamp_ms: int | None = None,
-                     position: Position | None = None, excluded: bool = False) -> Position:
+                     position: Position | None = None, excluded: bool = False) -> Future[None]:
         """Move ``subscription`` to ``position`` (``excluded``: just after it) or to the first
-        message published at or after ``timestamp_ms``; the position its next read starts at."""
+        message published at or after ``timestamp_ms``; a future of the moment the new
+        position is durable (the cursor store's thread writes it)."""
         topic, cursor = self._existing(text, subscription)
         if timestamp_ms is not None:
             target = find_by_publish_time(topic.ledger, timestamp_ms)
@@ -200,14 +207,15 @@ class TopicOperations:
         else:
             cursor.reset(target)
         log.info("subscription %s of %s reset to %s", subscription, topic.name, target)
-        return target
+        return cursor.when_written()
 
-    def skip_all(self, text: str, subscription: str) -> None:
-        """Acknowledge every message stored so far (``clear-backlog``)."""
+    def skip_all(self, text: str, subscription: str) -> Future[None]:
+        """Acknowledge every message stored so far (``clear-backlog``); a future of the
+        moment that is durable."""
         topic, cursor = self._existing(text, subscription)
         last = topic.ledger.last_confirmed_position()
         if last.entry_id < 0 or last <= cursor.mark_delete_position:
-            return
+            return cursor.when_written()
         live = topic.subscriptions.get(subscription)
         try:
             if live is not None:
@@ -217,11 +225,14 @@ class TopicOperations:
                 cursor.mark_delete(last)
         except CursorError as error:
             raise PreconditionFailedError(f"cannot clear the backlog of {subscription}: {error}") from None
+        return cursor.when_written()
 
     # -- the topic ------------------------------------------------------------------------
 
-    def unload(self, text: str) -> None:
-        """Disconnect the topic's clients, seal its ledger, drop it from the registry."""
+    def unload(self, text: str) -> Future[None]:
+        """Disconnect the topic's clients, seal its ledger, drop it from the registry; a
+        future of the moment its queued cursor states are written (the seal itself stays
+        on the caller's thread: a client may load the topic again as soon as it is dropped)."""
         topic = self.admin.topic(text)
         name = str(topic.name)
         broker = self.admin.broker
@@ -229,7 +240,7 @@ class TopicOperations:
             raise CompactionInProgressError(f"Compaction of {name} is in progress; unload it afterwards")
         loaded = broker.topics.get(name)
         if loaded is None:
-            return
+            return _done()
         for owner in list(loaded.producers.values()):
             disconnect = getattr(owner, "disconnect", None)
             if disconnect is not None:
@@ -239,8 +250,9 @@ class TopicOperations:
                 consumer.disconnect()
                 subscription.remove_consumer(consumer)
         broker.topics.pop(name, None)
-        loaded.close()
+        written = loaded.close()
         log.info("topic %s unloaded", name)
+        return written
 
     def last_message_id(self, text: str) -> dict[str, int]:
         """Pulsar's ``MessageIdImpl`` of the last stored message (``batchIndex`` for a batch)."""
@@ -253,6 +265,13 @@ class TopicOperations:
             if size is not None:
                 answer["batchIndex"] = size - 1
         return answer
+
+
+def _done() -> Future[None]:
+    """A future that is done: nothing to wait for."""
+    done: Future[None] = Future()
+    done.set_result(None)
+    return done
 
 
 def shown_name(name: object) -> str:

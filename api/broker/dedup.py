@@ -23,7 +23,10 @@ uuid) plus its payload. Each PRODUCER the broker accepts starts a ``ProducerSess
 The durable part (producer name → highest durable sequence id, what PRODUCER_SUCCESS
 answers) is snapshotted into the properties of a durable cursor named ``pulsar.dedup``
 every ``SNAPSHOT_INTERVAL_ENTRIES`` durable entries or ``SNAPSHOT_INTERVAL_BYTES``, and
-when the topic closes; its mark-delete position says which entry the snapshot covers.
+when the topic closes; its mark-delete position says which entry the snapshot covers. The
+cursor is deferred (``cursor.cursor``): a snapshot is queued and written by the cursor
+store's thread on the persist schedule, never on the event loop; a crash may lose the
+snapshots not yet written, which only makes the next load replay from an older one.
 Loading replays the entries after the snapshot and the window (a few at a time, so a topic
 of large entries loads in bounded memory), so that re-sends after a crash find what was
 durable; an entry that cannot be read (corrupt) is skipped there. Enabling
@@ -129,7 +132,10 @@ class Deduplication:
     def __init__(self, ledger: ManagedLedger, cursors: CursorStore) -> None:
         self.ledger = ledger
         existed = cursors.load(ledger.name, DEDUP_CURSOR) is not None
-        self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST, store=cursors)
+        # deferred: snapshots are queued for the cursor store's thread; the creation is
+        # persisted at once (a cursor lost in a crash would skip the replay at the next load)
+        self.cursor = ManagedCursor.open_durable(ledger, DEDUP_CURSOR, InitialPosition.LATEST, store=cursors,
+                                                 deferred=True, create_at_once=True)
         self.persisted: dict[str, int] = dict(self.cursor.properties)
         self.pushed: dict[str, int] = dict(self.persisted)
         # a send's digest -> where its entries are stored / their appends in flight, in log order

@@ -7,7 +7,8 @@ port), and nothing here imports ``api.wire`` or the HTTP side. It is configured 
 ``api.config.Settings``; ``compaction_config`` and ``ledger_config`` turn it into the
 lower layers' configs (shared with ``compactd compact-topic``). It also names producers
 that did not choose a name (``new_producer_name``), which both doors may ask for. It runs
-on one asyncio event loop; the only work it moves off the loop is a compaction run. Runs
+on one asyncio event loop; it moves off the loop compaction runs, trimming, the sweep and
+(at stop) the topics' seals; cursor writes are the cursor store's thread's. Runs
 belong to one executor, ``runs`` (``compactor.runs.CompactionRuns``: slots —
 ``compaction_max_concurrent_runs`` —, queue, tasks, persisted status), which the REST
 trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compact`` (a run
@@ -106,6 +107,7 @@ class BrokerService:
         self.schemas = SchemaRegistry(data_dir.database, self.policies, settings.schema_compatibility_strategy)
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
+        self.deleting: set[str] = set()  # topics deleted off the loop right now (Admin.delete_topic_off_loop)
         # The broker's runs go to worker processes, one per run slot (compactor.worker), so
         # that no run holds this interpreter's GIL; compact-topic's stay in its process.
         workers = settings.compaction_max_concurrent_runs if settings.compaction_worker_process else 0
@@ -162,7 +164,7 @@ class BrokerService:
         await self.runs.stop()
         for topic in list(self.topics.values()):
             try:
-                topic.close()
+                await topic.close_off_loop()  # seal and cursor writes off the loop
             except Exception as error:  # noqa: BLE001 - keep closing the others; the data dir syncs the rest
                 log.warning("closing %s: %s", topic.name, error)
         self.topics.clear()
@@ -221,6 +223,8 @@ class BrokerService:
         topic = self.topics.get(key)
         if topic is not None:
             return topic
+        if key in self.deleting:
+            raise NotAllowedError(f"Topic {key} is being deleted")
         if not create and not self.data_dir.metadata.topic_exists(key):
             raise TopicNotFoundError(f"Topic {key} not found")
         if create and not self.data_dir.metadata.topic_exists(key):

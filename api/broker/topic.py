@@ -15,9 +15,15 @@
   ``deferred``: an ack changes the cursor in memory and is written by the cursor store's
   background thread, at most ``managed_ledger_mark_delete_rate_limit`` times a second per
   cursor (``cursor.store``), never on the event loop. When a subscription's last consumer
-  leaves, its state is written at once (in the background); ``close`` writes every queued
-  state of the topic before it returns, ``delete`` forgets it, so a clean stop loses no
-  acknowledgement and a deleted topic gets no cursor row back.
+  leaves, its state is written at once (in the background); ``close`` makes every queued
+  state of the topic due now and returns a future of their write, ``delete`` forgets
+  them, so a clean stop loses no acknowledgement and a deleted topic gets no cursor row back.
+* **No cursor commit on the event loop.** A subscription's creation, a seek, an
+  unsubscribe and a subscription delete change memory and queue the cursor's new state
+  (or deletion) for the store's thread; the caller answers once ``cursor.when_written()`` (or
+  the future ``delete_subscription`` returns) resolves, so an answered subscribe, seek or
+  unsubscribe is durable. The de-duplication cursor's snapshots are queued the same way
+  (a snapshot lost in a crash only means a longer replay at the next load).
 * The ``__compaction`` cursor is created with the topic (by ``CompactedTopic.restore``,
   which owns it), at the earliest entry, so that nothing is trimmed before a compaction has
   covered it (Pulsar only pre-creates it when a compaction threshold is set; compactd
@@ -45,6 +51,12 @@ from ledger.position import EARLIEST, LATEST, Position
 __all__ = ["Topic"]
 
 log = logging.getLogger(__name__)
+
+
+def _done() -> Future[None]:
+    done: Future[None] = Future()
+    done.set_result(None)
+    return done
 
 
 class Topic:
@@ -99,7 +111,7 @@ class Topic:
             if self.dedup is not None:
                 self.dedup.delete()
             elif DEDUP_CURSOR in self.cursors.list(self.ledger.name):
-                self.cursors.delete(self.ledger.name, DEDUP_CURSOR)
+                self.cursors.delete_later(self.ledger.name, DEDUP_CURSOR)
             self.dedup = None
 
     def last_sequence_id(self, producer_name: str) -> int:
@@ -222,35 +234,53 @@ class Topic:
         subscription.dispatch()
 
     def unsubscribe(self, subscription: Subscription, consumer: Consumer) -> None:
-        """Delete the subscription; only its sole consumer may."""
+        """Delete the subscription; only its sole consumer may. The deletion is queued:
+        ``subscription.cursor.when_written()`` tells when it is durable."""
         if subscription.consumers != [consumer]:
             raise NotAllowedError(f"subscription {subscription.name} has other consumers")
         subscription.remove_consumer(consumer)
         subscription.cursor.delete_durable()
         self.subscriptions.pop(subscription.name, None)
 
-    def delete_subscription(self, name: str) -> None:
-        """Admin delete of a subscription (``__compaction`` drops the compacted view)."""
+    def delete_subscription(self, name: str) -> Future[None]:
+        """Admin delete of a subscription (``__compaction`` drops the compacted view); a
+        future of the moment the deletion is durable (written by the cursor store's thread)."""
         if name == COMPACTION_SUBSCRIPTION:
             self.compacted.drop_view()
-            return
+            return _done()
         subscription = self.subscriptions.pop(name, None)
         if subscription is None and name not in self.cursors.list(str(self.name)):
             raise SubscriptionNotFoundError(f"subscription {name} not found")
         for consumer in list(subscription.consumers if subscription else []):
             consumer.disconnect()
-        self.cursors.delete(str(self.name), name)
+        self.cursors.delete_later(str(self.name), name)
         self.counters.forget(name)
+        return self.cursors.when_written(str(self.name), name)
 
-    def close(self) -> None:
+    def close(self) -> Future[None]:
         """Seal the current ledger; the topic takes no more appends; the queued cursor
-        states of its subscriptions are written."""
+        states of its subscriptions are made due now: the future resolves once they are
+        written (or fails: the broker's stop tries again)."""
         self.ledger.remove_listener(self._on_durable)
         self.ledger.close()  # pending appends complete first; their callbacks are queued
+        return self.closed_ledger()
+
+    async def close_off_loop(self) -> None:
+        """``close`` with the seal (its fsyncs and metadata commit) on a worker thread and
+        the cursor writes on the store's, awaited: for the broker's stop, once no client
+        can reach the topic (raises as ``close``'s future)."""
+        self.ledger.remove_listener(self._on_durable)
+        await asyncio.to_thread(self.ledger.close)
+        await asyncio.wrap_future(self.closed_ledger())
+
+    def closed_ledger(self) -> Future[None]:
+        """What ``close`` does once the ledger is sealed (the broker's stop seals it off
+        the loop): the last de-duplication snapshot and the cursor states, queued; the
+        future of their write."""
         if self.dedup is not None:
             self.dedup.snapshot()
         self.closed = True
-        self.cursors.flush(str(self.name))  # raises when it cannot: the broker's stop tries again
+        return self.cursors.flush_later(str(self.name))
 
     def delete(self) -> None:
         """Delete the topic: compacted view and ledger, then every ledger and cursor."""

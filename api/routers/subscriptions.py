@@ -10,6 +10,7 @@ and one ``X-Pulsar-PROPERTY-<name>`` per property.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 from urllib.parse import quote
 
@@ -89,7 +90,8 @@ async def reset_cursor_to_time(admin: AdminDependency, tenant: Tenant, namespace
                                ) -> Response:
     """The subscription reads next the first message published at or after `timestamp`
     (the end of the topic when none is); its consumers are disconnected and subscribe again."""
-    TopicOperations(admin).reset_cursor(topic_name(tenant, namespace, topic), subscription, timestamp_ms=timestamp)
+    await asyncio.wrap_future(TopicOperations(admin).reset_cursor(
+        topic_name(tenant, namespace, topic), subscription, timestamp_ms=timestamp))  # durable, off the loop
     return Response(status_code=204)
 
 
@@ -103,9 +105,9 @@ async def reset_cursor_to_message(admin: AdminDependency, tenant: Tenant, namesp
                                   message_id: Annotated[ResetCursorData, Body()]) -> Response:
     """The subscription reads next from the message id (just after it with `isExcluded`);
     its consumers are disconnected and subscribe again."""
-    TopicOperations(admin).reset_cursor(
+    await asyncio.wrap_future(TopicOperations(admin).reset_cursor(
         topic_name(tenant, namespace, topic), subscription,
-        position=Position(message_id.ledgerId, message_id.entryId), excluded=message_id.isExcluded)
+        position=Position(message_id.ledgerId, message_id.entryId), excluded=message_id.isExcluded))
     return Response(status_code=204)
 
 
@@ -117,7 +119,7 @@ async def reset_cursor_to_message(admin: AdminDependency, tenant: Tenant, namesp
 async def skip_all(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
                    subscription: Subscription) -> Response:
     """Acknowledge every message stored so far (`pulsar-admin topics clear-backlog`)."""
-    TopicOperations(admin).skip_all(topic_name(tenant, namespace, topic), subscription)
+    await asyncio.wrap_future(TopicOperations(admin).skip_all(topic_name(tenant, namespace, topic), subscription))
     return Response(status_code=204)
 
 
@@ -130,7 +132,7 @@ async def skip_all(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
 async def unload(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> Response:
     """Disconnect the topic's producers and consumers (clients reconnect), seal its current
     ledger and drop it from memory."""
-    TopicOperations(admin).unload(topic_name(tenant, namespace, topic))
+    await asyncio.wrap_future(TopicOperations(admin).unload(topic_name(tenant, namespace, topic)))
     return Response(status_code=204)
 
 

@@ -8,6 +8,8 @@ compacted view and deletes its ledger (the next run rebuilds it from the raw top
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
 
 from api.routers.common import (
@@ -63,7 +65,7 @@ async def delete_topic(admin: AdminDependency, tenant: Tenant, namespace: Namesp
                        topic: TopicPart) -> Response:
     """Delete the topic: its ledgers, cursors and compacted ledger. Refused while clients
     are attached (Pulsar's delete without `force`)."""
-    admin.delete_topic(topic_name(tenant, namespace, topic))
+    await admin.delete_topic_off_loop(topic_name(tenant, namespace, topic))
     return Response(status_code=204)
 
 
@@ -79,5 +81,5 @@ async def delete_subscription(admin: AdminDependency, tenant: Tenant, namespace:
                               topic: TopicPart, subscription: str) -> Response:
     """Delete the subscription and its cursor; its consumers are disconnected. Deleting
     `__compaction` drops the compacted view and deletes the compacted ledger."""
-    admin.delete_subscription(topic_name(tenant, namespace, topic), subscription)
+    await asyncio.wrap_future(admin.delete_subscription(topic_name(tenant, namespace, topic), subscription))
     return Response(status_code=204)

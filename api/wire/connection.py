@@ -15,6 +15,8 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   with IncompatibleSchema), GET_SCHEMA and GET_OR_CREATE_SCHEMA (always their own response).
 * SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
   client flushes its queue and subscribes again from the new position.
+* SUBSCRIBE, SEEK and UNSUBSCRIBE answer SUCCESS once the cursor change is durable,
+  committed by the cursor store's thread, never on the event loop (``api.wire.durable``).
 * A malformed frame (``FrameError``) closes this connection only. A well-formed command
   carrying a hostile value (``api.wire.validate``: a string that is not UTF-8, a name with
   control characters, a sequence id above int64, a SEND entry that does not decode) is
@@ -59,6 +61,7 @@ from api.wire.codec import (
     server_error,
     to_message_id,
 )
+from api.wire.durable import answer_when_written, detach
 from api.wire.frames import (
     FRAME_BYTES_MAX,
     MESSAGE_BYTES_MAX,
@@ -512,7 +515,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         consumer.topic, consumer.subscription = topic, subscription
         consumer.partition = -1 if (index := partition_index(topic.name)) is None else index
         self.consumers[request.consumer_id] = consumer
-        self._success(request.request_id)
+        answer_when_written(self._loop, self, subscription.cursor.when_written(), request.request_id,  # cursor durable
+                            lambda: detach(self.consumers, consumer, topic, subscription))
 
     def _consumer(self, consumer_id: int) -> WireConsumer:
         consumer = self.consumers.get(consumer_id)
@@ -552,7 +556,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         else:
             position = from_message_id(request.message_id)
         consumer.subscription.seek(position)  # CLOSE_CONSUMER to every consumer first
-        self._success(request.request_id)
+        answer_when_written(self._loop, self, consumer.subscription.cursor.when_written(), request.request_id)
 
     def _get_last_message_id(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.getLastMessageId
@@ -573,7 +577,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         assert consumer.topic is not None and consumer.subscription is not None
         consumer.topic.unsubscribe(consumer.subscription, consumer)
         self.consumers.pop(request.consumer_id, None)
-        self._success(request.request_id)
+        answer_when_written(self._loop, self, consumer.subscription.cursor.when_written(), request.request_id)
 
     def _close_consumer(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.close_consumer

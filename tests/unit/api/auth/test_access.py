@@ -62,10 +62,11 @@ def _producer(wire: Wire, topic: str = TOPIC, request_id: int = 1) -> Any:
                                                         request_id=request_id)))[0]
 
 
-def _subscribe(wire: Wire, topic: str = TOPIC, request_id: int = 2) -> Any:
-    return wire.request(make_command(pb.CommandSubscribe(
+async def _subscribe(wire: Wire, topic: str = TOPIC, request_id: int = 2) -> Any:
+    """SUBSCRIBE's answer (a success comes once the new cursor is durable)."""
+    return (await wire.request_durable(make_command(pb.CommandSubscribe(
         topic=topic, subscription="s", subType=pb.CommandSubscribe.Exclusive, consumer_id=request_id,
-        request_id=request_id)))[0]
+        request_id=request_id))))[0]
 
 
 def _run(tmp_path: Path, settings: Settings, body: Callable[[PulsarBroker], Awaitable[None]]) -> None:
@@ -125,15 +126,15 @@ def test_a_role_needs_a_grant_to_produce_or_consume(tmp_path: Path, key_url: str
         refused = _producer(wire)
         assert refused.type == T.ERROR and refused.command.error.error == pb.AuthorizationError
         assert "'alice' is not authorized to produce" in refused.command.error.message
-        refused = _subscribe(wire)
+        refused = await _subscribe(wire)
         assert refused.command.error.error == pb.AuthorizationError
         assert broker.list_topics("public/default") == []  # nothing was created
         assert broker.access.grants is not None
         broker.access.grants.grant("public/default", "alice", ["produce"])
         assert _producer(wire, request_id=3).type == T.PRODUCER_SUCCESS
-        assert _subscribe(wire, request_id=4).command.error.error == pb.AuthorizationError
+        assert (await _subscribe(wire, request_id=4)).command.error.error == pb.AuthorizationError
         broker.access.grants.grant(TOPIC, "alice", ["consume"])
-        assert _subscribe(wire, request_id=5).type == T.SUCCESS
+        assert (await _subscribe(wire, request_id=5)).type == T.SUCCESS
         listing = make_command(pb.CommandGetTopicsOfNamespace(request_id=6, namespace="public/default"))
         assert wire.request(listing)[0].command.error.error == pb.AuthorizationError
         broker.access.grants.grant("public/default", "alice", ["produce", "consume"])

@@ -256,6 +256,7 @@ def test_the_window_read_back_at_load_is_bounded_in_bytes(log: Log, monkeypatch:
     session = ProducerSession()
     positions = [log.send(session, entry("p", i, bytes(1000))).result() for i in range(10)]
     log.state.snapshot()
+    log.state.cursor.when_written().result(timeout=10)  # the snapshot is queued: durable before the crash
     log.crash_and_reopen()
     assert log.state._window_start() >= positions[6]  # about 3 KiB of 1 KB entries
     assert len(log.state._window) <= 4

@@ -94,6 +94,16 @@ class Wire:
         self.feed(data)
         return [frame for frame in self.transport.frames[before:] if frame.type != T.PING]
 
+    async def request_durable(self, command: pb.BaseCommand, answers: int = 1,
+                              timeout_s: float = 10.0) -> list[Frame]:
+        """``request`` of a command answered once a cursor change is durable (SUBSCRIBE,
+        SEEK, UNSUBSCRIBE: the cursor store's thread writes it): waits, bounded, for
+        ``answers`` frames."""
+        before = len(self.transport.frames)
+        self.feed(encode_command(command))
+        await settle(lambda: len(self.answers(before)) >= answers, timeout_s)
+        return self.answers(before)
+
     def answers(self, since: int = 0) -> list[Frame]:
         return [frame for frame in self.transport.frames[since:] if frame.type != T.PING]
 
@@ -125,6 +135,7 @@ def broker_service(path: Path, settings: Settings | None = None, *,
         for topic in list(service.topics.values()):
             topic.close()
         service.topics.clear()
+        service.cursors.close()  # writes what the topics' close queued
         service.compactor.close()
         data_dir.close()
 

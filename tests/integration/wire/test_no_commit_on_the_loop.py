@@ -1,0 +1,169 @@
+"""No SQLite commit runs on the broker's event loop while clients and admins work a loaded topic.
+
+An in-process broker (``BrokerHarness``: the real listener and core on their own loop
+thread, a real data dir) with de-duplication on, small ledgers (roll-overs happen) and
+de-duplication snapshots every few entries; the real ``pulsar-client`` and the real admin
+application (over an ASGI transport, its handlers run on the broker's loop). SQLite's
+trace callback, set on the database's one connection, sees every statement on the thread
+that runs it: the test records the thread of each ``BEGIN``/``COMMIT`` while a consumer
+subscribes, a producer publishes with de-duplication, the consumer acks every message,
+seeks, unsubscribes, another subscription is created and closed, an admin resets it,
+clears its backlog and deletes it, then deletes the topic, and the broker stops. None may run
+on the loop's thread; the cursor writes must have happened (on the cursor store's thread).
+Loading a topic (its first ledger and internal cursors) and unloading it (the seal) are
+outside the watched window: they still commit on the loop (see the issue 12 report).
+
+The second test: a subscription answered SUCCESS survives kill -9 with its position (its
+creation is committed off the loop *before* the answer), as does an answered seek.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from api.broker import dedup
+from api.config import Settings
+from api.http import create_app
+from cursor.store import CursorStore
+from ledger.database import Database
+from tests.integration.conftest import BrokerHarness
+from tests.integration.wire.helpers import RECEIVE_MS, unique_topic
+from tests.serve_process import ServeProcess
+
+pulsar = pytest.importorskip("pulsar")
+
+QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+MESSAGES = 60
+
+
+class Commits:
+    """The threads that begin or commit SQLite transactions on the database's connection."""
+
+    def __init__(self, database: Database) -> None:
+        self._connection = database._db  # the one connection every store writes through
+        self.threads: list[tuple[str, int, str]] = []  # (statement, thread ident, thread name)
+        self.watching = False
+        self._connection.set_trace_callback(self._trace)
+
+    def _trace(self, statement: str) -> None:
+        words = statement.lstrip().upper()
+        if self.watching and words.startswith(("BEGIN IMMEDIATE", "COMMIT")):
+            self.threads.append((statement.strip()[:40], threading.get_ident(), threading.current_thread().name))
+
+    def on(self, thread_ident: int) -> list[tuple[str, int, str]]:
+        return [entry for entry in self.threads if entry[1] == thread_ident]
+
+    def off(self, thread_ident: int) -> list[tuple[str, int, str]]:
+        return [entry for entry in self.threads if entry[1] != thread_ident]
+
+
+@pytest.fixture(params=[1.0, 0.0], ids=["rate-limited", "no-rate-limit"])
+def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            request: pytest.FixtureRequest) -> Iterator[tuple[BrokerHarness, Commits]]:
+    """The default persist schedule, and none (every ack written at once)."""
+    monkeypatch.setattr(dedup, "SNAPSHOT_INTERVAL_ENTRIES", 7)  # snapshots inside the watched window
+    settings = Settings(broker_deduplication_enabled=True, managed_ledger_max_entries_per_ledger=16,
+                        compaction_monitor_interval_seconds=0, managed_ledger_mark_delete_rate_limit=request.param)
+    harness = BrokerHarness(tmp_path / "data", settings)
+    assert harness.data_dir is not None
+    commits = Commits(harness.data_dir.database)
+    try:
+        yield harness, commits
+    finally:
+        harness.close()  # the database (and its trace callback) goes with the data dir
+
+
+def _admin(harness: BrokerHarness) -> Callable[[str, str], int]:
+    """``admin(method, path)``: one admin request, handled on the broker's loop."""
+    app = create_app(harness.settings, broker=harness.service)
+
+    async def request(method: str, path: str, json: Any) -> int:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://compactd") as client:
+            return (await client.request(method, path, json=json)).status_code
+
+    return lambda method, path, json=None: harness.call(request(method, path, json))  # type: ignore[misc]
+
+
+def test_subscribe_ack_seek_unsubscribe_admin_and_stop_never_commit_on_the_event_loop(
+        watched: tuple[BrokerHarness, Commits]) -> None:
+    harness, commits = watched
+    topic = unique_topic("no-loop-commit")
+    path = "/admin/v2/persistent/" + topic.removeprefix("persistent://")
+    admin = _admin(harness)
+    loop_thread = harness._thread.ident
+    assert loop_thread is not None
+    client = pulsar.Client(harness.url, operation_timeout_seconds=10, logger=QUIET)
+    try:
+        producer = client.create_producer(topic, producer_name="p", batching_enabled=False)  # loads the topic
+        kept = client.create_producer(topic + "-kept", batching_enabled=False)  # loaded until the stop
+        commits.watching = True
+        for i in range(10):
+            kept.send(b"k%d" % i)  # a de-duplication state the stop's close snapshots
+        consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        ids = [producer.send(b"m%d" % i) for i in range(MESSAGES)]  # roll-overs, dedup snapshots
+        for _ in range(MESSAGES):
+            consumer.acknowledge(consumer.receive(RECEIVE_MS))
+        consumer.seek(ids[MESSAGES // 2])
+        assert consumer.receive(RECEIVE_MS).data() == b"m%d" % (MESSAGES // 2 + 1)  # the client skips the id
+        consumer.unsubscribe()
+        other = client.subscribe(topic, "other", initial_position=pulsar.InitialPosition.Earliest)
+        other.close()
+        assert admin("POST", path + "/subscription/other/resetcursor/0") == 204
+        assert admin("POST", path + "/subscription/other/skip_all") == 204
+        assert admin("DELETE", path + "/subscription/other") == 204
+        producer.close()
+        kept.close()
+        assert admin("DELETE", path) == 204  # the topic: its ledgers' and cursors' rows, its files
+        assert harness.service is not None and topic not in harness.service.topics
+    finally:
+        client.close()
+    harness.stop()  # the topic left closes: its seal, last snapshot and cursor states
+    commits.watching = False
+    assert commits.on(loop_thread) == [], commits.on(loop_thread)[:5]
+    writers = {name for _, _, name in commits.off(loop_thread)}
+    assert "cursor-persist" in writers, writers  # the cursor writes were made, by the store's thread
+    assert any(name.startswith("roll-over") for name in writers), writers  # and roll-overs ran
+
+
+def _persisted(data_dir: Path, topic: str, name: str) -> Any:
+    database = Database(str(data_dir / "metadata.db"), read_only=True)
+    try:
+        return CursorStore(database).load_persisted(topic, name)
+    finally:
+        database.close()
+
+
+@pytest.mark.slow
+def test_an_answered_subscribe_and_seek_survive_kill_9(tmp_path: Path) -> None:
+    data_dir, log_path = tmp_path / "data", tmp_path / "serve.log"
+    topic = unique_topic("answered")
+    serve = ServeProcess(data_dir, log_path)
+    try:
+        client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10, logger=QUIET)
+        producer = client.create_producer(topic, batching_enabled=False)
+        ids = [producer.send(b"m%d" % i) for i in range(10)]
+        consumer = client.subscribe(topic, "kept", initial_position=pulsar.InitialPosition.Earliest)
+        assert _persisted(data_dir, topic, "kept") is not None  # answered: its creation is durable
+        consumer.seek(ids[6])  # answered once MD (5) is durable
+        record = _persisted(data_dir, topic, "kept")
+        assert (record.mark_delete_position.ledger_id, record.mark_delete_position.entry_id) == (
+            ids[5].ledger_id(), ids[5].entry_id())
+        serve.kill()
+        client.close()
+        serve = ServeProcess(data_dir, log_path)
+        client = pulsar.Client(serve.broker_url, operation_timeout_seconds=10, logger=QUIET)
+        again = client.subscribe(topic, "kept", initial_position=pulsar.InitialPosition.Latest)
+        received = [again.receive(RECEIVE_MS).data() for _ in range(4)]
+        assert received == [b"m6", b"m7", b"m8", b"m9"]  # the seek's position, not Latest
+        client.close()
+        assert serve.terminate() == 0, log_path.read_text()
+    finally:
+        serve.kill()
