@@ -76,7 +76,8 @@ _BYTES_PER_KEY = 24  # a row waiting to be merged, and a key in the map: high, l
 # (``publish_time`` too, where tombstones may be young.)
 _PHASE_ONE = ("flags", "hash_high", "hash_low", "entry_bytes")
 _CLEAN = ("flags", "hash_high", "hash_low")
-_PHASE_TWO = ("ledger_id", "entry_id", "batch_index", "batch_size", "flags", "slot_end")
+_PHASE_TWO = ("batch_index", "batch_size", "flags", "slot_end")
+_POSITIONS = ("ledger_id", "entry_id")  # a compacted range's (a raw one's are its ledger and stored index)
 # Entries with a survivor asked for at once in phase two.
 READ_BATCH_ENTRIES_MAX = 1000
 
@@ -298,7 +299,8 @@ class IndexedRound:
         """Phase two: the surviving entries of the round's stream, in order."""
         retained = np.sort(self.key_map.value[self.key_map.value != DELETED])
         for source in self._plan:
-            rows = {name: column[: source.rows] for name, column in self._rows(source.range, _PHASE_TWO + self._young).items()}
+            columns = _PHASE_TWO + self._young + (_POSITIONS if source.range.compacted else ())
+            rows = {name: column[: source.rows] for name, column in self._rows(source.range, columns).items()}
             if source.clean_keep is not None:
                 keep = source.clean_keep
                 self.clean_keys_kept += int(np.count_nonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0)))
@@ -330,7 +332,10 @@ class IndexedRound:
         wanted = np.flatnonzero(kept).tolist()
         starts_of, ends_of, kept_of, messages_of = starts.tolist(), ends.tolist(), kept.tolist(), messages.tolist()
         stored_of = stored[starts].tolist()
-        ledger_of, entry_of = rows["ledger_id"][starts].tolist(), rows["entry_id"][starts].tolist()
+        if whole.compacted:
+            ledger_of, entry_of = rows["ledger_id"][starts].tolist(), rows["entry_id"][starts].tolist()
+        else:  # a raw ledger's entries are stored at their entry ids
+            ledger_of, entry_of = [whole.ledger_id] * len(stored_of), stored_of
         batched_of = ((rows["batch_size"][starts] > 0) & ((rows["flags"][starts] & FLAG_OPAQUE) == 0)).tolist()
         for chunk in range(0, len(wanted), READ_BATCH_ENTRIES_MAX):
             entries = wanted[chunk: chunk + READ_BATCH_ENTRIES_MAX]
