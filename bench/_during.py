@@ -6,7 +6,9 @@ Setup (not timed): the big topic (``bench/compaction.py``'s ``TOPIC``) is writte
 template data dir by ``bench/compaction.py``'s ``setup`` child (``DataDir`` +
 ``ManagedLedger``, ``SyncPolicy.NONE``; the seeded ``bench/_workload.py`` stream:
 ``--compaction-messages`` messages over ``--compaction-keys`` keys, ``--value-bytes`` values,
-1 % tombstones, batches of ``--compaction-batch-size`` slots, 1 = one entry per message).
+1 % tombstones, batches of ``--compaction-batch-size`` slots, 1 = one entry per message),
+then the key indexes of its sealed ledgers (``bench/compaction.py``'s ``index`` child), as the
+broker's background builder would have left them.
 
 Each of ``--runs`` runs copies the template afresh and starts ``compactd serve`` on the copy
 (a subprocess, as ``bench.wire``), loads the big topic (a status GET, so that loading it is
@@ -72,13 +74,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def write_template(args: argparse.Namespace, directory: str) -> dict[str, Any]:
-    """Write the big topic into ``directory`` through bench/compaction.py's setup child."""
+    """Write the big topic into ``directory`` through bench/compaction.py's setup child, and
+    its sealed ledgers' key indexes through its index child (what the broker's background
+    builder leaves beside them once the topic has been written through it)."""
     spec = {
         "messages": args.compaction_messages, "keys": args.compaction_keys, "value_bytes": args.value_bytes,
         "tombstones": 0.01, "batch_size": args.compaction_batch_size, "compression": "none", "seed": 1,
         "dir": directory,
     }
-    return _child.spawn(COMPACTION_SCRIPT, "setup", spec)
+    setup = _child.spawn(COMPACTION_SCRIPT, "setup", spec)
+    _child.spawn(COMPACTION_SCRIPT, "index", spec)
+    return setup
 
 
 def _admin_path(http_url: str, topic: str) -> str:
