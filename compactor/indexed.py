@@ -108,19 +108,21 @@ class _KeyMap:
         """Fold the waiting rows in: a stable sort by high half keeps each key's last value."""
         if not self.waiting:
             return
-        high = np.concatenate([self.high, *(part[0] for part in self.waiting)])
-        low = np.concatenate([self.low, *(part[1] for part in self.waiting)])
-        value = np.concatenate([self.value, *(part[2] for part in self.waiting)])
+        parts = [(self.high, self.low, self.value), *self.waiting] if len(self.high) else self.waiting
         self.waiting, self.waiting_rows = [], 0
+        high = parts[0][0] if len(parts) == 1 else np.concatenate([part[0] for part in parts])
         order = np.argsort(high, kind="stable")
-        high, low, value = high[order], low[order], value[order]
-        del order
+        high = high[order]  # one sorted column at a time: the unsorted one is let go at once
         same = high[1:] == high[:-1]
-        if np.any(same & (low[1:] != low[:-1])):
-            raise IndexUnavailable("two keys' hashes share their high 64 bits")
         last = np.ones(len(high), dtype=bool)
         last[:-1] = ~same
-        self.high, self.low, self.value = high[last], low[last], value[last]
+        low = (parts[0][1] if len(parts) == 1 else np.concatenate([part[1] for part in parts]))[order]
+        if np.any(same & (low[1:] != low[:-1])):
+            raise IndexUnavailable("two keys' hashes share their high 64 bits")
+        del same
+        value = (parts[0][2] if len(parts) == 1 else np.concatenate([part[2] for part in parts]))[order[last]]
+        del parts, order
+        self.high, self.low, self.value = high[last], low[last], value
 
     def find(self, high: U64, low: U64) -> Mask:
         """Which of the keys ``(high, low)`` the (merged) map holds, deleted or not."""
