@@ -49,8 +49,6 @@ log = logging.getLogger(__name__)
 
 INDEX_MIN_ENTRIES = 500
 """Sealed ledgers with fewer entries are left to the run that reads them."""
-CHILD_NICE = 10
-"""How much lower than the broker's the child's CPU priority is."""
 
 
 def build_key_index(ledgers_root: str, ledger_id: int) -> int:
@@ -72,9 +70,8 @@ def build_key_index(ledgers_root: str, ledger_id: int) -> int:
 
 
 def _child_initializer() -> None:
+    """As a round's worker: dies with the broker, at a lower CPU priority."""
     _child_started()
-    with contextlib.suppress(OSError):
-        os.nice(CHILD_NICE)
 
 
 def unindexed_ledgers(metadata: MetadataStore, ledgers_root: str) -> list[tuple[int, int]]:

@@ -33,6 +33,7 @@ import ctypes
 import dataclasses
 import logging
 import multiprocessing
+import os
 import signal
 import sys
 import threading
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 # Entries per store read in the child (a few MiB at typical entry sizes).
 READ_BATCH_ENTRIES_MAX = 1000
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# A worker's CPU priority below the broker's (nice increment).
+CHILD_NICE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +238,11 @@ def _stream(
 
 
 def _child_started() -> None:
-    """In each child: die with the broker, and leave SIGINT to the broker's handling."""
+    """In each child: die with the broker, leave SIGINT to the broker's handling, and run at
+    a lower CPU priority (``CHILD_NICE``): the broker's producers and consumers come first."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(CHILD_NICE)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

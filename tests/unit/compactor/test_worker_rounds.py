@@ -23,6 +23,7 @@ from compactor.engine import KEY_MAP_BYTES_PER_KEY
 from compactor.errors import CompactionInterruptedError, CompactorError
 from compactor.runner import CompactionConfig, Compactor, collect_orphans
 from compactor.topic import CompactedTopic
+from compactor.worker import CHILD_NICE
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -96,6 +97,8 @@ def test_the_worker_runs_the_phases_in_another_process(tmp_path: Path, worker_co
     assert workers is not None and workers._pool is not None
     children = [process.pid for process in workers._pool._processes.values()]  # type: ignore[attr-defined]
     assert children and os.getpid() not in children
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + CHILD_NICE) for pid in children)
     data_dir.close()
 
 
