@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from compactor.engine import LedgerRange
-from compactor.key_index import KeyIndex, ensure_index, ledger_path, sealed_index
+from compactor.key_index import KeyIndex, ensure_index, entry_starts, ledger_path, sealed_index
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_file import SealedFile
 
@@ -76,7 +76,7 @@ class IndexSource:
             index = sealed_index(sealed, compacted=whole.compacted, charge=self._charge,
                                  columns=("entry_offset", "stored_bytes"))
             stored = index["stored"]
-            starts = np.flatnonzero(np.concatenate(([True], stored[1:] != stored[:-1]))[: len(stored)])
+            starts = entry_starts(stored)
             self._located = (key, array("q", index["entry_offset"][starts].astype(np.int64).tobytes()),
                              array("q", index["stored_bytes"][starts].astype(np.int64).tobytes()))
         return self._located[1], self._located[2]

@@ -55,6 +55,7 @@ from compactor.key_index import (
     FLAG_OPAQUE,
     FLAG_TOMBSTONE,
     KeyIndex,
+    entry_starts,
 )
 from compactor.message import parse_header
 from compactor.view import decode_compacted_entry
@@ -251,7 +252,7 @@ class IndexedRound:
         parsing round's rule: the round stops before the first entry (not the round's first)
         whose keyed messages, added to the distinct keys met before it, pass the budget."""
         stored = rows["stored"]
-        starts = _entry_starts(stored)
+        starts = entry_starts(stored)
         keyed_rows = np.zeros(len(stored), dtype=np.int64)
         keyed_rows[keyed] = 1
         new_rows = np.zeros(len(stored) + 1, dtype=np.int64)
@@ -267,7 +268,7 @@ class IndexedRound:
         stored = rows["stored"]
         if not len(stored):
             return
-        starts = _entry_starts(stored)
+        starts = entry_starts(stored)
         self.entries_read += len(starts)
         self.bytes_read += int(rows["entry_bytes"][starts].astype(np.int64).sum())
         self.messages_read += int(np.count_nonzero((rows["flags"] & _NOT_A_MESSAGE) == 0))
@@ -327,7 +328,7 @@ class IndexedRound:
         stored = rows["stored"]
         if not len(stored):
             return
-        starts = _entry_starts(stored)
+        starts = entry_starts(stored)
         kept = np.add.reduceat(keep.astype(np.int64), starts)
         messages = np.add.reduceat(((rows["flags"] & _NOT_A_MESSAGE) == 0).astype(np.int64), starts)
         ends = np.append(starts[1:], len(stored))
@@ -377,8 +378,3 @@ def _cut_body(body: bytes, slot_ends: list[int], keep: list[bool]) -> bytes:
         pieces.append(view[start:end] if kept else COMPACTED_OUT_SLOT)
         start = end
     return b"".join(pieces)
-
-
-def _entry_starts(stored: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
-    """Where each entry's rows start (the rows of one entry are adjacent)."""
-    return np.flatnonzero(np.concatenate(([True], stored[1:] != stored[:-1])))

@@ -78,6 +78,7 @@ __all__ = [
     "KeyIndex",
     "build_index",
     "ensure_index",
+    "entry_starts",
     "index_path",
     "ledger_path",
     "read_index",
@@ -204,6 +205,12 @@ def _keyed(key: str | None, tombstone: bool, flags: int) -> tuple[tuple[int, int
     if key is None:
         return (0, 0), flags | FLAG_KEYLESS
     return key_hash(key), flags | (FLAG_TOMBSTONE if tombstone else 0)
+
+
+def entry_starts(stored: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
+    """Where each entry's rows start, given the ``stored`` column of some rows (an entry's
+    rows are adjacent)."""
+    return np.flatnonzero(np.concatenate(([True], stored[1:] != stored[:-1]))[: len(stored)])
 
 
 def index_path(ledger_file: str) -> str:
