@@ -10,7 +10,13 @@
   its outcome is an event (``Succeeded``/``Failed``) and the future ``request`` returned;
 * **status**: what ``PersistStatus`` says is written to the status store given (an object
   with ``set_compaction_status``/``compaction_status``/``topics_with_status``), so it
-  survives a restart; at construction a RUNNING left by a stopped broker becomes ERROR;
+  survives a restart; at construction a RUNNING left by a stopped broker becomes ERROR.
+  The writes (SQLite commits) run in order on one writer thread, never on the event loop;
+  ``status`` answers RUNNING while a run is queued or running, else what the store holds,
+  so a status is read only once it is durable. A run's outcome (its future) resolves, a
+  queued run is cancelled, and ``written`` returns only after the status it led to is
+  written; ``check_delete`` refuses while a topic's status write is pending (a deleted
+  topic's row must not come back);
 * **trim**: after a success, the raw ledgers the new view covers are trimmed.
 
 ``in_flight``/``running`` are the one answer to "is a run of this topic in flight?";
@@ -24,12 +30,14 @@ throttled run does not hold the stop. Call everything on one asyncio event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -110,8 +118,12 @@ class CompactionRuns:
         self._queue: deque[int] = deque()
         self._trims: set[asyncio.Task[None]] = set()  # trims after a success, in flight
         self._run_ids = itertools.count(1)
+        self._writer: ThreadPoolExecutor | None = None  # status writes, in order, off the loop
+        self._writes: dict[str, asyncio.Future[None]] = {}  # each topic's last pending status write
+        self._constructing = True  # the construction's writes are made before it returns
         for topic in status.topics_with_status(RUNNING):
             self._handle(Interrupted(topic, self._now_ms()))
+        self._constructing = False
 
     # -- questions ------------------------------------------------------------------
 
@@ -133,8 +145,21 @@ class CompactionRuns:
         return self._states.count(Phase.QUEUED)
 
     def status(self, topic: str) -> tuple[str, str]:
-        """``(status, last error)`` of the topic's last or current run; NOT_RUN if none."""
+        """``(status, last error)`` of the topic's last or current run; NOT_RUN if none.
+        RUNNING while one is queued or running; otherwise the last status written."""
+        if self._states.get(topic) is not None:
+            return RUNNING, ""
         return self.status_store.compaction_status(topic) or (NOT_RUN, "")
+
+    async def written(self, topic: str | None = None) -> None:
+        """Wait until the status writes pending for ``topic`` (None: every topic) are
+        written; raises what a failed one raised."""
+        if topic is None:
+            pending = list(self._writes.values())
+        else:
+            pending = [self._writes[topic]] if topic in self._writes else []
+        for write in pending:
+            await asyncio.shield(write)
 
     # -- requests -------------------------------------------------------------------
 
@@ -162,8 +187,11 @@ class CompactionRuns:
 
     def check_delete(self, topic: str, *, view_only: bool = False) -> None:
         """``CompactionInProgressError`` when ``topic`` (or, ``view_only``, its
-        ``__compaction`` subscription) must not be deleted now."""
+        ``__compaction`` subscription) must not be deleted now: a run is in flight, or its
+        status is still being written."""
         self._handle(Deleted(topic, view_only))
+        if not view_only and topic in self._writes:
+            raise CompactionInProgressError(topic)
 
     async def wait_idle(self) -> None:
         """Wait until no run is queued or running."""
@@ -179,6 +207,9 @@ class CompactionRuns:
         self.compactor.interrupt()
         await self.wait_idle()
         await asyncio.gather(*list(self._trims))
+        await asyncio.gather(*list(self._writes.values()), return_exceptions=True)
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
 
     # -- carrying out actions -------------------------------------------------------
 
@@ -194,7 +225,7 @@ class CompactionRuns:
     def _carry_out(self, action: Action) -> None:
         match action:
             case PersistStatus(topic, status, last_error, at_ms):
-                self.status_store.set_compaction_status(topic, status, last_error, at_ms)
+                self._persist(topic, status, last_error, at_ms)
             case Enqueue(_, run_id):
                 self._queue.append(run_id)
             case StartRun(_, run_id):
@@ -204,7 +235,8 @@ class CompactionRuns:
                 self._trim(topic)
             case Cancel(topic, run_id):
                 self._queue.remove(run_id)
-                self._runs.pop(run_id).outcome.set_exception(CompactionStoppedError(topic))
+                outcome = self._runs.pop(run_id).outcome
+                self._after_written(topic, lambda: outcome.set_exception(CompactionStoppedError(topic)))
             case Reject(topic, RejectReason.IN_PROGRESS):
                 raise CompactionInProgressError(topic)
             case Reject(topic, _):
@@ -223,11 +255,47 @@ class CompactionRuns:
                 min_compaction_lag_ms=job.min_compaction_lag_ms, max_bytes_per_second=job.max_bytes_per_second))
         except Exception as error:  # noqa: BLE001 - the outcome of a run is its status and its future
             self._handle(Failed(name, run_id, self._now_ms(), f"{type(error).__name__}: {error}"))
+            await self._quietly_written(name)
             self._runs.pop(run_id).outcome.set_exception(error)
         else:
             self._handle(Succeeded(name, run_id, self._now_ms()))  # starts the trim, on a worker thread
             await asyncio.gather(*list(self._trims))  # the outcome comes after the trim it covers
+            await self._quietly_written(name)
             self._runs.pop(run_id).outcome.set_result(figures)
+
+    # -- status writes --------------------------------------------------------------
+
+    def _persist(self, topic: str, status: str, last_error: str, at_ms: int) -> None:
+        """Write the status on the writer thread (inline while constructing)."""
+        if self._constructing:
+            self.status_store.set_compaction_status(topic, status, last_error, at_ms)
+            return
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compaction-status")
+        write = asyncio.get_running_loop().run_in_executor(
+            self._writer, self.status_store.set_compaction_status, topic, status, last_error, at_ms)
+        self._writes[topic] = write
+        write.add_done_callback(functools.partial(self._write_done, topic))
+
+    def _write_done(self, topic: str, write: asyncio.Future[None]) -> None:
+        if self._writes.get(topic) is write:
+            del self._writes[topic]
+        if not write.cancelled() and write.exception() is not None:
+            log.error("%s: writing the compaction status failed: %s", topic, write.exception())
+
+    def _after_written(self, topic: str, callback: Callable[[], object]) -> None:
+        """Call ``callback`` once the topic's pending status write is done (now if none)."""
+        write = self._writes.get(topic)
+        if write is None:
+            callback()
+        else:
+            write.add_done_callback(lambda _: callback())
+
+    async def _quietly_written(self, topic: str) -> None:
+        """Wait for the topic's status write; its failure is logged (``_write_done``), the
+        run's outcome stands."""
+        with contextlib.suppress(Exception):  # logged by _write_done
+            await self.written(topic)
 
     def _trim(self, topic: str) -> None:
         """Trim the topic's ledger on a worker thread (its deletes and commits stay off

@@ -164,6 +164,11 @@ class Admin:
             return
         self.broker.request_compaction(str(self.topic(text).name))
 
+    async def compaction_status_written(self) -> None:
+        """Wait until the statuses the triggers so far led to are written (a trigger
+        answers once its RUNNING would survive a restart)."""
+        await self.broker.runs.written()
+
     def compaction_status(self, text: str) -> dict[str, str]:
         """``{"status": …, "lastError": …}`` as Pulsar's LongRunningProcessStatus (of a
         partitioned parent: its partitions' statuses summed up, ``PartitionedTopics``)."""

@@ -182,3 +182,62 @@ def test_the_run_gets_the_topics_one_compaction_cursor(tmp_path: Path) -> None:
         assert cursor.properties == {"CompactedTopicLedger": topic.view.ledger_id}
         assert cursor.estimated_backlog_bytes() == 0
     run(tmp_path, body)
+
+
+class GatedStatuses(CompactionStatusStore):
+    """The real status store; each write records its thread and, while ``gate`` is clear,
+    waits for it (a slow disk's commit, which the real store cannot be made to be)."""
+
+    def __init__(self, store: CompactionStatusStore) -> None:
+        super().__init__(store.database)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.threads: list[int] = []
+
+    def set_compaction_status(self, topic: str, status: str, last_error: str, updated_at_ms: int) -> None:
+        self.threads.append(threading.get_ident())
+        self.gate.wait(HOLD_S)
+        super().set_compaction_status(topic, status, last_error, updated_at_ms)
+
+
+def test_status_writes_run_off_the_loop_and_outcomes_wait_for_them(tmp_path: Path) -> None:
+    async def body(f: Fixture) -> None:
+        statuses = GatedStatuses(f.statuses)
+        runs = CompactionRuns(Compactor(), statuses, max_concurrent_runs=1)
+        loop_thread = threading.get_ident()
+        statuses.gate.clear()  # the RUNNING write hangs: the trigger must not
+        outcome = runs.request(RunJob(f.topic(T)))
+        assert runs.status(T) == ("RUNNING", "")
+        written = asyncio.ensure_future(runs.written())
+        await asyncio.sleep(0)
+        assert not written.done()  # a REST trigger answers only once RUNNING is durable
+        statuses.gate.set()
+        await asyncio.wait_for(written, WAIT_S)
+        await asyncio.wait_for(outcome, WAIT_S)
+        assert f.statuses.compaction_status(T) == ("SUCCESS", "")  # durable when the outcome came
+        assert len(statuses.threads) == 2 and loop_thread not in statuses.threads
+        await runs.stop()
+    run(tmp_path, body)
+
+
+def test_a_status_shows_success_only_once_written_and_deletes_wait_for_it(tmp_path: Path) -> None:
+    async def body(f: Fixture) -> None:
+        statuses = GatedStatuses(f.statuses)
+        runs = CompactionRuns(Compactor(), statuses, max_concurrent_runs=1)
+        release, started = threading.Event(), threading.Event()
+        outcome = runs.request(RunJob(f.topic(T), progress=held(release, started)))
+        await until(started.is_set)
+        await runs.written(T)
+        statuses.gate.clear()  # the SUCCESS write hangs
+        release.set()
+        await until(lambda: not runs.in_flight(T))
+        assert runs.status(T) == ("RUNNING", "")  # what is durable so far
+        with pytest.raises(CompactionInProgressError):
+            runs.check_delete(T)  # its row would come back after the delete
+        assert not outcome.done()
+        statuses.gate.set()
+        await asyncio.wait_for(outcome, WAIT_S)
+        assert runs.status(T) == ("SUCCESS", "")
+        runs.check_delete(T)
+        await runs.stop()
+    run(tmp_path, body)
