@@ -271,6 +271,7 @@ class Compactor:
             if execute is not None:
                 report = self._worker_round(topic, at, stop, cutoff, (Counted("phase-one", total, progress),
                                             Counted("phase-two", total, progress)), run, execute)
+                _adopt(topic.ledger.store, report)
                 at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.ledger_id], previous),
                             report.stop)
                 rounds.add_report(report)
@@ -507,6 +508,15 @@ class Compactor:
 def _writes_files(store: object) -> bool:
     """The store keeps ledger files a child process can read and write beside it."""
     return isinstance(getattr(store, "root", None), str) and hasattr(store, "reserve_ids")
+
+
+def _adopt(store: LedgerStore, report: RoundReport) -> None:
+    """Hand the store the layout of the ledger a round wrote elsewhere (a worker process),
+    so that publishing it scans no record of it (``FileLedgerStore.adopt_sealed``); a store
+    without that loads it as any."""
+    adopt = getattr(store, "adopt_sealed", None)
+    if adopt is not None and len(report.entry_offsets) == report.entries_written:
+        adopt(report.ledger_id, report.entry_offsets, report.entry_lengths)
 
 
 def _delete_quietly(store: LedgerStore, ledger_id: int) -> None:

@@ -38,10 +38,11 @@ import signal
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compactor.algorithm import CompactedEntry
 from compactor.engine import LedgerRange
@@ -119,6 +120,8 @@ class RoundReport:
     throttled_s: float
     io_bytes: int
     append_latency_counts: tuple[int, ...]
+    entry_offsets: array[int] = field(default_factory=lambda: array("q"))  # the written ledger's layout
+    entry_lengths: array[int] = field(default_factory=lambda: array("q"))
 
 
 def run_round(request: RoundRequest, *, throttle: Throttle | None = None) -> RoundReport:
@@ -158,6 +161,7 @@ def _round(store: FileLedgerStore, request: RoundRequest, throttle: Throttle) ->
         messages_read=result.messages_read, bytes_read=result.bytes_read,
         key_map_bytes_max=one.key_map_bytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
+        entry_offsets=written.entry_offsets, entry_lengths=written.entry_lengths,
     )
 
 
@@ -213,6 +217,7 @@ def _indexed_round(
         messages_read=indexed.messages_read, bytes_read=indexed.bytes_read,
         key_map_bytes_max=indexed.key_map.nbytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
+        entry_offsets=written.entry_offsets, entry_lengths=written.entry_lengths,
     )
 
 

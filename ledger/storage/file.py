@@ -21,7 +21,10 @@ the files' lifecycle and durability:
   recently used idle ones are closed and reopened on their next use, so a store can hold
   far more ledgers than the process may open files.
 * A ledger is loaded lazily, on first use: its file is scanned, and in a writable store a
-  torn or corrupt tail is truncated (and synced) before anything is served.
+  torn or corrupt tail is truncated (and synced) before anything is served. The scan runs
+  outside the store's lock (``_preload``): loading a large ledger holds up no other
+  ledger's appends. ``adopt_sealed`` loads a ledger written whole elsewhere from the
+  layout its writer recorded, with no scan at all (its META and SEAL records are checked).
 * ``read`` checks every record it returns against its CRC32C again (a sealed ledger is
   read for years after its scan): a record whose bytes changed raises
   ``CorruptEntryError`` for that read and is never served.
@@ -47,6 +50,7 @@ import mmap
 import os
 import threading
 import time
+from array import array
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -73,6 +77,7 @@ from ledger.storage.record import (
     encode_seal,
     entry_payload,
     scan,
+    sealed_layout,
 )
 from ledger.storage.sidecars import sidecar_paths
 
@@ -88,6 +93,10 @@ MAX_OPEN_FILES_DEFAULT = 256
 UNSYNCED_BLOCK_BYTES = 1024 * 1024
 
 _SUFFIX = ".ledger"
+# What ``adopt_sealed`` reads of a file: its first bytes (MAGIC and the META record, whose
+# custom metadata is a few names) and its last (the SEAL record).
+_ADOPT_HEAD_BYTES = 64 * 1024
+_ADOPT_TAIL_BYTES = 64
 _SEQUENCE_FILE = "LEDGER_ID_SEQUENCE"
 
 
@@ -195,6 +204,7 @@ class FileLedgerStore:
         return completed(entry_id)
 
     def last_add_confirmed(self, ledger_id: int) -> int:
+        self._preload(ledger_id)
         with self._lock:
             ledger = self._load(ledger_id, refresh=self.read_only)
             return ledger.last_add_confirmed
@@ -203,6 +213,7 @@ class FileLedgerStore:
         """``(entries, bytes)``: the ledger's durable entries and the length of the file
         prefix that holds them (header included). Those bytes never change again: a
         copy of them is the ledger up to ``last_add_confirmed`` (backups)."""
+        self._preload(ledger_id)
         with self._lock:
             ledger = self._load(ledger_id, refresh=self.read_only)
             lac = ledger.last_add_confirmed
@@ -211,6 +222,7 @@ class FileLedgerStore:
             return lac + 1, ledger.scanned.entry_offsets[lac] + HEADER.size + ledger.scanned.entry_lengths[lac]
 
     def read(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> Sequence[bytes]:
+        self._preload(ledger_id)
         with self._lock:
             ledger = self._load(ledger_id, refresh=self.read_only)
             _check_range(ledger_id, first_entry_id, last_entry_id, ledger.last_add_confirmed)
@@ -229,6 +241,7 @@ class FileLedgerStore:
 
     def close(self, ledger_id: int) -> None:
         self._check_writable()
+        self._preload(ledger_id)
         with self._lock:
             ledger = self._load(ledger_id)
             if ledger.sealed:
@@ -313,6 +326,7 @@ class FileLedgerStore:
         return sorted(ids)
 
     def info(self, ledger_id: int) -> LedgerInfo:
+        self._preload(ledger_id)
         with self._lock:
             ledger = self._load(ledger_id, refresh=self.read_only)
             lac = ledger.last_add_confirmed
@@ -327,6 +341,36 @@ class FileLedgerStore:
                 created_at_ms=ledger.scanned.created_at_ms,
                 metadata=dict(ledger.scanned.metadata),
             )
+
+    def adopt_sealed(self, ledger_id: int, entry_offsets: array[int], entry_lengths: array[int]) -> bool:
+        """Load the sealed ledger ``ledger_id``, just written whole elsewhere
+        (``ledger.storage.sealed_writer``), from the record offsets and payload lengths its
+        writer recorded, instead of scanning it; each entry is still checked against its
+        CRC32C when read. False (the file is scanned on first use, as any) when it is
+        loaded already, not there, or its META and SEAL records do not agree with the
+        layout (``ledger.storage.record.sealed_layout``)."""
+        with self._lock:
+            if ledger_id in self._ledgers:
+                return False
+            path = self._path(ledger_id)
+            try:
+                handle = self._handles.pin(ledger_id, path)
+            except OSError:
+                return False
+            try:
+                size = os.fstat(handle.fd).st_size
+                head = os.pread(handle.fd, min(size, _ADOPT_HEAD_BYTES), 0)
+                tail = os.pread(handle.fd, _ADOPT_TAIL_BYTES, max(0, size - _ADOPT_TAIL_BYTES))
+            except OSError:
+                return False
+            finally:
+                self._handles.unpin(handle)
+            scanned = sealed_layout(head, tail, size, entry_offsets, entry_lengths, path)
+            if scanned is None or scanned.ledger_id != ledger_id:
+                log.warning("ledger %d: its writer's layout does not match the file; it will be scanned", ledger_id)
+                return False
+            self._install(ledger_id, path, scanned)
+            return True
 
     def shutdown(self) -> None:
         """Make every pending append durable, stop the flusher, close every file."""
@@ -453,12 +497,7 @@ class FileLedgerStore:
         if ledger is not None and not (refresh and not ledger.sealed):
             return ledger
         path = self._path(ledger_id)
-        try:
-            handle = self._handles.pin(ledger_id, path)
-        except FileNotFoundError:
-            raise LedgerNotFoundError(f"no ledger {ledger_id}", ledger_id=ledger_id) from None
-        except OSError as error:
-            raise LedgerIOError(f"ledger {ledger_id}: cannot open {path}: {error}", ledger_id=ledger_id) from error
+        handle = self._pin_path(ledger_id, path)
         try:
             scanned = self._scan(ledger_id, path, handle.fd)
         except BaseException:
@@ -468,8 +507,49 @@ class FileLedgerStore:
         self._handles.unpin(handle)
         if ledger is not None:  # refresh of a read-only view: swap in the new scan
             self._ledgers.pop(ledger_id)
-        lac = len(scanned.entry_offsets) - 1
-        ledger = _FileLedger(ledger_id, path, scanned, scanned.intact_end, lac)
+        return self._install(ledger_id, path, scanned)
+
+    def _preload(self, ledger_id: int) -> None:
+        """Scan ledger ``ledger_id``'s file if it is not loaded yet, without holding the
+        store's ``_lock`` (the scan of a large file would hold up every other ledger's
+        appends and reads meanwhile); the ``_load`` that follows finds it loaded. Only a
+        writable store's ledgers: nothing writes to a ledger this store has not loaded.
+        What goes wrong is left for ``_load`` to raise."""
+        if self.read_only:
+            return
+        with self._lock:
+            if ledger_id in self._ledgers:
+                return
+            path = self._path(ledger_id)
+            try:
+                handle = self._handles.pin(ledger_id, path)
+            except OSError:
+                return
+        try:
+            scanned = _scan_fd(handle.fd, path)
+        except Exception:  # noqa: BLE001 - _load scans again and raises it
+            scanned = None
+        with self._lock:
+            self._handles.unpin(handle)
+            if scanned is None or ledger_id in self._ledgers or handle.discarded:  # loaded or deleted meanwhile
+                return
+            handle = self._pin_path(ledger_id, path)
+            try:
+                self._check_scan(ledger_id, path, handle.fd, scanned)
+            finally:
+                self._handles.unpin(handle)
+            self._install(ledger_id, path, scanned)
+
+    def _pin_path(self, ledger_id: int, path: str) -> FileHandle:
+        try:
+            return self._handles.pin(ledger_id, path)
+        except FileNotFoundError:
+            raise LedgerNotFoundError(f"no ledger {ledger_id}", ledger_id=ledger_id) from None
+        except OSError as error:
+            raise LedgerIOError(f"ledger {ledger_id}: cannot open {path}: {error}", ledger_id=ledger_id) from error
+
+    def _install(self, ledger_id: int, path: str, scanned: ScanResult) -> _FileLedger:
+        ledger = _FileLedger(ledger_id, path, scanned, scanned.intact_end, len(scanned.entry_offsets) - 1)
         ledger.sealed = scanned.sealed
         self._ledgers[ledger_id] = ledger
         return ledger
@@ -477,6 +557,12 @@ class FileLedgerStore:
     def _scan(self, ledger_id: int, path: str, fd: int) -> ScanResult:
         """Scan ledger ``ledger_id``'s file; in a writable store, cut its torn tail."""
         scanned = _scan_fd(fd, path)
+        self._check_scan(ledger_id, path, fd, scanned)
+        return scanned
+
+    def _check_scan(self, ledger_id: int, path: str, fd: int, scanned: ScanResult) -> None:
+        """Refuse a file holding no intact ledger ``ledger_id``; in a writable store, cut
+        the torn tail ``scanned`` found. The caller holds ``_lock``."""
         if not scanned.valid or scanned.ledger_id != ledger_id:
             raise LedgerNotFoundError(f"{path} holds no intact ledger", ledger_id=ledger_id)
         if scanned.damaged_entries:
@@ -489,7 +575,6 @@ class FileLedgerStore:
             )
             os.ftruncate(fd, scanned.intact_end)
             os.fsync(fd)
-        return scanned
 
     def _check_appendable(self, ledger: _FileLedger) -> None:
         if ledger.sealed:

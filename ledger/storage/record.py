@@ -202,6 +202,37 @@ def scan(data: bytes | memoryview, path: str = "?", *, done_with: Callable[[int]
     return result
 
 
+def sealed_layout(
+    head: bytes, tail: bytes, file_size: int, entry_offsets: array[int], entry_lengths: array[int], path: str = "?",
+) -> ScanResult | None:
+    """What ``scan`` would recover from a sealed file, from the layout its writer recorded
+    (``entry_offsets``, ``entry_lengths``) and the file's first bytes ``head`` (MAGIC and
+    the whole META record) and last bytes ``tail`` (the SEAL record), walking no record;
+    None when they do not add up: META unreadable, no SEAL, or the layout's count, bytes,
+    first offset or end differ from them. Each entry is still checked against its CRC32C
+    when read (``entry_payload``)."""
+    if head[: len(MAGIC)] != MAGIC or len(entry_offsets) != len(entry_lengths):
+        return None
+    meta = _read_record(memoryview(head), len(MAGIC))
+    counts = seal_counts(tail)
+    if meta is None or meta[0] is not RecordKind.META or counts is None:
+        return None
+    result = ScanResult(file_size=file_size, entry_offsets=entry_offsets, entry_lengths=entry_lengths,
+                        sealed=True, intact_end=file_size)
+    try:
+        _apply_meta(result, meta[1], path)
+    except CorruptLedgerError:
+        return None
+    entries, size_bytes, seal_bytes = counts
+    result.size_bytes = sum(entry_lengths)
+    if entries != len(entry_offsets) or size_bytes != result.size_bytes:
+        return None
+    first, end = (entry_offsets[0], entry_offsets[-1] + HEADER.size + entry_lengths[-1]) if entries else (meta[2],) * 2
+    if first != meta[2] or end != file_size - seal_bytes:
+        return None
+    return result
+
+
 def seal_counts(tail: bytes) -> tuple[int, int, int] | None:
     """When ``tail`` (the last bytes of a file, at least a SEAL record's) ends with an
     intact SEAL record: its ``(entries, size_bytes, record bytes)``; else None."""

@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from array import array
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledger.errors import LedgerError, LedgerIOError
 from ledger.storage.record import (
@@ -46,11 +47,15 @@ _SUFFIX = ".ledger"  # ledger.storage.file's naming
 
 @dataclass(frozen=True, slots=True)
 class SealedLedger:
-    """What ``write_sealed_ledger`` wrote: the ledger's id, entries and entry bytes."""
+    """What ``write_sealed_ledger`` wrote: the ledger's id, entries and entry bytes, and
+    its layout: each entry's record offset and payload length (what the owning store
+    would learn by scanning the file: ``FileLedgerStore.adopt_sealed``)."""
 
     ledger_id: int
     entries: int
     size_bytes: int
+    entry_offsets: array[int] = field(default_factory=lambda: array("q"))
+    entry_lengths: array[int] = field(default_factory=lambda: array("q"))
 
 
 def ledger_file_name(ledger_id: int) -> str:
@@ -73,7 +78,7 @@ def write_sealed_ledger(
         raise LedgerIOError(f"ledger {ledger_id}: cannot create {temporary}: {error}", ledger_id=ledger_id) from error
     try:
         try:
-            count, size = _write_records(fd, ledger_id, metadata, entries, created_at_ms)
+            offsets, lengths = _write_records(fd, ledger_id, metadata, entries, created_at_ms)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -87,27 +92,30 @@ def write_sealed_ledger(
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    return SealedLedger(ledger_id, count, size)
+    return SealedLedger(ledger_id, len(offsets), sum(lengths), offsets, lengths)
 
 
 def _write_records(
     fd: int, ledger_id: int, metadata: Mapping[str, str], entries: Iterable[bytes], created_at_ms: int,
-) -> tuple[int, int]:
-    """MAGIC, META, the ENTRY records and SEAL, written in blocks: (entries, entry bytes)."""
+) -> tuple[array[int], array[int]]:
+    """MAGIC, META, the ENTRY records and SEAL, written in blocks: each entry's record
+    offset and payload length."""
     block = bytearray(encode_meta(ledger_id, created_at_ms, dict(metadata)))
-    count = size = 0
+    flushed = 0  # bytes of the file written before ``block``
+    offsets, lengths = array("q"), array("q")
     for data in entries:
         if len(data) > RECORD_BYTES_MAX:
             raise LedgerError(f"entry of {len(data)} bytes exceeds {RECORD_BYTES_MAX}", ledger_id=ledger_id)
+        offsets.append(flushed + len(block))
+        lengths.append(len(data))
         block += encode_record(RecordKind.ENTRY, data)
-        count += 1
-        size += len(data)
         if len(block) >= WRITE_BLOCK_BYTES:
             _write_all(fd, block)
+            flushed += len(block)
             block.clear()
-    block += encode_seal(count, size)
+    block += encode_seal(len(offsets), sum(lengths))
     _write_all(fd, block)
-    return count, size
+    return offsets, lengths
 
 
 def remove_temp_files(root: str) -> list[str]:

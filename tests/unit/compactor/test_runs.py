@@ -7,6 +7,7 @@ Runs are held in their worker thread by a progress callback that waits for an ev
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -25,6 +26,8 @@ from compactor.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig
 from ledger.errors import LedgerNotFoundError
+from ledger.storage import file as file_module
+from ledger.storage.sealed_writer import ledger_file_name
 
 T, U = "persistent://public/default/t", "persistent://public/default/u"
 HOLD_S = 10.0  # the most a held run waits for its release
@@ -240,4 +243,24 @@ def test_a_status_shows_success_only_once_written_and_deletes_wait_for_it(tmp_pa
         assert runs.status(T) == ("SUCCESS", "")
         runs.check_delete(T)
         await runs.stop()
+    run(tmp_path, body)
+
+
+def test_publishing_a_rounds_ledger_scans_none_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round's writer hands the store its layout (``FileLedgerStore.adopt_sealed``):
+    the broker's process walks no record of the ledger it publishes."""
+    scanned: list[str] = []
+    real = file_module._scan_fd
+
+    def recorded(fd: int, path: str) -> object:
+        scanned.append(os.path.basename(path))
+        return real(fd, path)
+    monkeypatch.setattr(file_module, "_scan_fd", recorded)
+
+    async def body(f: Fixture) -> None:
+        topic = f.topic(T)
+        await f.runs().run(RunJob(topic))
+        assert topic.view is not None and topic.view.entries == 1
+        assert ledger_file_name(topic.view.ledger_id) not in scanned
+        assert list(f.data_dir.ledgers.read(topic.view.ledger_id, 0, 0))  # served, CRC-checked
     run(tmp_path, body)
