@@ -36,6 +36,11 @@ topic's data against trimming (durable cursors' mark-delete positions) is read b
 shares one transaction: a store's method may take the open connection of its caller's
 transaction.
 
+**Reads.** ``query`` from a thread outside a transaction goes through a second,
+read-only connection (WAL: it sees every committed transaction whole), so a read on the
+broker's event loop never waits for another thread's commit and its fsync; a thread inside
+a transaction reads through it (its own uncommitted rows included).
+
 **Faults: the one seam.** Tests inject faults into the metadata through
 ``Database.fault_points`` only, never by replacing a store's methods. A callable registered
 under a name is called with the operation's keyword details at that point:
@@ -141,8 +146,10 @@ class Database:
                 self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=5000")
             self._open_layout()
+            self._reader = None if read_only or not os.path.isfile(path) else self._connect_read_only(path)
         except sqlite3.Error as error:
             raise MetadataError(f"cannot open metadata store {path}: {error}") from error
+        self._read_lock = threading.Lock()  # the reader connection's; never held across a commit
 
     @staticmethod
     def _connect_read_only(path: str) -> sqlite3.Connection:
@@ -275,7 +282,19 @@ class Database:
             fault(**details)
 
     def query(self, sql: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Rows of one statement outside a transaction; ``MetadataError`` on failure."""
+        """Rows of one statement; ``MetadataError`` on failure. A SELECT from a thread
+        outside any transaction (and ``reading``) reads the last committed state through
+        the reader connection (WAL), without waiting for a commit in progress on another
+        thread (its fsync may take long: the event loop must not wait for it); anything
+        else (a PRAGMA, a read inside the caller's own transaction) goes through the
+        connection that writes."""
+        if (self._reader is not None and sql.lstrip()[:6].upper() == "SELECT"
+                and not self._lock._is_owned()):  # type: ignore[attr-defined]
+            with self._read_lock:
+                try:
+                    return self._reader.execute(sql, parameters).fetchall()
+                except sqlite3.Error as error:
+                    raise _metadata_error(self.path, error) from error
         with self._lock:
             try:
                 return self._db.execute(sql, parameters).fetchall()
@@ -318,7 +337,9 @@ class Database:
 
     def close(self) -> None:
         """Close the connection; the database is unusable afterwards."""
-        with self._lock:
+        with self._lock, self._read_lock:
+            if self._reader is not None:
+                self._reader.close()
             self._db.close()
 
     # -- rows owned per topic -------------------------------------------------------------
