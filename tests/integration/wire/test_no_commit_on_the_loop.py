@@ -254,3 +254,35 @@ def test_an_answered_subscribe_and_seek_survive_kill_9(tmp_path: Path) -> None:
         assert serve.terminate() == 0, log_path.read_text()
     finally:
         serve.kill()
+
+
+@pytest.mark.slow
+def test_admin_writes_answered_off_the_loop_survive_kill_9(tmp_path: Path) -> None:
+    data_dir, log_path = tmp_path / "data", tmp_path / "serve.log"
+    namespace = "/admin/v2/namespaces/kept/ns"
+    topic = "/admin/v2/persistent/kept/ns/created"
+    serve = ServeProcess(data_dir, log_path)
+    try:
+        with httpx.Client(base_url=serve.http_url, timeout=10) as http:
+            assert http.put("/admin/v2/tenants/kept", json={}).status_code == 204
+            assert http.put(namespace).status_code == 204
+            assert http.post(namespace + "/compactionThreshold", json=4096).status_code == 204
+            assert http.post(namespace + "/permissions/reader", json=["consume"]).status_code == 204
+            assert http.put(topic).status_code == 204
+            assert http.post(topic + "/deduplicationEnabled", json=True).status_code == 204
+            assert http.put("/admin/v2/persistent/kept/ns/parted/partitions", json=3).status_code == 204
+            assert http.post("/admin/v2/schemas/kept/ns/created/schema",
+                             json={"type": "STRING", "schema": "", "properties": {}}).status_code == 200
+        serve.kill()  # every answer above came after its commit
+        serve = ServeProcess(data_dir, log_path)
+        with httpx.Client(base_url=serve.http_url, timeout=10) as http:
+            assert http.get("/admin/v2/namespaces/kept").json() == ["kept/ns"]
+            assert http.get(namespace + "/compactionThreshold").json() == 4096
+            assert http.get(namespace + "/permissions").json() == {"reader": ["consume"]}
+            assert "persistent://kept/ns/created" in http.get("/admin/v2/persistent/kept/ns").json()
+            assert http.get(topic + "/deduplicationEnabled").json() is True
+            assert http.get("/admin/v2/persistent/kept/ns/parted/partitions").json() == {"partitions": 3}
+            assert http.get("/admin/v2/schemas/kept/ns/created/schema").json()["type"] == "STRING"
+        assert serve.terminate() == 0, log_path.read_text()
+    finally:
+        serve.kill()
