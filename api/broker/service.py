@@ -7,8 +7,12 @@ port), and nothing here imports ``api.wire`` or the HTTP side. It is configured 
 ``api.config.Settings``; ``compaction_config`` and ``ledger_config`` turn it into the
 lower layers' configs (shared with ``compactd compact-topic``). It also names producers
 that did not choose a name (``new_producer_name``), which both doors may ask for. It runs
-on one asyncio event loop; it moves off the loop compaction runs, trimming, the sweep and
-(at stop) the topics' seals; cursor writes are the cursor store's thread's. Runs
+on one asyncio event loop; it moves off the loop compaction runs, trimming, the sweep,
+topic loads (``load_topic``: one load per name in flight, shared by its callers, on a
+``topic-load`` thread), unloads (``unload_topic``) and (at stop) the topics' seals; cursor
+writes are the cursor store's thread's, admin metadata writes the ``metadata-write``
+thread's (``api.broker.off_loop``). The sync ``get_topic`` loads on its caller's thread
+(offline callers, tests; on the loop only what was loaded off it first). Runs
 belong to one executor, ``runs`` (``compactor.runs.CompactionRuns``: slots —
 ``compaction_max_concurrent_runs`` —, queue, tasks, persisted status), which the REST
 trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compact`` (a run
