@@ -4,7 +4,12 @@ on a worker thread while the topic holds the sends; each is then stored once, in
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from api.broker.dedup import ProducerSession
 from api.broker.topic import Topic
@@ -75,6 +80,57 @@ def test_de_duplication_switched_off_while_it_starts_stays_off_and_keeps_no_curs
             await asyncio.wrap_future(cursors.when_written(TOPIC, "pulsar.dedup"))
             assert "pulsar.dedup" not in cursors.list(TOPIC)
             assert _stored(ledger) == [entry("p", 0, b"x")]
+        finally:
+            ledger.close()
+            cursors.close()
+            data_dir.close()
+
+    asyncio.run(main())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_every_send_after_the_switch_is_stored_once_and_every_send_is_answered_where_it_is(
+        tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    """Property: new sends and re-sends (from a reconnected session) in any order around
+    the switch and the end of the start: each message first sent after the switch is stored
+    exactly once, and every answer is the position of an entry holding that message."""
+    count = data.draw(st.integers(1, 12), label="messages")
+    switch_at = data.draw(st.integers(0, count), label="switch before message")
+    started_at = data.draw(st.integers(switch_at, count), label="start awaited before message")
+    resends = data.draw(st.lists(st.integers(0, count - 1), max_size=8), label="re-sent messages")
+    path = tmp_path_factory.mktemp("switch")
+
+    async def main() -> None:
+        data_dir = DataDir.open(str(path / "data"))
+        cursors = CursorStore(data_dir.database)
+        ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
+        topic = Topic(TopicName.parse(TOPIC), ledger, asyncio.get_running_loop(), cursors=cursors,
+                      deduplication=False)
+        sends = [entry("p", i, b"m%d" % i) for i in range(count)]
+        answers: list[tuple[int, Future[Position]]] = []
+        switched: asyncio.Future[None] | None = None
+        session = ProducerSession()
+        try:
+            for i in range(count + 1):
+                if i == switch_at:
+                    switched = topic.switch_deduplication(True)
+                if i == started_at and switched is not None:
+                    await switched
+                if i < count:
+                    answers.append((i, topic.publish(session, "p", i, i, sends[i])))
+                    for j in (j for j in resends if j == i):  # a reconnected client re-sends message j
+                        answers.append((j, topic.publish(ProducerSession(), "p", j, j, sends[j])))
+            assert switched is not None
+            await switched
+            stored = {}
+            for i, answer in answers:
+                position = await asyncio.wrap_future(answer)
+                stored[position] = ledger.read_entries(position, 1)[0].data
+                assert stored[position] == sends[i]  # answered where the message is
+            log = _stored(ledger)
+            for i in range(switch_at, count):
+                assert log.count(sends[i]) == 1, (i, log)
         finally:
             ledger.close()
             cursors.close()
