@@ -2,6 +2,8 @@
 
 Everything here works on plain values and raises the broker's typed errors; the REST layer
 only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one place).
+The REST layer calls the ``*_off_loop`` forms and ``preload`` (a topic loaded off the loop
+before an operation on it): what they commit runs on a worker thread, awaited.
 
 * Topics: create (``TopicExistsError`` when it exists), delete (its ledgers and its
   compacted ledger; refused while clients are attached, as Pulsar refuses without force),

@@ -9,9 +9,10 @@
 * **De-duplication** (``api.broker.dedup``) is off unless enabled for the topic (broker
   setting, namespace or topic policy); ``set_deduplication`` turns it on or off at run time.
   ``switch_deduplication`` (a policy changed through the admin) starts its state (the
-  cursor's creation, a replay) on a worker thread; meanwhile the topic holds every send and appends them in order through de-duplication
-  once it has started (as Pulsar holds producers while de-duplication initialises), so no
-  send of the switch is stored unchecked and none is lost; a failed start leaves it off.
+  cursor's creation, a replay) on a worker thread; meanwhile the topic holds every send
+  and appends them in order through de-duplication once it has started (as Pulsar holds
+  producers while de-duplication initialises), so no send of the switch is stored
+  unchecked and none is lost; a failed start leaves it off (the held sends are stored).
 * **Subscribing** creates durable subscriptions (a persisted cursor, ``initial_position``
   used only on creation) or non-durable ones (readers: a cursor in memory, positioned at
   the start message id inclusive — the client filters what it does not want).
