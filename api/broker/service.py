@@ -412,7 +412,7 @@ class BrokerService:
 
     async def compact(self, text: str) -> RunFigures:
         """Run one compaction of the topic and wait for it (then it trimmed what it covered)."""
-        return await self.runs.run(self.run_job(self.get_topic(text, create=False)))
+        return await self.runs.run(self.run_job(await self.load_topic(text, create=False)))
 
     # -- the threshold scheduler ----------------------------------------------------------
 
