@@ -240,13 +240,13 @@ class BrokerService:
         topic = self.topics.get(key)
         if topic is not None:
             return topic
+        if key in self.closing:  # never waited for here: the loop itself ends the close
+            raise NotAllowedError(f"Topic {key} is being unloaded; try again")
         load = self.loading.get(key)
         if load is not None:
-            load.result()  # rare: a sync caller racing a load off the loop
+            load.result()  # rare: a sync caller racing a load off the loop (which needs nothing of the loop)
             self._publish(key, load)
             return self.get_topic(text, create=create)
-        if key in self.closing:
-            raise NotAllowedError(f"Topic {key} is being unloaded; try again")
         self.check_loadable(name, create=create)
         topic = self._open_topic(name, self.loop or asyncio.get_running_loop())
         self.topics[key] = topic

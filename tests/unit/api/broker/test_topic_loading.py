@@ -93,3 +93,19 @@ def test_a_load_is_refused_as_get_topic_refuses(tmp_path: Path) -> None:
         assert isinstance(await broker.load_topic(TOPIC), Topic) and broker.loading == {}
 
     _run(tmp_path, body)
+
+
+def test_a_sync_load_during_an_unload_and_its_waiting_reload_is_refused_not_deadlocked(tmp_path: Path) -> None:
+    async def body(broker: BrokerService) -> None:
+        first = await broker.load_topic(TOPIC)
+        unloading = asyncio.ensure_future(broker.unload_topic(first))
+        await asyncio.sleep(0)
+        reloading = asyncio.ensure_future(broker.load_topic(TOPIC))
+        await asyncio.sleep(0)  # the reload waits, on its thread, for the close the loop ends
+        assert TOPIC in broker.loading
+        with pytest.raises(NotAllowedError):
+            broker.get_topic(TOPIC)  # waiting here would hold the loop the close needs
+        again = await asyncio.wait_for(reloading, 10)
+        assert unloading.done() and again is broker.topics[TOPIC] and again is not first
+
+    _run(tmp_path, body)
