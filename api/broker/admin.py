@@ -2,6 +2,8 @@
 
 Everything here works on plain values and raises the broker's typed errors; the REST layer
 only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one place).
+The REST layer calls the ``*_off_loop`` forms and ``preload`` (a topic loaded off the loop
+before an operation on it): what they commit runs on a worker thread, awaited.
 
 * Topics: create (``TopicExistsError`` when it exists), delete (its ledgers and its
   compacted ledger; refused while clients are attached, as Pulsar refuses without force),
@@ -25,6 +27,7 @@ only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,10 +35,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from api.broker.admin_topics import TopicOperations
 from api.broker.dedup import DEDUP_CURSOR
 from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
+from api.broker.off_loop import write_off_loop
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
 from compactor.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import ManagedCursor
+from ledger.errors import CompactionServiceError
 
 if TYPE_CHECKING:
     from api.broker.partitions import PartitionedTopics
@@ -67,6 +72,7 @@ class AdminBroker(Protocol):
     policies: PolicyStore
     topics: dict[str, Topic]
     deleting: set[str]  # topics whose deletion runs off the loop: not loaded meanwhile
+    loading: dict[str, Future[Topic]]  # topics opened off the loop right now
     runs: CompactionRuns
     tenants: Tenants
     partitioned: PartitionedTopics
@@ -74,11 +80,20 @@ class AdminBroker(Protocol):
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
         """The loaded topic named ``text``, loading or creating it."""
 
+    async def load_topic(self, text: str, *, create: bool = True) -> Topic:
+        """``get_topic`` with the load off the event loop."""
+
+    async def unload_topic(self, topic: Topic) -> None:
+        """Drop ``topic`` from ``topics`` and close it off the event loop."""
+
     def list_topics(self, namespace: str) -> list[str]:
         """Every topic of ``tenant/namespace``."""
 
     def refresh_deduplication(self) -> None:
         """Apply a changed ``deduplicationEnabled`` policy to every loaded topic."""
+
+    async def refresh_deduplication_off_loop(self) -> None:
+        """``refresh_deduplication`` with each start off the loop, awaited."""
 
     def request_compaction(self, text: str) -> None:
         """Queue a run of the existing topic ``text`` on ``runs``."""
@@ -102,9 +117,37 @@ class Admin:
         self.broker.get_topic(name)
         return name
 
+    async def create_topic_off_loop(self, text: str) -> str:
+        """``create_topic`` with the topic's first load (its first ledger, internal cursors)
+        off the loop; a creation in flight of the same name is an existing topic."""
+        name = str(TopicName.parse(text))
+        if name in self.broker.loading and not self.metadata.topic_exists(name):
+            raise TopicExistsError(f"Topic {name} already exists")
+        if self.broker.partitioned.is_parent(TopicName.parse(name)):
+            raise TopicExistsError(f"Topic {name} already exists as a partitioned topic")
+        if self.metadata.topic_exists(name):
+            raise TopicExistsError(f"Topic {name} already exists")
+        await self.broker.load_topic(name)
+        return name
+
     def topic(self, text: str) -> Topic:
         """The existing topic ``text`` (loaded if needed); ``TopicNotFoundError`` otherwise."""
         return self.broker.get_topic(text, create=False)
+
+    async def preload(self, text: str) -> None:
+        """Load the existing topic ``text`` off the loop when it is not loaded (of a
+        partitioned parent: its partitions ever opened), so that the operation that follows
+        finds it loaded; a refusal is left to that operation, which meets it again."""
+        try:
+            name = TopicName.parse(text)
+        except CompactionServiceError:
+            return
+        names = ([str(name)] if not self.broker.partitioned.is_parent(name) else
+                 [p for p in self.broker.partitioned.partition_names(name) if self.metadata.topic_ledgers(p)])
+        for each in names:
+            if each not in self.broker.topics and self.metadata.topic_exists(each):
+                with contextlib.suppress(CompactionServiceError):
+                    await self.broker.load_topic(each, create=False)
 
     def check_namespace(self, name: TopicName) -> None:
         """``TopicNotFoundError`` (404) unless the namespace of ``name`` exists."""
@@ -204,6 +247,20 @@ class Admin:
         self.broker.policies.set_policy(scope, name, value)
         if name == "deduplicationEnabled":
             self.broker.refresh_deduplication()
+
+    async def set_policy_off_loop(self, scope: str, name: str, value: Any) -> None:
+        """``set_policy`` with its commit on the metadata writer thread (``api.broker.off_loop``)."""
+        assert name in POLICY_NAMES
+        await write_off_loop(self.broker.policies.set_policy, scope, name, value)
+        if name == "deduplicationEnabled":
+            await self.broker.refresh_deduplication_off_loop()
+
+    async def remove_policy_off_loop(self, scope: str, name: str) -> None:
+        """``remove_policy`` with its commit on the metadata writer thread."""
+        assert name in POLICY_NAMES
+        await write_off_loop(self.broker.policies.remove_policy, scope, name)
+        if name == "deduplicationEnabled":
+            await self.broker.refresh_deduplication_off_loop()
 
     def remove_policy(self, scope: str, name: str) -> None:
         assert name in POLICY_NAMES

@@ -16,12 +16,13 @@ broker's typed errors; the REST router ``api.routers.subscriptions`` only parses
   published at or after a time). A subscription with consumers is sought as a client SEEK
   does (its consumers are disconnected and subscribe again from there).
 * ``skip_all``: acknowledge everything published so far (``clear-backlog``).
-* ``reset_cursor``, ``skip_all`` and ``unload`` return a future of the moment what they
-  changed in a cursor is durable: the cursor store's thread commits it, never the event
-  loop; the REST layer answers once it resolves.
-* ``unload``: disconnect the topic's producers and consumers (clients reconnect), seal its
-  ledger and drop it from the registry; the next use loads it again. Refused while a
-  compaction of the topic is in flight.
+* ``reset_cursor`` and ``skip_all`` return a future of the moment what they changed in a
+  cursor is durable: the cursor store's thread commits it, never the event loop; the REST
+  layer answers once it resolves.
+* ``unload`` (a coroutine): disconnect the topic's producers and consumers (clients
+  reconnect), drop it from the registry and seal its ledger off the loop; it returns once
+  the seal and the cursor states are durable; the next use loads it again. Refused while
+  a compaction of the topic is in flight.
 * ``last_message_id``: the last stored message's id (a batch's last slot).
 """
 
@@ -60,6 +61,8 @@ class _Described(Protocol):
 class _Broker(Protocol):
     topics: dict[str, Topic]
     runs: CompactionRuns
+
+    async def unload_topic(self, topic: Topic) -> None: ...
 
 
 class AdminCore(Protocol):
@@ -229,10 +232,11 @@ class TopicOperations:
 
     # -- the topic ------------------------------------------------------------------------
 
-    def unload(self, text: str) -> Future[None]:
-        """Disconnect the topic's clients, seal its ledger, drop it from the registry; a
-        future of the moment its queued cursor states are written (the seal itself stays
-        on the caller's thread: a client may load the topic again as soon as it is dropped)."""
+    async def unload(self, text: str) -> None:
+        """Disconnect the topic's clients, drop it from the registry and close it: its seal
+        on a worker thread and its queued cursor states by the cursor store's thread, both
+        awaited (``BrokerService.unload_topic``: a load of the topic meanwhile waits for the
+        close, then opens it again)."""
         topic = self.admin.topic(text)
         name = str(topic.name)
         broker = self.admin.broker
@@ -240,7 +244,7 @@ class TopicOperations:
             raise CompactionInProgressError(f"Compaction of {name} is in progress; unload it afterwards")
         loaded = broker.topics.get(name)
         if loaded is None:
-            return _done()
+            return
         for owner in list(loaded.producers.values()):
             disconnect = getattr(owner, "disconnect", None)
             if disconnect is not None:
@@ -249,10 +253,8 @@ class TopicOperations:
             for consumer in list(subscription.consumers):
                 consumer.disconnect()
                 subscription.remove_consumer(consumer)
-        broker.topics.pop(name, None)
-        written = loaded.close()
+        await broker.unload_topic(loaded)
         log.info("topic %s unloaded", name)
-        return written
 
     def last_message_id(self, text: str) -> dict[str, int]:
         """Pulsar's ``MessageIdImpl`` of the last stored message (``batchIndex`` for a batch)."""
@@ -265,13 +267,6 @@ class TopicOperations:
             if size is not None:
                 answer["batchIndex"] = size - 1
         return answer
-
-
-def _done() -> Future[None]:
-    """A future that is done: nothing to wait for."""
-    done: Future[None] = Future()
-    done.set_result(None)
-    return done
 
 
 def shown_name(name: object) -> str:

@@ -19,6 +19,8 @@ Rules (Pulsar's admin answers, ``pulsar-partitions-schemas-keyshared.md`` §2.3)
   recorded; a client sees them at its next metadata poll (60 s).
 * delete: refused while a partition has clients (412) or a compaction run (409), checked
   for every partition before any is deleted; the parent's topic-scoped policies go too.
+  The REST layer calls the ``*_off_loop`` forms and the writes on the metadata writer
+  thread (``api.broker.off_loop``): no commit of theirs runs on the event loop.
 
 Compaction, stats and policies of a parent fan out to its partitions (``compact``,
 ``stats``); ``policy_scopes`` names where a partition's topic policies are looked up (the
@@ -38,6 +40,7 @@ from api.broker.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName
 
 if TYPE_CHECKING:
@@ -97,6 +100,10 @@ class Admin(Protocol):
     def check_deletable(self, text: str) -> None: ...
 
     def delete_topic(self, text: str) -> None: ...
+
+    async def delete_topic_off_loop(self, text: str) -> None: ...
+
+    async def preload(self, text: str) -> None: ...
 
     def trigger_compaction(self, text: str) -> None: ...
 
@@ -230,6 +237,30 @@ class PartitionedTopics:
                 admin.metadata.delete_topic(partition)  # never opened: only its rows to forget
             else:
                 admin.delete_topic(partition)
+        with self.database.transaction("partitioned_topics.delete", topic=str(name)) as db:
+            db.execute("DELETE FROM partitioned_topics WHERE name = ?", (str(name),))
+            db.execute("DELETE FROM policies WHERE scope = ?", (str(name),))
+        self._counts.pop(str(name), None)
+
+    async def delete_off_loop(self, admin: Admin, text: str) -> None:
+        """``delete`` with every commit off the event loop: each partition ever opened is
+        loaded off the loop and deleted as ``Admin.delete_topic_off_loop`` deletes a topic,
+        the others' rows and the parent's go on the metadata writer thread
+        (``api.broker.off_loop``); nothing is deleted when any partition is busy."""
+        name = self.required(text)
+        await admin.preload(str(name))  # the partitions holding ledgers, loaded off the loop
+        partitions = [p for p in self.partition_names(name) if admin.metadata.topic_exists(p)]
+        for partition in partitions:  # refuse before anything is deleted
+            if partition in admin.broker.topics:
+                admin.check_deletable(partition)
+        for partition in partitions:
+            if partition not in admin.broker.topics and not admin.metadata.topic_ledgers(partition):
+                await write_off_loop(admin.metadata.delete_topic, partition)  # never opened: only its rows
+            else:
+                await admin.delete_topic_off_loop(partition)
+        await write_off_loop(self._delete_parent, name)
+
+    def _delete_parent(self, name: TopicName) -> None:
         with self.database.transaction("partitioned_topics.delete", topic=str(name)) as db:
             db.execute("DELETE FROM partitioned_topics WHERE name = ?", (str(name),))
             db.execute("DELETE FROM policies WHERE scope = ?", (str(name),))

@@ -184,6 +184,10 @@ class SchemaRegistry:
             raise SchemaNotFoundError(f"Topic {schema_base(name)} has no {which}")
         return found[0]
 
+    def registered(self, name: TopicName, schema: SchemaData) -> int | None:
+        """The live version of ``name``'s schema equal to ``schema``, or None (a read only)."""
+        return _matching(self.versions(schema_base(name)), schema)
+
     def strategy_of(self, name: TopicName) -> str:
         """The compatibility strategy of ``name``: topic policy (on the base topic), else
         namespace policy, else the broker's default."""

@@ -7,8 +7,12 @@ port), and nothing here imports ``api.wire`` or the HTTP side. It is configured 
 ``api.config.Settings``; ``compaction_config`` and ``ledger_config`` turn it into the
 lower layers' configs (shared with ``compactd compact-topic``). It also names producers
 that did not choose a name (``new_producer_name``), which both doors may ask for. It runs
-on one asyncio event loop; it moves off the loop compaction runs, trimming, the sweep and
-(at stop) the topics' seals; cursor writes are the cursor store's thread's. Runs
+on one asyncio event loop; it moves off the loop compaction runs, trimming, the sweep,
+topic loads (``load_topic``: one load per name in flight, shared by its callers, on a
+``topic-load`` thread), unloads (``unload_topic``) and (at stop) the topics' seals; cursor
+writes are the cursor store's thread's, admin metadata writes the ``metadata-write``
+thread's (``api.broker.off_loop``). The sync ``get_topic`` loads on its caller's thread
+(offline callers, tests; on the loop only what was loaded off it first). Runs
 belong to one executor, ``runs`` (``compactor.runs.CompactionRuns``: slots —
 ``compaction_max_concurrent_runs`` —, queue, tasks, persisted status), which the REST
 trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compact`` (a run
@@ -26,10 +30,12 @@ loses no acknowledgement).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from api.broker.access import AccessControl
@@ -108,6 +114,9 @@ class BrokerService:
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
         self.deleting: set[str] = set()  # topics deleted off the loop right now (Admin.delete_topic_off_loop)
+        self.loading: dict[str, Future[Topic]] = {}  # topics opened off the loop right now (load_topic)
+        self.closing: dict[str, Future[None]] = {}  # topics unloaded right now (unload_topic): loads wait
+        self._load_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="topic-load")
         # The broker's runs go to worker processes, one per run slot (compactor.worker), so
         # that no run holds this interpreter's GIL; compact-topic's stay in its process.
         workers = settings.compaction_max_concurrent_runs if settings.compaction_worker_process else 0
@@ -162,6 +171,11 @@ class BrokerService:
         if self.key_indexes is not None:  # first: the seals below queue nothing (the next start indexes them)
             await asyncio.to_thread(self.key_indexes.close)
         await self.runs.stop()
+        for load in list(self.loading.values()):  # loads in flight end and are published, then closed
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(load)
+        for key, load in list(self.loading.items()):
+            self._publish(key, load)
         for topic in list(self.topics.values()):
             try:
                 await topic.close_off_loop()  # seal and cursor writes off the loop
@@ -173,6 +187,7 @@ class BrokerService:
         except Exception as error:  # noqa: BLE001 - the stop goes on; those acks come again
             log.warning("writing the queued cursor states: %s", error)
         self.compactor.close()  # stops the Spark session if the spark engine started one
+        self._load_pool.shutdown(wait=False)
 
     async def _index_sealed_ledgers(self, builds: KeyIndexBuilds) -> None:
         """At start: queue every sealed raw ledger that has no key index yet (the last run
@@ -217,26 +232,117 @@ class BrokerService:
         return name
 
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
-        """The loaded topic named ``text``, loading or creating it."""
+        """The loaded topic named ``text``, loading or creating it on the caller's thread
+        (the event loop's callers use ``load_topic``: a load in flight is waited for here, a
+        topic being unloaded is refused with ``NotAllowedError``)."""
         name = TopicName.parse(text)
         key = str(name)
         topic = self.topics.get(key)
         if topic is not None:
             return topic
+        if key in self.closing:  # never waited for here: the loop itself ends the close
+            raise NotAllowedError(f"Topic {key} is being unloaded; try again")
+        load = self.loading.get(key)
+        if load is not None:
+            load.result()  # rare: a sync caller racing a load off the loop (which needs nothing of the loop)
+            self._publish(key, load)
+            return self.get_topic(text, create=create)
+        self.check_loadable(name, create=create)
+        topic = self._open_topic(name, self.loop or asyncio.get_running_loop())
+        self.topics[key] = topic
+        return topic
+
+    async def load_topic(self, text: str, *, create: bool = True) -> Topic:
+        """``get_topic`` with the load (its first ledger's and internal cursors' commits, the
+        de-duplication replay) on a ``topic-load`` thread, never on the event loop. One load
+        per name is in flight, shared by every caller; it starts once an unload of the name
+        has ended; it is refused as ``get_topic`` refuses (being deleted, missing, not creatable)."""
+        name = TopicName.parse(text)
+        key = str(name)
+        while (topic := self.topics.get(key)) is None:
+            load = self.loading.get(key)
+            if load is None:
+                self.check_loadable(name, create=create)
+                load = self._start_load(name)
+            await asyncio.wrap_future(load)  # published on the loop before this resumes (_start_load)
+            self._publish(key, load)
+        return topic
+
+    def check_loadable(self, name: TopicName, *, create: bool) -> None:
+        """Refuse loading ``name`` as ``get_topic`` does: being deleted (``NotAllowedError``), missing
+        (``TopicNotFoundError`` unless ``create``), not creatable (``check_creatable``)."""
+        key = str(name)
         if key in self.deleting:
             raise NotAllowedError(f"Topic {key} is being deleted")
-        if not create and not self.data_dir.metadata.topic_exists(key):
+        exists = self.data_dir.metadata.topic_exists(key)
+        if not create and not exists:
             raise TopicNotFoundError(f"Topic {key} not found")
-        if create and not self.data_dir.metadata.topic_exists(key):
+        if create and not exists:
             self.check_creatable(name)
+
+    def _start_load(self, name: TopicName) -> Future[Topic]:
+        """Open topic ``name`` on a ``topic-load`` thread (after an unload in flight ends);
+        the loop publishes it in ``topics`` as soon as it is open."""
+        key = str(name)
+        closing = self.closing.get(key)
+        loop = self.loop or asyncio.get_running_loop()
+
+        def open_after_close() -> Topic:
+            if closing is not None:
+                closing.exception()  # waits; a failed close left its seal to the next open's recovery
+            return self._open_topic(name, loop)
+
+        load = self._load_pool.submit(open_after_close)
+        self.loading[key] = load
+
+        def publish(done: Future[Topic]) -> None:
+            try:
+                loop.call_soon_threadsafe(self._publish, key, done)
+            except RuntimeError:  # the loop is closed: nobody can use the topic
+                log.debug("topic %s loaded after the loop closed", key)
+
+        load.add_done_callback(publish)
+        return load
+
+    def _publish(self, key: str, load: Future[Topic]) -> None:
+        """On the loop: the topic ``load`` opened enters ``topics`` (once; a failed load is
+        forgotten, its error is its callers')."""
+        if self.loading.get(key) is not load or not load.done():
+            return
+        del self.loading[key]
+        if load.exception() is None:
+            self.topics[key] = load.result()
+
+    def _open_topic(self, name: TopicName, loop: asyncio.AbstractEventLoop) -> Topic:
+        """The topic ``name``, opened on the caller's thread: its managed ledger (created
+        with its first ledger when new) and its ``Topic`` (internal cursors, de-duplication
+        replay); nothing else can reach it before it is published."""
+        key = str(name)
         ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config,
                                     roll_over_in_background=True,
                                     on_sealed=self.key_indexes.submit if self.key_indexes is not None else None)
-        topic = Topic(name, ledger, self.loop or asyncio.get_running_loop(),
-                      deduplication=self.deduplication_enabled(name), cursors=self.cursors,
-                      compacted_grace_period_s=self.settings.compacted_ledger_grace_period_s)
-        self.topics[key] = topic
-        return topic
+        try:
+            return Topic(name, ledger, loop, deduplication=self.deduplication_enabled(name), cursors=self.cursors,
+                         compacted_grace_period_s=self.settings.compacted_ledger_grace_period_s)
+        except BaseException:
+            ledger.close()
+            raise
+
+    async def unload_topic(self, topic: Topic) -> None:
+        """Drop the loaded ``topic`` from ``topics`` and close it off the loop (its seal on a
+        worker thread, its cursor states by the cursor store's thread), awaited; a load of
+        the name meanwhile waits for the close to end, then opens it again."""
+        key = str(topic.name)
+        if self.topics.get(key) is topic:
+            del self.topics[key]
+        closed: Future[None] = Future()
+        self.closing[key] = closed
+        try:
+            await topic.close_off_loop()
+        finally:
+            closed.set_result(None)
+            if self.closing.get(key) is closed:
+                del self.closing[key]
 
     def check_creatable(self, name: TopicName) -> None:
         """Refuse creating topic ``name`` in a missing namespace (``TopicNotFoundError``)
@@ -259,6 +365,13 @@ class BrokerService:
         """Apply a changed ``deduplicationEnabled`` policy to every loaded topic."""
         for topic in self.topics.values():
             topic.set_deduplication(self.deduplication_enabled(topic.name))
+
+    async def refresh_deduplication_off_loop(self) -> None:
+        """``refresh_deduplication`` with each start off the loop (``Topic.switch_deduplication``),
+        awaited: once it returns, the loaded topics de-duplicate as the policy says."""
+        switches = [topic.switch_deduplication(self.deduplication_enabled(topic.name))
+                    for topic in list(self.topics.values())]
+        await asyncio.gather(*switches)
 
     def list_topics(self, namespace: str) -> list[str]:
         """Every topic of ``tenant/namespace``."""
@@ -299,7 +412,7 @@ class BrokerService:
 
     async def compact(self, text: str) -> RunFigures:
         """Run one compaction of the topic and wait for it (then it trimmed what it covered)."""
-        return await self.runs.run(self.run_job(self.get_topic(text, create=False)))
+        return await self.runs.run(self.run_job(await self.load_topic(text, create=False)))
 
     # -- the threshold scheduler ----------------------------------------------------------
 

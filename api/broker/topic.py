@@ -8,6 +8,11 @@
   is refused (``ProducerBusyError``), as Pulsar does.
 * **De-duplication** (``api.broker.dedup``) is off unless enabled for the topic (broker
   setting, namespace or topic policy); ``set_deduplication`` turns it on or off at run time.
+  ``switch_deduplication`` (a policy changed through the admin) starts its state (the
+  cursor's creation, a replay) on a worker thread; meanwhile the topic holds every send
+  and appends them in order through de-duplication once it has started (as Pulsar holds
+  producers while de-duplication initialises), so no send of the switch is stored
+  unchecked and none is lost; a failed start leaves it off (the held sends are stored).
 * **Subscribing** creates durable subscriptions (a persisted cursor, ``initial_position``
   used only on creation) or non-durable ones (readers: a cursor in memory, positioned at
   the start message id inclusive — the client filters what it does not want).
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from api.broker.access_mode import TopicAccess
 from api.broker.dedup import DEDUP_CURSOR, Deduplication, ProducerSession, Send, describe_send
@@ -51,6 +57,26 @@ from ledger.position import EARLIEST, LATEST, Position
 __all__ = ["Topic"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _HeldSend:
+    """A send held while de-duplication starts: ``publish``'s arguments."""
+
+    args: tuple[ProducerSession, str, int, int, bytes]
+    messages: int
+
+
+def _chain(source: Future[Position], target: Future[Position]) -> None:
+    """``target`` settles as ``source`` does."""
+    def settle(done: Future[Position]) -> None:
+        error = done.exception()
+        if error is None:
+            target.set_result(done.result())
+        else:
+            target.set_exception(error)
+
+    source.add_done_callback(settle)
 
 
 def _done() -> Future[None]:
@@ -76,7 +102,10 @@ class Topic:
         self._loop = loop
         self._dispatch_scheduled = False
         self.dedup: Deduplication | None = None
-        self.set_deduplication(deduplication)
+        self._dedup_wanted = deduplication
+        self._held: list[tuple[_HeldSend, Future[Position]]] | None = None  # sends held while dedup starts
+        self._dedup_starting: asyncio.Future[None]  # set with _held
+        self._set_deduplication_now(deduplication)
         self.closed = False
         self.counters = TopicCounters()  # messages in and out since the topic was loaded
         ledger.add_listener(self._on_durable)
@@ -104,7 +133,44 @@ class Topic:
 
     def set_deduplication(self, enabled: bool) -> None:
         """Turn de-duplication on (state loaded, or started at the end of the log) or off
-        (its cursor deleted)."""
+        (its cursor deleted), on the caller's thread (``switch_deduplication``: off the loop)."""
+        self._dedup_wanted = enabled
+        if self._held is None:  # else starting: its end applies what is wanted then
+            self._set_deduplication_now(enabled)
+
+    def switch_deduplication(self, enabled: bool) -> asyncio.Future[None]:
+        """On the loop: ``set_deduplication`` with the start (its cursor's creation, a
+        replay) on a worker thread while sends are held; a future of the switch's end."""
+        self._dedup_wanted = enabled
+        if self._held is not None:  # starting: its end applies what is wanted then
+            return self._dedup_starting
+        if enabled and self.dedup is None:
+            self._held = []
+            self._dedup_starting = self._loop.create_task(self._start_deduplication())
+            return self._dedup_starting
+        if not enabled:
+            self._set_deduplication_now(False)
+        done: asyncio.Future[None] = self._loop.create_future()
+        done.set_result(None)
+        return done
+
+    async def _start_deduplication(self) -> None:
+        """Start de-duplication off the loop, then append the sends held meanwhile."""
+        dedup: Deduplication | None = None
+        try:
+            dedup = await asyncio.to_thread(Deduplication, self.ledger, self.cursors)
+        except Exception as error:  # noqa: BLE001 - it stays off; the next policy change tries again
+            log.warning("topic %s: de-duplication could not start: %s", self.name, error)
+        held, self._held = self._held or [], None
+        if dedup is not None:
+            if not self._dedup_wanted:
+                dedup.delete()
+            elif not self.closed:  # closed: the next load replays it
+                self.dedup = dedup
+        for send, future in held:
+            _chain(self.publish(*send.args, messages=send.messages), future)
+
+    def _set_deduplication_now(self, enabled: bool) -> None:
         if enabled and self.dedup is None:
             self.dedup = Deduplication(self.ledger, self.cursors)
         elif not enabled:
@@ -125,6 +191,11 @@ class Topic:
         in ``session``; the future resolves to where it is stored (for a re-send that
         de-duplication recognises: where the original is) or fails. Stored messages count
         in ``counters`` once durable."""
+        if self._held is not None:  # de-duplication is starting: appended once it has
+            held: Future[Position] = Future()
+            self._held.append((_HeldSend((session, producer_name, sequence_id, highest_sequence_id, entry), messages),
+                               held))
+            return held
         dedup = self.dedup
         if dedup is None:
             return self._counted(self._append(entry), messages, len(entry))

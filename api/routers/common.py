@@ -4,7 +4,8 @@ The admin core is reached through ``AdminDependency`` (``broker.admin`` of the b
 service on ``app.state``), so tests may swap it with ``app.dependency_overrides``. Route
 handlers and dependencies are ``async`` and call the core directly: the application runs
 on the broker's event loop (``api.server``), where the core must be called (FastAPI would
-run a plain ``def`` in a worker thread).
+run a plain ``def`` in a worker thread); what commits (a topic's load, a metadata write)
+the core moves off the loop and the handler awaits.
 """
 
 from __future__ import annotations
@@ -58,10 +59,15 @@ def errors(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
 
 
 async def get_admin(request: Request) -> Admin:
-    """The broker's admin core; 503 when the application was built without a broker."""
+    """The broker's admin core; 503 when the application was built without a broker. On a
+    topic's path, the topic (a partitioned parent's opened partitions) is loaded first, off
+    the event loop (``Admin.preload``), so that the operation finds it loaded."""
     admin = getattr(request.app.state.broker, "admin", None)
     if not isinstance(admin, Admin):
         raise HTTPException(503, "The broker service is not available")
+    params = request.path_params
+    if "tenant" in params and "namespace" in params and "topic" in params:
+        await admin.preload(topic_name(params["tenant"], params["namespace"], params["topic"]))
     return admin
 
 

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import StrictInt
 
+from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName
 from api.routers.common import (
     PERSISTENT_PREFIX,
@@ -54,7 +55,7 @@ Count = Annotated[StrictInt, Body(description="The number of partitions, a bare 
 async def create_partitioned_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
                                    topic: TopicPart, count: Count) -> Response:
     """Create the partitioned topic and its partitions `<topic>-partition-0` … `-partition-<N-1>`."""
-    admin.broker.partitioned.create(admin, topic_name(tenant, namespace, topic), count)
+    await write_off_loop(admin.broker.partitioned.create, admin, topic_name(tenant, namespace, topic), count)
     return Response(status_code=204)
 
 
@@ -84,7 +85,7 @@ async def update_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
                                    topic: TopicPart, count: Count) -> Response:
     """Raise the number of partitions (it never shrinks); clients pick the new partitions
     up at their next metadata poll."""
-    admin.broker.partitioned.update(admin, topic_name(tenant, namespace, topic), count)
+    await write_off_loop(admin.broker.partitioned.update, admin, topic_name(tenant, namespace, topic), count)
     return Response(status_code=204)
 
 
@@ -101,7 +102,7 @@ async def delete_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
                                    topic: TopicPart) -> Response:
     """Delete the partitioned topic, its partitions (ledgers, cursors, compacted ledgers)
     and its topic policies; nothing is deleted when any partition is busy."""
-    admin.broker.partitioned.delete(admin, topic_name(tenant, namespace, topic))
+    await admin.broker.partitioned.delete_off_loop(admin, topic_name(tenant, namespace, topic))
     return Response(status_code=204)
 
 
@@ -113,7 +114,7 @@ async def delete_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
 async def create_missed_partitions(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
                                    topic: TopicPart) -> Response:
     """Create any partition of the partitioned topic that does not exist."""
-    admin.broker.partitioned.create_missing(admin, topic_name(tenant, namespace, topic))
+    await write_off_loop(admin.broker.partitioned.create_missing, admin, topic_name(tenant, namespace, topic))
     return Response(status_code=204)
 
 

@@ -25,6 +25,7 @@ from fastapi import APIRouter, Body, HTTPException, Path, Request, Response
 
 from api.broker.access import AccessControl
 from api.broker.grants import ACTIONS, GrantStore, InvalidActionError
+from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName, parse_namespace
 from api.routers.common import TOPIC_PATH, Namespace, Tenant, TopicPart, errors, topic_name
 
@@ -46,9 +47,9 @@ def _grants(request: Request) -> GrantStore:
     return access.grants
 
 
-def _grant(grants: GrantStore, scope: str, role: str, actions: list[str]) -> Response:
+async def _grant(grants: GrantStore, scope: str, role: str, actions: list[str]) -> Response:
     try:
-        grants.grant(scope, role, actions)
+        await write_off_loop(grants.grant, scope, role, actions)
     except InvalidActionError as error:
         raise HTTPException(400, str(error)) from None
     return Response(status_code=204)
@@ -65,14 +66,14 @@ async def namespace_permissions(request: Request, tenant: Tenant, namespace: Nam
 async def grant_namespace(request: Request, tenant: Tenant, namespace: Namespace, role: Role,
                           actions: Actions) -> Response:
     """Set the role's actions on every topic of the namespace."""
-    return _grant(_grants(request), parse_namespace(f"{tenant}/{namespace}"), role, actions)
+    return await _grant(_grants(request), parse_namespace(f"{tenant}/{namespace}"), role, actions)
 
 
 @router.delete(NAMESPACE_PERMISSIONS + "/{role}", status_code=204, response_class=Response,
                summary="Revoke a role's grant on a namespace", responses=errors(412))
 async def revoke_namespace(request: Request, tenant: Tenant, namespace: Namespace, role: Role) -> Response:
     """Take every action of the role on the namespace away."""
-    _grants(request).revoke(parse_namespace(f"{tenant}/{namespace}"), role)
+    await write_off_loop(_grants(request).revoke, parse_namespace(f"{tenant}/{namespace}"), role)
     return Response(status_code=204)
 
 
@@ -89,7 +90,7 @@ async def grant_topic(request: Request, tenant: Tenant, namespace: Namespace, to
                       actions: Actions) -> Response:
     """Set the role's actions on the topic (and its partitions)."""
     scope = str(TopicName.parse(topic_name(tenant, namespace, topic)))
-    return _grant(_grants(request), scope, role, actions)
+    return await _grant(_grants(request), scope, role, actions)
 
 
 @router.delete(TOPIC_PERMISSIONS + "/{role}", status_code=204, response_class=Response,
@@ -97,5 +98,5 @@ async def grant_topic(request: Request, tenant: Tenant, namespace: Namespace, to
 async def revoke_topic(request: Request, tenant: Tenant, namespace: Namespace, topic: TopicPart,
                        role: Role) -> Response:
     """Take every action of the role on the topic away."""
-    _grants(request).revoke(str(TopicName.parse(topic_name(tenant, namespace, topic))), role)
+    await write_off_loop(_grants(request).revoke, str(TopicName.parse(topic_name(tenant, namespace, topic))), role)
     return Response(status_code=204)

@@ -27,6 +27,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Response
 from fastapi.responses import JSONResponse
 
+from api.broker.off_loop import write_off_loop
 from api.broker.schemas import (
     STRATEGY_POLICY,
     TYPE_NAMES,
@@ -105,7 +106,7 @@ async def upload_schema(registry: Registry, tenant: Tenant, namespace: Namespace
     """Register a schema as a producer with it would; an equal live version is reused."""
     schema = SchemaData(_TYPE_NUMBERS[payload.type], payload.schema_.encode("utf-8"), payload.properties)
     try:
-        return SchemaVersion(version=registry.put_if_absent(_name(tenant, namespace, topic), schema))
+        return SchemaVersion(version=await write_off_loop(registry.put_if_absent, _name(tenant, namespace, topic), schema))
     except InvalidSchemaError:
         raise
     except IncompatibleSchemaError as error:
@@ -117,7 +118,7 @@ async def upload_schema(registry: Registry, tenant: Tenant, namespace: Namespace
                           **errors(404, 412, c404=_C404)})
 async def delete_schema(registry: Registry, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> SchemaVersion:
     """Delete every version; the next schema is registered as if the topic had none."""
-    return SchemaVersion(version=registry.delete(_name(tenant, namespace, topic)))
+    return SchemaVersion(version=await write_off_loop(registry.delete, _name(tenant, namespace, topic)))
 
 
 async def _topic_scope(tenant: Tenant, namespace: Namespace, topic: TopicPart) -> str:
@@ -138,11 +139,11 @@ def _add_strategy_routes(path: str, where: str, scope_of: Callable[..., Awaitabl
 
     async def put(registry: Registry, scope: Scope,
                   value: Annotated[SchemaStrategyName, Body(description="The strategy name.")]) -> Response:
-        registry.policies.set_policy(scope, STRATEGY_POLICY, value)
+        await write_off_loop(registry.policies.set_policy, scope, STRATEGY_POLICY, value)
         return Response(status_code=204)
 
     async def remove(registry: Registry, scope: Scope) -> Response:
-        registry.policies.remove_policy(scope, STRATEGY_POLICY)
+        await write_off_loop(registry.policies.remove_policy, scope, STRATEGY_POLICY)
         return Response(status_code=204)
 
     router.add_api_route(path, get, methods=["GET"], **common, name=f"get_{where}_schema_strategy",

@@ -132,7 +132,7 @@ async def skip_all(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
 async def unload(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> Response:
     """Disconnect the topic's producers and consumers (clients reconnect), seal its current
     ledger and drop it from memory."""
-    await asyncio.wrap_future(TopicOperations(admin).unload(topic_name(tenant, namespace, topic)))
+    await TopicOperations(admin).unload(topic_name(tenant, namespace, topic))  # durable, off the loop
     return Response(status_code=204)
 
 

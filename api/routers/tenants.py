@@ -26,6 +26,7 @@ from fastapi import APIRouter, Body, Path, Request, Response
 from pydantic import BaseModel, Field
 
 from api.broker.advertised import broker_service_url, web_service_url
+from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName
 from api.routers.common import AdminDependency, Namespace, Tenant, TopicPart, errors
 
@@ -70,7 +71,7 @@ async def get_tenant(admin: AdminDependency, tenant: Tenant) -> TenantInfo:
 async def create_tenant(admin: AdminDependency, tenant: Tenant,
                         info: Annotated[TenantInfo | None, Body()] = None) -> Response:
     """Create the tenant; the body, Pulsar's `TenantInfo`, is optional."""
-    admin.broker.tenants.create_tenant(tenant, (info or TenantInfo()).model_dump())
+    await write_off_loop(admin.broker.tenants.create_tenant, tenant, (info or TenantInfo()).model_dump())
     return Response(status_code=204)
 
 
@@ -81,7 +82,7 @@ async def create_tenant(admin: AdminDependency, tenant: Tenant,
                                    c409="The tenant still has namespaces.")})
 async def delete_tenant(admin: AdminDependency, tenant: Tenant) -> Response:
     """Delete the tenant once it has no namespaces."""
-    admin.broker.tenants.delete_tenant(tenant)
+    await write_off_loop(admin.broker.tenants.delete_tenant, tenant)
     return Response(status_code=204)
 
 
@@ -99,7 +100,7 @@ async def list_namespaces(admin: AdminDependency, tenant: Tenant) -> list[str]:
                        **errors(404, 409, 412, c404="The tenant does not exist.", c409="The namespace exists.")})
 async def create_namespace(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> Response:
     """Create `tenant/namespace` (a request body, Pulsar's policies, is ignored)."""
-    admin.broker.tenants.create_namespace(f"{tenant}/{namespace}")
+    await write_off_loop(admin.broker.tenants.create_namespace, f"{tenant}/{namespace}")
     return Response(status_code=204)
 
 
@@ -112,7 +113,7 @@ async def delete_namespace(admin: AdminDependency, tenant: Tenant, namespace: Na
     """Delete the empty namespace (Pulsar's delete without `force`)."""
     name = admin.namespace_scope(tenant, namespace)
     held = admin.list_topics(name) + admin.broker.partitioned.in_namespace(name)
-    admin.broker.tenants.delete_namespace(name, topics=held)
+    await write_off_loop(admin.broker.tenants.delete_namespace, name, topics=held)
     return Response(status_code=204)
 
 

@@ -74,10 +74,10 @@ from api.wire.frames import (
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
 from api.wire.outbox import Outbox
+from api.wire.preparing import deferred, get_or_create_schema
 from api.wire.producing import ProducerHandlers, SendCompletions, WireProducer
 from api.wire.schema_commands import (
     check_subscribe_schema,
-    get_or_create_schema_response,
     get_schema_response,
     refused_response,
 )
@@ -199,8 +199,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             T.PING: self._ping, T.PONG: lambda command, frame: None,
             T.GET_TOPICS_OF_NAMESPACE: self._topics_of_namespace,
             T.GET_SCHEMA: lambda command, frame: self.write(get_schema_response(self.broker, command.getSchema)),
-            T.GET_OR_CREATE_SCHEMA: lambda command, frame: self.write(
-                get_or_create_schema_response(self.broker, command.getOrCreateSchema)),
+            T.GET_OR_CREATE_SCHEMA: lambda command, frame: get_or_create_schema(self, frame),  # api.wire.preparing
         }
 
     # -- transport ----------------------------------------------------------------------
@@ -499,6 +498,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
     def _subscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.subscribe
         self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
+        if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
+            return
         topic = self.broker.get_topic(request.topic)
         check_subscribe_schema(self.broker, topic, request)  # IncompatibleSchema
         consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)

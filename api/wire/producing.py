@@ -34,6 +34,7 @@ from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import U64_MAX, server_error, to_message_id
 from api.wire.frames import Frame
 from api.wire.outbox import Outbox
+from api.wire.preparing import deferred
 from api.wire.schema_commands import producer_schema_version
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
@@ -177,9 +178,14 @@ class ProducerHandlers:
     def _success(self, request_id: int) -> None:
         raise NotImplementedError
 
+    def _handle(self, frame: Frame) -> None:
+        raise NotImplementedError
+
     def _producer(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.producer
         self.broker.access.check_topic(self.role, request.topic, "produce")  # api.auth: grants
+        if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
+            return
         topic = self.broker.get_topic(request.topic)
         name = request.producer_name or self.broker.new_producer_name()
         holder = topic.producers.get(name)

@@ -5,13 +5,19 @@ thread, a real data dir) with de-duplication on, small ledgers (roll-overs happe
 de-duplication snapshots every few entries; the real ``pulsar-client`` and the real admin
 application (over an ASGI transport, its handlers run on the broker's loop). SQLite's
 trace callback, set on the database's one connection, sees every statement on the thread
-that runs it: the test records the thread of each ``BEGIN``/``COMMIT`` while a consumer
-subscribes, a producer publishes with de-duplication, the consumer acks every message,
-seeks, unsubscribes, another subscription is created and closed, an admin resets it,
-clears its backlog and deletes it, then deletes the topic, and the broker stops. None may run
-on the loop's thread; the cursor writes must have happened (on the cursor store's thread).
-Loading a topic (its first ledger and internal cursors) and unloading it (the seal) are
-outside the watched window: they still commit on the loop (see the issue 12 report).
+that runs it: the test records the thread of each ``BEGIN``/``COMMIT`` while producers load
+their fresh topics, a consumer subscribes, a producer publishes with de-duplication, the
+consumer acks every message, seeks, unsubscribes, another subscription is created and
+closed, an admin resets it, clears its backlog and deletes it, then deletes the topic, and
+the broker stops. None may run on the loop's thread; the cursor writes must have happened
+(on the cursor store's thread).
+
+The second test watches the broker's other writers: tenant, namespace, policy, grant and
+schema writes through the admin application, an admin create, first producers and
+consumers (with schemas) on fresh topics, de-duplication switched on by a policy while a
+producer sends (every message stored once), an unload and the reload that follows, a
+partitioned topic created, used and deleted: their commits run on the ``topic-load``,
+``metadata-write`` and cursor threads, none on the loop.
 
 The second test: a subscription answered SUCCESS survives kill -9 with its position (its
 creation is committed off the loop *before* the answer), as does an answered seek.
@@ -101,9 +107,9 @@ def test_subscribe_ack_seek_unsubscribe_admin_and_stop_never_commit_on_the_event
     assert loop_thread is not None
     client = pulsar.Client(harness.url, operation_timeout_seconds=10, logger=QUIET)
     try:
+        commits.watching = True
         producer = client.create_producer(topic, producer_name="p", batching_enabled=False)  # loads the topic
         kept = client.create_producer(topic + "-kept", batching_enabled=False)  # loaded until the stop
-        commits.watching = True
         for i in range(10):
             kept.send(b"k%d" % i)  # a de-duplication state the stop's close snapshots
         consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
@@ -131,6 +137,87 @@ def test_subscribe_ack_seek_unsubscribe_admin_and_stop_never_commit_on_the_event
     writers = {name for _, _, name in commits.off(loop_thread)}
     assert "cursor-persist" in writers, writers  # the cursor writes were made, by the store's thread
     assert any(name.startswith("roll-over") for name in writers), writers  # and roll-overs ran
+    assert any(name.startswith("topic-load") for name in writers), writers  # and the loads
+
+
+def _send_while(producer: Any, count: int, prefix: bytes, during: Callable[[], None]) -> None:
+    """Send ``count`` messages asynchronously, run ``during()`` meanwhile, wait for every receipt."""
+    receipts: list[Any] = []
+    done = threading.Event()
+
+    def receipt(result: Any, _message_id: Any) -> None:
+        receipts.append(result)
+        if len(receipts) == count:
+            done.set()
+
+    for i in range(count // 2):
+        producer.send_async(prefix + b"%d" % i, receipt)
+    during()
+    for i in range(count // 2, count):
+        producer.send_async(prefix + b"%d" % i, receipt)
+    assert done.wait(10), f"{len(receipts)} of {count} receipts"
+    assert all(result == pulsar.Result.Ok for result in receipts), receipts
+
+
+def test_loads_unloads_policy_switches_partitions_and_admin_writes_never_commit_on_the_event_loop(
+        watched: tuple[BrokerHarness, Commits]) -> None:
+    harness, commits = watched
+    admin = _admin(harness)
+    loop_thread = harness._thread.ident
+    assert loop_thread is not None and harness.service is not None
+    base = "persistent://loop-tenant/ns/"
+    client = pulsar.Client(harness.url, operation_timeout_seconds=10, logger=QUIET)
+    commits.watching = True
+    try:
+        assert admin("PUT", "/admin/v2/tenants/loop-tenant", {}) == 204
+        assert admin("PUT", "/admin/v2/namespaces/loop-tenant/ns") == 204
+        assert admin("POST", "/admin/v2/namespaces/loop-tenant/ns/compactionThreshold", 1 << 20) == 204
+        assert admin("POST", "/admin/v2/namespaces/loop-tenant/ns/permissions/reader", ["consume"]) == 204
+        assert admin("POST", "/admin/v2/namespaces/loop-tenant/ns/schemaCompatibilityStrategy", "FULL") == 204
+        assert admin("PUT", "/admin/v2/persistent/loop-tenant/ns/created") == 204  # an admin create loads it
+        assert admin("POST", "/admin/v2/persistent/loop-tenant/ns/created/permissions/writer", ["produce"]) == 204
+        assert admin("POST", "/admin/v2/schemas/loop-tenant/ns/uploaded/schema",
+                     {"type": "STRING", "schema": "", "properties": {}}) == 200
+        typed = client.create_producer(base + "typed", schema=pulsar.schema.StringSchema())  # load + schema
+        typed.send("one")
+        reader = client.subscribe(base + "typed-sub", "s", schema=pulsar.schema.StringSchema())  # load + schema
+        reader.close()
+        typed.close()
+        # de-duplication switched on by a policy while a producer sends: each message stored once
+        topic = base + "switched"
+        path = "/admin/v2/persistent/" + topic.removeprefix("persistent://")
+        producer = client.create_producer(topic, producer_name="switching", batching_enabled=False)
+        assert admin("POST", path + "/deduplicationEnabled", False) == 204
+        assert harness.service.topics[topic].dedup is None
+        _send_while(producer, 40, b"a", lambda: admin("POST", path + "/deduplicationEnabled", True))
+        assert harness.service.topics[topic].dedup is not None  # on once the policy was answered
+        assert admin("PUT", path + "/unload") == 204  # the seal off the loop
+        producer.send(b"after-unload")  # the client reconnects: the topic loads again, off the loop
+        consumer = client.subscribe(topic, "all", initial_position=pulsar.InitialPosition.Earliest)
+        received = [consumer.receive(RECEIVE_MS).data() for _ in range(41)]
+        assert sorted(received) == sorted([b"a%d" % i for i in range(40)] + [b"after-unload"])
+        consumer.close()
+        producer.close()
+        # a partitioned topic: created, used (its partitions load), deleted
+        parted = "/admin/v2/persistent/loop-tenant/ns/parted"
+        assert admin("PUT", parted + "/partitions", 2) == 204
+        partitioned = client.create_producer(base + "parted", batching_enabled=False)
+        for i in range(4):
+            partitioned.send(b"p%d" % i, partition_key=str(i))
+        partitioned.close()
+        assert admin("DELETE", parted + "/partitions") == 204
+        assert not [name for name in harness.service.topics if "parted" in name]
+        assert admin("DELETE", "/admin/v2/namespaces/loop-tenant/ns/compactionThreshold") == 204
+        assert admin("DELETE", "/admin/v2/namespaces/loop-tenant/ns/permissions/reader") == 204
+        assert admin("DELETE", "/admin/v2/schemas/loop-tenant/ns/uploaded/schema") == 200
+    finally:
+        client.close()
+    harness.stop()
+    commits.watching = False
+    assert commits.on(loop_thread) == [], commits.on(loop_thread)[:5]
+    writers = {name for _, _, name in commits.off(loop_thread)}
+    assert any(name.startswith("topic-load") for name in writers), writers
+    assert any(name.startswith("metadata-write") for name in writers), writers
 
 
 def _persisted(data_dir: Path, topic: str, name: str) -> Any:
@@ -164,6 +251,38 @@ def test_an_answered_subscribe_and_seek_survive_kill_9(tmp_path: Path) -> None:
         received = [again.receive(RECEIVE_MS).data() for _ in range(4)]
         assert received == [b"m6", b"m7", b"m8", b"m9"]  # the seek's position, not Latest
         client.close()
+        assert serve.terminate() == 0, log_path.read_text()
+    finally:
+        serve.kill()
+
+
+@pytest.mark.slow
+def test_admin_writes_answered_off_the_loop_survive_kill_9(tmp_path: Path) -> None:
+    data_dir, log_path = tmp_path / "data", tmp_path / "serve.log"
+    namespace = "/admin/v2/namespaces/kept/ns"
+    topic = "/admin/v2/persistent/kept/ns/created"
+    serve = ServeProcess(data_dir, log_path)
+    try:
+        with httpx.Client(base_url=serve.http_url, timeout=10) as http:
+            assert http.put("/admin/v2/tenants/kept", json={}).status_code == 204
+            assert http.put(namespace).status_code == 204
+            assert http.post(namespace + "/compactionThreshold", json=4096).status_code == 204
+            assert http.post(namespace + "/permissions/reader", json=["consume"]).status_code == 204
+            assert http.put(topic).status_code == 204
+            assert http.post(topic + "/deduplicationEnabled", json=True).status_code == 204
+            assert http.put("/admin/v2/persistent/kept/ns/parted/partitions", json=3).status_code == 204
+            assert http.post("/admin/v2/schemas/kept/ns/created/schema",
+                             json={"type": "STRING", "schema": "", "properties": {}}).status_code == 200
+        serve.kill()  # every answer above came after its commit
+        serve = ServeProcess(data_dir, log_path)
+        with httpx.Client(base_url=serve.http_url, timeout=10) as http:
+            assert http.get("/admin/v2/namespaces/kept").json() == ["kept/ns"]
+            assert http.get(namespace + "/compactionThreshold").json() == 4096
+            assert http.get(namespace + "/permissions").json() == {"reader": ["consume"]}
+            assert "persistent://kept/ns/created" in http.get("/admin/v2/persistent/kept/ns").json()
+            assert http.get(topic + "/deduplicationEnabled").json() is True
+            assert http.get("/admin/v2/persistent/kept/ns/parted/partitions").json() == {"partitions": 3}
+            assert http.get("/admin/v2/schemas/kept/ns/created/schema").json()["type"] == "STRING"
         assert serve.terminate() == 0, log_path.read_text()
     finally:
         serve.kill()

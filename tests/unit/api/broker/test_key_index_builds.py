@@ -93,7 +93,7 @@ def test_a_ledger_sealed_by_an_unload_is_indexed(tmp_path: Path) -> None:
             topic = broker.get_topic(TOPIC)
             _fill(topic.ledger, INDEX_MIN_ENTRIES)
             current = topic.ledger.current_ledger_id
-            TopicOperations(broker.admin).unload(TOPIC)
+            await TopicOperations(broker.admin).unload(TOPIC)
             store = data_dir.ledgers
             assert isinstance(store, FileLedgerStore)
             await _indexed(store, current)

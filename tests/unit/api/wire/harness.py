@@ -19,6 +19,7 @@ from api.config import Settings
 from api.wire.connection import ServerConnection
 from api.wire.frames import Frame, FrameDecoder, encode_command, make_command
 from api.wire.listener import PulsarBroker
+from api.wire.validate import frame_problem
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.data_dir import DataDir
 from ledger.storage.base import SyncPolicy
@@ -86,8 +87,29 @@ class Wire:
             self.protocol.data_received(data)
 
     def request(self, command: pb.BaseCommand) -> list[Frame]:
-        """The frames written in answer to ``command`` (synchronous answers only)."""
+        """The frames written in answer to ``command`` (synchronous answers only). The topic
+        of a PRODUCER or SUBSCRIBE is loaded first (``_load_first``)."""
+        self._load_first(command)
         return self.request_bytes(encode_command(command))
+
+    def _load_first(self, command: pb.BaseCommand) -> None:
+        """Load the topic a PRODUCER or SUBSCRIBE names, when the connection's role may use
+        it, as a topic clients already use: their answers then stay synchronous. (A first
+        use waits for the load off the event loop, ``api.wire.preparing``: see
+        ``test_a_first_producer_or_subscribe_is_answered_after_the_load_off_the_loop``.)"""
+        request = (command.producer if command.type == T.PRODUCER else
+                   command.subscribe if command.type == T.SUBSCRIBE else None)
+        if request is None or not self.protocol.connected:
+            return
+        if frame_problem(FrameDecoder().feed(encode_command(command))[0]) is not None:
+            return  # refused before its handler runs
+        broker = self.protocol.broker
+        try:
+            action = "produce" if command.type == T.PRODUCER else "consume"
+            broker.access.check_topic(self.protocol.role, request.topic, action)
+            broker.get_topic(request.topic)
+        except Exception:  # noqa: BLE001, S110 - the command meets the refusal itself
+            pass
 
     def request_bytes(self, data: bytes) -> list[Frame]:
         before = len(self.transport.frames)

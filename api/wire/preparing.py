@@ -1,0 +1,129 @@
+"""What PRODUCER, SUBSCRIBE and GET_OR_CREATE_SCHEMA need done off the event loop first.
+
+Their handlers are synchronous and run on the broker's event loop; what they would commit
+there is done beforehand, off the loop, and the command is handled again once it is done:
+
+* the topic's load (``BrokerService.load_topic``: its first ledger, its internal cursors,
+  the de-duplication replay), when the topic is not loaded;
+* a PRODUCER's schema registration (``SchemaRegistry.put_if_absent``), when the schema is
+  not registered yet; a SUBSCRIBE's schema registered on an idle topic without one
+  (``SchemaRegistry.check_consumer``); GET_OR_CREATE_SCHEMA's registration. These go to the
+  metadata writer thread (``api.broker.off_loop``).
+
+``deferred`` answers whether the command waits (True: it is handled again later, from a
+task, through the connection's ``_handle``, so its refusals are answered as ever); its
+second pass finds the work done (reads only) and goes on synchronously. A failure of the
+work is the command's answer (ERROR with the error's code, e.g. TopicNotFound, NotAllowed,
+IncompatibleSchema), as the synchronous handler would have answered it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Protocol
+
+from api.broker.errors import BrokerError
+from api.broker.off_loop import write_off_loop
+from api.broker.schemas import schema_base
+from api.broker.topic_name import TopicName
+from api.wire.codec import request_id_of, server_error
+from api.wire.schema_commands import get_or_create_schema_response, schema_data
+from compactor.proto import pulsar_api_pb2 as pb
+from ledger.errors import CompactionServiceError
+
+if TYPE_CHECKING:
+    from api.broker.service import BrokerService
+    from api.wire.frames import Frame
+
+__all__ = ["deferred", "get_or_create_schema"]
+
+log = logging.getLogger(__name__)
+T = pb.BaseCommand
+
+
+class Preparing(Protocol):
+    """What this module needs of the connection (``api.wire.connection.ServerConnection``)."""
+
+    broker: BrokerService
+    _loop: asyncio.AbstractEventLoop
+
+    def is_open(self) -> bool: ...
+
+    def write(self, command: pb.BaseCommand) -> None: ...
+
+    def _handle(self, frame: Frame) -> None: ...
+
+    def _error(self, request_id: int | None, error: BaseException) -> None: ...
+
+
+def deferred(connection: Preparing, frame: Frame) -> bool:
+    """True when ``frame`` waits for work off the loop and is handled again once it is done."""
+    work = _work(connection.broker, frame.command)
+    if work is None:
+        return False
+    task = connection._loop.create_task(_then_handle(connection, frame, work))
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())  # answered inside
+    return True
+
+
+def get_or_create_schema(connection: Preparing, frame: Frame) -> None:
+    """GET_OR_CREATE_SCHEMA: answered once its registration (if any) is done off the loop."""
+    if not deferred(connection, frame):
+        connection.write(get_or_create_schema_response(connection.broker, frame.command.getOrCreateSchema))
+
+
+def _work(broker: BrokerService, command: pb.BaseCommand) -> Awaitable[object] | None:
+    """The work off the loop that ``command`` needs first, or None."""
+    if command.type == T.PRODUCER:
+        request = command.producer
+        name = TopicName.parse(request.topic)
+        if str(name) not in broker.topics:
+            broker.check_loadable(name, create=True)  # a refusal is answered at once
+            return broker.load_topic(request.topic)
+        if request.HasField("schema") and broker.schemas.registered(name, schema_data(request.schema)) is None:
+            return write_off_loop(broker.schemas.put_if_absent, name, schema_data(request.schema))
+    elif command.type == T.SUBSCRIBE:
+        subscribe = command.subscribe
+        name = TopicName.parse(subscribe.topic)
+        topic = broker.topics.get(str(name))
+        if topic is None:
+            broker.check_loadable(name, create=True)  # a refusal is answered at once
+            return broker.load_topic(subscribe.topic)
+        if subscribe.HasField("schema") and not broker.schemas.versions(schema_base(name)):
+            in_use = (topic.ledger.number_of_entries > 0 or bool(topic.producers)
+                      or any(s.consumers for s in topic.subscriptions.values()))
+            if not in_use:
+                return write_off_loop(broker.schemas.check_consumer, name, schema_data(subscribe.schema),
+                                      in_use=False)
+    elif command.type == T.GET_OR_CREATE_SCHEMA:
+        create = command.getOrCreateSchema
+        try:
+            name = broker.topic_name(create.topic)
+        except CompactionServiceError:
+            return None  # refused by its handler, in its own response
+        if broker.schemas.registered(name, schema_data(create.schema)) is None:
+            return write_off_loop(broker.schemas.put_if_absent, name, schema_data(create.schema))
+    return None
+
+
+async def _then_handle(connection: Preparing, frame: Frame, work: Awaitable[object]) -> None:
+    try:
+        await work
+    except Exception as error:
+        if not isinstance(error, CompactionServiceError):
+            log.exception("failed to prepare %s", T.Type.Name(frame.command.type))
+        if not connection.is_open():
+            return
+        if frame.command.type == T.GET_OR_CREATE_SCHEMA:  # its own response, never a bare ERROR
+            code = error.code if isinstance(error, BrokerError) else "MetadataError"
+            response = pb.CommandGetOrCreateSchemaResponse(
+                request_id=frame.command.getOrCreateSchema.request_id, error_code=server_error(code),
+                error_message=str(error))
+            connection.write(pb.BaseCommand(type=T.GET_OR_CREATE_SCHEMA_RESPONSE, getOrCreateSchemaResponse=response))
+        else:
+            connection._error(request_id_of(frame.command), error)
+        return
+    if connection.is_open():
+        connection._handle(frame)
