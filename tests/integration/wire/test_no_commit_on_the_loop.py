@@ -198,6 +198,10 @@ def test_loads_unloads_policy_switches_partitions_and_admin_writes_never_commit_
         assert sorted(received) == sorted([b"a%d" % i for i in range(40)] + [b"after-unload"])
         consumer.close()
         producer.close()
+        # a compaction triggered over REST: its statuses (RUNNING, SUCCESS) are written off the loop
+        assert admin("PUT", path + "/compaction") == 204
+        harness.call(harness.service.runs.wait_idle())
+        assert harness.service.runs.status(topic) == ("SUCCESS", "")
         # a partitioned topic: created, used (its partitions load), deleted
         parted = "/admin/v2/persistent/loop-tenant/ns/parted"
         assert admin("PUT", parted + "/partitions", 2) == 204
@@ -218,6 +222,7 @@ def test_loads_unloads_policy_switches_partitions_and_admin_writes_never_commit_
     writers = {name for _, _, name in commits.off(loop_thread)}
     assert any(name.startswith("topic-load") for name in writers), writers
     assert any(name.startswith("metadata-write") for name in writers), writers
+    assert any(name.startswith("compaction-status") for name in writers), writers
 
 
 def _persisted(data_dir: Path, topic: str, name: str) -> Any:
