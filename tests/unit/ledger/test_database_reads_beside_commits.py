@@ -2,8 +2,7 @@
 
 A commit holds the database's lock through its fsync, which a busy disk can make long; the
 broker's event loop reads policies, statuses and topics through ``query`` and must not wait
-for it. The slow commit is a transaction held open by a test (a named checkpoint inside it
-waits for an event), which the real disk cannot be made to do on demand.
+for it. The slow commit is a transaction the test holds open on another thread.
 """
 
 from __future__ import annotations
@@ -18,22 +17,19 @@ WAIT_S = 10.0
 
 def test_a_read_on_another_thread_answers_the_committed_state_during_a_commit(tmp_path: Path) -> None:
     database = Database(str(tmp_path / "metadata.db"))
+    release = threading.Event()
     try:
         database.register("t", ("CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT)",))
         with database.transaction() as db:
             db.execute("INSERT INTO kv VALUES ('a', 'committed')")
-        inside, release = threading.Event(), threading.Event()
-
-        def slow(**_: object) -> None:
-            inside.set()
-            release.wait(WAIT_S)
-        database.fault_points["slow.inside"] = slow
+        inside = threading.Event()
 
         def write() -> None:
-            with database.transaction("slow") as db:
+            with database.transaction() as db:
                 db.execute("UPDATE kv SET v = 'uncommitted' WHERE k = 'a'")
                 assert database.query("SELECT v FROM kv") == [("uncommitted",)]  # its own rows
-                database.checkpoint("slow.inside")
+                inside.set()
+                release.wait(WAIT_S)  # a commit that takes long
         writer = threading.Thread(target=write)
         writer.start()
         assert inside.wait(WAIT_S)
