@@ -10,7 +10,7 @@ template data dir by ``bench/compaction.py``'s ``setup`` child (``DataDir`` +
 then the key indexes of its sealed ledgers (``bench/compaction.py``'s ``index`` child), as the
 broker's background builder would have left them.
 
-Each of ``--runs`` runs copies the template afresh and starts ``compactd serve`` on the copy
+Each of ``--runs`` runs copies the template afresh (and syncs it) and starts ``compactd serve`` on the copy
 (a subprocess, as ``bench.wire``), loads the big topic (a status GET, so that loading it is
 not counted as the run), then, with pulsar-client 3.13.0 in this process:
 
@@ -142,6 +142,7 @@ def one_run(args: argparse.Namespace, template: str, root: str) -> dict[str, flo
     """Idle and during-compaction send latencies on a fresh copy of the template."""
     data = os.path.join(root, "run")
     shutil.copytree(template, data)
+    os.sync()  # the copy's writeback lands in neither phase
     server = Server(data, args.fsync)
     try:
         watch = RunWatch(server.http_url)
