@@ -99,8 +99,6 @@ class Admin(Protocol):
 
     def check_deletable(self, text: str) -> None: ...
 
-    def delete_topic(self, text: str) -> None: ...
-
     async def delete_topic_off_loop(self, text: str) -> None: ...
 
     async def preload(self, text: str) -> None: ...
@@ -225,25 +223,9 @@ class PartitionedTopics:
                                          int(time.time() * 1000))
         self._counts[str(name)] = count
 
-    def delete(self, admin: Admin, text: str) -> None:
-        """Delete the parent ``text``, every partition and the parent's topic policies."""
-        name = self.required(text)
-        partitions = [p for p in self.partition_names(name) if admin.metadata.topic_exists(p)]
-        for partition in partitions:  # refuse before anything is deleted
-            if partition in admin.broker.topics:
-                admin.check_deletable(partition)
-        for partition in partitions:
-            if partition not in admin.broker.topics and not admin.metadata.topic_ledgers(partition):
-                admin.metadata.delete_topic(partition)  # never opened: only its rows to forget
-            else:
-                admin.delete_topic(partition)
-        with self.database.transaction("partitioned_topics.delete", topic=str(name)) as db:
-            db.execute("DELETE FROM partitioned_topics WHERE name = ?", (str(name),))
-            db.execute("DELETE FROM policies WHERE scope = ?", (str(name),))
-        self._counts.pop(str(name), None)
-
     async def delete_off_loop(self, admin: Admin, text: str) -> None:
-        """``delete`` with every commit off the event loop: each partition ever opened is
+        """Delete the parent ``text``, every partition and the parent's topic policies, with
+        every commit off the event loop: each partition ever opened is
         loaded off the loop and deleted as ``Admin.delete_topic_off_loop`` deletes a topic,
         the others' rows and the parent's go on the metadata writer thread
         (``api.broker.off_loop``); nothing is deleted when any partition is busy."""
