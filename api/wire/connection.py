@@ -74,7 +74,7 @@ from api.wire.frames import (
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
 from api.wire.outbox import Outbox
-from api.wire.preparing import deferred, get_or_create_schema
+from api.wire.preparing import Creations, deferred, get_or_create_schema
 from api.wire.producing import ProducerHandlers, SendCompletions, WireProducer
 from api.wire.schema_commands import (
     check_subscribe_schema,
@@ -172,6 +172,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.connected = False
         self.producers: dict[int, WireProducer] = {}
         self.consumers: dict[int, WireConsumer] = {}
+        self.creating_producers, self.creating_consumers = Creations("producer"), Creations("consumer")
         self.service_url = ""
         self.role: str | None = None  # proven at CONNECT (api.auth.wire); None: authentication off
         self.client_version = ""  # what the client's CONNECT said it is
@@ -499,7 +500,9 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         request = command.subscribe
         self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
         if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
+            self.creating_consumers.waiting(request.consumer_id)
             return
+        self.creating_consumers.check(request.consumer_id)  # NotAllowed: closed while it waited
         topic = self.broker.get_topic(request.topic)
         check_subscribe_schema(self.broker, topic, request)  # IncompatibleSchema
         consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)
@@ -582,6 +585,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def _close_consumer(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.close_consumer
+        self.creating_consumers.close(request.consumer_id)
         consumer = self.consumers.pop(request.consumer_id, None)
         if consumer is not None and consumer.topic is not None and consumer.subscription is not None:
             consumer.topic.remove_consumer(consumer.subscription, consumer)

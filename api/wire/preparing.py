@@ -15,6 +15,12 @@ task, through the connection's ``_handle``, so its refusals are answered as ever
 second pass finds the work done (reads only) and goes on synchronously. A failure of the
 work is the command's answer (ERROR with the error's code, e.g. TopicNotFound, NotAllowed,
 IncompatibleSchema), as the synchronous handler would have answered it.
+
+``Creations`` remembers which producer (consumer) ids of a connection wait that way: a
+CLOSE_PRODUCER (CLOSE_CONSUMER) that comes meanwhile — a client that gave up on the
+creation — marks it, and the second pass then refuses it instead of attaching a producer
+(consumer) nobody holds, whose name (or Exclusive subscription) would stay taken until
+the connection closed (Pulsar's broker fails the pending creation the same way).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol
 
-from api.broker.errors import BrokerError
+from api.broker.errors import BrokerError, NotAllowedError
 from api.broker.off_loop import write_off_loop
 from api.broker.schemas import schema_base
 from api.broker.topic_name import TopicName
@@ -37,10 +43,32 @@ if TYPE_CHECKING:
     from api.broker.service import BrokerService
     from api.wire.frames import Frame
 
-__all__ = ["deferred", "get_or_create_schema"]
+__all__ = ["Creations", "deferred", "get_or_create_schema"]
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
+
+
+class Creations:
+    """Producer or consumer ids whose creation waits off the loop (see the module docstring)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # "producer" or "consumer": for the refusal's message
+        self._closed: dict[int, bool] = {}  # waiting id -> closed meanwhile
+
+    def waiting(self, ident: int) -> None:
+        """The creation of ``ident`` waits."""
+        self._closed.setdefault(ident, False)
+
+    def close(self, ident: int) -> None:
+        """A close of ``ident`` came: refuse its creation if it is waiting."""
+        if ident in self._closed:
+            self._closed[ident] = True
+
+    def check(self, ident: int) -> None:
+        """The creation of ``ident`` goes on: ``NotAllowedError`` if it was closed meanwhile."""
+        if self._closed.pop(ident, False):
+            raise NotAllowedError(f"{self.kind} {ident} was closed while it was being created")
 
 
 class Preparing(Protocol):

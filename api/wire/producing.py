@@ -34,7 +34,7 @@ from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import U64_MAX, server_error, to_message_id
 from api.wire.frames import Frame
 from api.wire.outbox import Outbox
-from api.wire.preparing import deferred
+from api.wire.preparing import Creations, deferred
 from api.wire.schema_commands import producer_schema_version
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
@@ -150,6 +150,7 @@ class ProducerHandlers:
     # supplied by the connection
     broker: BrokerService
     producers: dict[int, WireProducer]
+    creating_producers: Creations
     service_url: str
     role: str | None
     client_version: str
@@ -185,12 +186,14 @@ class ProducerHandlers:
         request = command.producer
         self.broker.access.check_topic(self.role, request.topic, "produce")  # api.auth: grants
         if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
+            self.creating_producers.waiting(request.producer_id)
             return
         topic = self.broker.get_topic(request.topic)
         name = request.producer_name or self.broker.new_producer_name()
         holder = topic.producers.get(name)
         if isinstance(holder, WireProducer) and holder.connection is not self:
             if holder.connection.is_open():
+                self.creating_producers.waiting(request.producer_id)
                 task = self._loop.create_task(self._producer_after_liveness_check(request, topic, name, holder))
                 task.add_done_callback(lambda done: done.cancelled() or done.exception())  # answered inside
                 return
@@ -218,6 +221,7 @@ class ProducerHandlers:
         another id) and answer PRODUCER_SUCCESS."""
         if not self.is_open():
             return
+        self.creating_producers.check(request.producer_id)  # NotAllowed: closed while it waited
         schema_version = producer_schema_version(self.broker, topic, request)  # IncompatibleSchema
         previous = self.producers.get(request.producer_id)
         producer = WireProducer(self, request.producer_id, name, topic)
@@ -306,6 +310,7 @@ class ProducerHandlers:
         self.write(pb.BaseCommand(type=T.CLOSE_PRODUCER, close_producer=close))
 
     def _close_producer(self, command: pb.BaseCommand, frame: Frame) -> None:
+        self.creating_producers.close(command.close_producer.producer_id)
         producer = self.producers.pop(command.close_producer.producer_id, None)
         if producer is not None:
             producer.topic.detach_producer(producer.name, producer)

@@ -38,3 +38,38 @@ def test_a_first_producer_or_subscribe_is_answered_after_the_load_off_the_loop(t
             assert broker.loading == {}
 
     asyncio.run(main())
+
+
+def test_a_producer_or_consumer_closed_while_its_topic_loads_is_never_attached(tmp_path: Path) -> None:
+    """A client that gives up on a creation (CLOSE_PRODUCER / CLOSE_CONSUMER while the
+    topic loads) leaves no producer or consumer behind: the name and the Exclusive
+    subscription are free for its next attempt."""
+    async def main() -> None:
+        with broker_service(tmp_path / "data") as broker:
+            wire = Wire(broker)
+            producer = make_command(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=1, producer_name="p"))
+            assert wire.request_bytes(encode_command(producer)) == []  # loading
+            close = make_command(pb.CommandCloseProducer(producer_id=1, request_id=2))
+            assert [frame.type for frame in wire.request_bytes(encode_command(close))] == [T.SUCCESS]
+            subscribe = make_command(pb.CommandSubscribe(
+                topic=TOPIC + "-sub", subscription="s", subType=pb.CommandSubscribe.Exclusive, consumer_id=1,
+                request_id=3))
+            assert wire.request_bytes(encode_command(subscribe)) == []  # loading
+            close_consumer = make_command(pb.CommandCloseConsumer(consumer_id=1, request_id=4))
+            assert [frame.type for frame in wire.request_bytes(encode_command(close_consumer))] == [T.SUCCESS]
+            await settle(lambda: len(wire.answers()) >= 5)  # CONNECTED, 2 SUCCESS, 2 refusals
+            refusals = [frame.command.error for frame in wire.answers()[3:]]
+            assert sorted(error.request_id for error in refusals) == [1, 3]
+            assert {error.error for error in refusals} == {pb.NotAllowedError}
+            assert broker.topics[TOPIC].producers == {} and wire.protocol.producers == {}
+            subscription = broker.topics[TOPIC + "-sub"].subscriptions.get("s")
+            assert subscription is None or not subscription.consumers
+            assert wire.protocol.consumers == {}
+            again = make_command(pb.CommandProducer(topic=TOPIC, producer_id=2, request_id=5, producer_name="p"))
+            assert [frame.type for frame in wire.request_bytes(encode_command(again))] == [T.PRODUCER_SUCCESS]
+            resubscribe = make_command(pb.CommandSubscribe(
+                topic=TOPIC + "-sub", subscription="s", subType=pb.CommandSubscribe.Exclusive, consumer_id=2,
+                request_id=6))
+            assert [frame.type for frame in await wire.request_durable(resubscribe)] == [T.SUCCESS]
+
+    asyncio.run(main())
