@@ -80,6 +80,9 @@ class AdminBroker(Protocol):
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
         """The loaded topic named ``text``, loading or creating it."""
 
+    async def settle_loads(self, keys: list[str] | None = None) -> None:
+        """Wait for the loads in flight of ``keys`` (None: all) to end and be published."""
+
     async def load_topic(self, text: str, *, create: bool = True) -> Topic:
         """``get_topic`` with the load off the event loop."""
 
@@ -178,11 +181,13 @@ class Admin:
         name = str(topic.name)
         self.broker.runs.check_delete(name)  # refused while running or waiting for a slot
         self.broker.topics.pop(name, None)
+        marked = name not in self.broker.deleting  # else a caller (a partitioned delete) holds the mark
         self.broker.deleting.add(name)
         try:
             await asyncio.to_thread(topic.delete)
         finally:
-            self.broker.deleting.discard(name)
+            if marked:
+                self.broker.deleting.discard(name)
 
     def list_topics(self, namespace: str) -> list[str]:
         return self.broker.list_topics(namespace)
@@ -207,10 +212,16 @@ class Admin:
             return
         self.broker.request_compaction(str(self.topic(text).name))
 
-    async def compaction_status_written(self) -> None:
-        """Wait until the statuses the triggers so far led to are written (a trigger
-        answers once its RUNNING would survive a restart)."""
-        await self.broker.runs.written()
+    async def compaction_status_written(self, text: str) -> None:
+        """Wait until the statuses a trigger of ``text`` led to are written (a trigger
+        answers once its RUNNING would survive a restart; a partitioned parent's: its
+        partitions')."""
+        name = TopicName.parse(text)
+        if not self.broker.partitioned.is_parent(name):
+            await self.broker.runs.written(str(name))
+            return
+        for partition in self.broker.partitioned.partition_names(name):
+            await self.broker.runs.written(partition)
 
     def compaction_status(self, text: str) -> dict[str, str]:
         """``{"status": …, "lastError": …}`` as Pulsar's LongRunningProcessStatus (of a

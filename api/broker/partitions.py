@@ -84,6 +84,11 @@ class _Broker(Protocol):
     @property
     def runs(self) -> CompactionRuns: ...
 
+    @property
+    def deleting(self) -> set[str]: ...
+
+    async def settle_loads(self, keys: list[str] | None = None) -> None: ...
+
 
 class Admin(Protocol):
     """What the fan-outs need of the admin core (``api.broker.admin.Admin``; named here so
@@ -176,7 +181,8 @@ class PartitionedTopics:
     def in_namespace(self, namespace: str) -> list[str]:
         """The partitioned parents of ``tenant/namespace``, sorted."""
         prefix = f"persistent://{namespace}/"
-        return sorted(name for name in self._counts if name.startswith(prefix))
+        # a snapshot first (one C-level copy): the metadata writer thread changes the map
+        return sorted(name for name in list(self._counts) if name.startswith(prefix))
 
     def required(self, text: str) -> TopicName:
         """The parent ``text``; ``TopicNotFoundError`` when it is not partitioned."""
@@ -230,17 +236,24 @@ class PartitionedTopics:
         the others' rows and the parent's go on the metadata writer thread
         (``api.broker.off_loop``); nothing is deleted when any partition is busy."""
         name = self.required(text)
+        broker = admin.broker
         await admin.preload(str(name))  # the partitions holding ledgers, loaded off the loop
-        partitions = [p for p in self.partition_names(name) if admin.metadata.topic_exists(p)]
-        for partition in partitions:  # refuse before anything is deleted
-            if partition in admin.broker.topics:
-                admin.check_deletable(partition)
-        for partition in partitions:
-            if partition not in admin.broker.topics and not admin.metadata.topic_ledgers(partition):
-                await write_off_loop(admin.metadata.delete_topic, partition)  # never opened: only its rows
-            else:
-                await admin.delete_topic_off_loop(partition)
-        await write_off_loop(self._delete_parent, name)
+        names = self.partition_names(name)
+        await broker.settle_loads(names)  # a client's load in flight may be creating a first ledger
+        broker.deleting.update(names)  # no partition loads again until the parent is gone
+        try:
+            partitions = [p for p in names if admin.metadata.topic_exists(p)]
+            for partition in partitions:  # refuse before anything is deleted
+                if partition in broker.topics:
+                    admin.check_deletable(partition)
+            for partition in partitions:
+                if partition not in broker.topics and not admin.metadata.topic_ledgers(partition):
+                    await write_off_loop(admin.metadata.delete_topic, partition)  # never opened: only its rows
+                else:
+                    await admin.delete_topic_off_loop(partition)
+            await write_off_loop(self._delete_parent, name)
+        finally:
+            broker.deleting.difference_update(names)
 
     def _delete_parent(self, name: TopicName) -> None:
         with self.database.transaction("partitioned_topics.delete", topic=str(name)) as db:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -244,7 +245,9 @@ class BrokerService:
             raise NotAllowedError(f"Topic {key} is being unloaded; try again")
         load = self.loading.get(key)
         if load is not None:
-            load.result()  # rare: a sync caller racing a load off the loop (which needs nothing of the loop)
+            if _on_an_event_loop():  # a load may wait for a close the loop ends: never block it
+                raise NotAllowedError(f"Topic {key} is being loaded; try again")
+            load.result()  # a sync caller off the loop racing a load
             self._publish(key, load)
             return self.get_topic(text, create=create)
         self.check_loadable(name, create=create)
@@ -264,9 +267,19 @@ class BrokerService:
             if load is None:
                 self.check_loadable(name, create=create)
                 load = self._start_load(name)
-            await asyncio.wrap_future(load)  # published on the loop before this resumes (_start_load)
-            self._publish(key, load)
+            await asyncio.shield(asyncio.wrap_future(load))  # a cancelled caller cancels no one else's load
+            self._publish(key, load)  # (published on the loop already, as this resumed: _start_load)
         return topic
+
+    async def settle_loads(self, keys: list[str] | None = None) -> None:
+        """Wait until the loads in flight of ``keys`` (None: every load in flight) have
+        ended and their topics are in ``topics`` (a failed load is only forgotten)."""
+        for key in list(self.loading) if keys is None else keys:
+            load = self.loading.get(key)
+            if load is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(asyncio.wrap_future(load))
+                self._publish(key, load)
 
     def check_loadable(self, name: TopicName, *, create: bool) -> None:
         """Refuse loading ``name`` as ``get_topic`` does: being deleted (``NotAllowedError``), missing
@@ -281,19 +294,27 @@ class BrokerService:
             self.check_creatable(name)
 
     def _start_load(self, name: TopicName) -> Future[Topic]:
-        """Open topic ``name`` on a ``topic-load`` thread (after an unload in flight ends);
-        the loop publishes it in ``topics`` as soon as it is open."""
+        """Open topic ``name`` on a ``topic-load`` thread once an unload in flight has ended
+        (no thread waits for it meanwhile); the loop publishes it in ``topics`` as soon as it
+        is open."""
         key = str(name)
         closing = self.closing.get(key)
         loop = self.loop or asyncio.get_running_loop()
-
-        def open_after_close() -> Topic:
-            if closing is not None:
-                closing.exception()  # waits; a failed close left its seal to the next open's recovery
-            return self._open_topic(name, loop)
-
-        load = self._load_pool.submit(open_after_close)
+        load: Future[Topic] = Future()
         self.loading[key] = load
+
+        def submit(_: object = None) -> None:  # a failed close left its seal to the open's recovery
+            try:
+                opened = self._load_pool.submit(self._open_topic, name, loop)
+            except RuntimeError as error:  # the pool is shut down: the broker stops
+                load.set_exception(error)
+                return
+            opened.add_done_callback(functools.partial(_settle, load))
+
+        if closing is None:
+            submit()
+        else:
+            closing.add_done_callback(submit)
 
         def publish(done: Future[Topic]) -> None:
             try:
@@ -369,6 +390,7 @@ class BrokerService:
     async def refresh_deduplication_off_loop(self) -> None:
         """``refresh_deduplication`` with each start off the loop (``Topic.switch_deduplication``),
         awaited: once it returns, the loaded topics de-duplicate as the policy says."""
+        await self.settle_loads()  # a load that read the former policy is switched too
         switches = [topic.switch_deduplication(self.deduplication_enabled(topic.name))
                     for topic in list(self.topics.values())]
         await asyncio.gather(*switches)
@@ -473,3 +495,24 @@ class BrokerService:
         )
         return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"),
                                 self._policy_or(topic, "minCompactionLagMs", self.settings.compaction_min_lag_ms))
+
+
+def _on_an_event_loop() -> bool:
+    """The calling thread runs an asyncio event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _settle(target: Future[Topic], source: Future[Topic]) -> None:
+    """Give ``target`` the outcome of ``source``."""
+    if source.cancelled():
+        target.set_exception(RuntimeError("the topic's load was cancelled"))
+        return
+    error = source.exception()
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())

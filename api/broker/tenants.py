@@ -123,7 +123,8 @@ class Tenants:
     def list_namespaces(self, tenant: str) -> list[str]:
         """The namespaces of ``tenant`` as ``tenant/namespace``; 404 for a missing tenant."""
         self.tenant(tenant)
-        return sorted(ns for ns in self._namespaces if ns.split("/")[0] == tenant)
+        # a snapshot first (one C-level copy): the metadata writer thread adds to the set
+        return sorted(ns for ns in list(self._namespaces) if ns.split("/")[0] == tenant)
 
     def namespace_exists(self, namespace: str) -> bool:
         return namespace in self._namespaces

@@ -37,8 +37,9 @@ async def trigger_compaction(admin: AdminDependency, tenant: Tenant, namespace: 
                              topic: TopicPart) -> Response:
     """Start a compaction run of the topic in the background (it waits for a free run slot
     when `compaction_max_concurrent_runs` are running)."""
-    admin.trigger_compaction(topic_name(tenant, namespace, topic))
-    await admin.compaction_status_written()
+    name = topic_name(tenant, namespace, topic)
+    admin.trigger_compaction(name)
+    await admin.compaction_status_written(name)
     return Response(status_code=204)
 
 

@@ -500,9 +500,9 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         request = command.subscribe
         self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
         if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
-            self.creating_consumers.waiting(request.consumer_id)
+            self.creating_consumers.waiting(request.consumer_id, request.request_id)
             return
-        self.creating_consumers.check(request.consumer_id)  # NotAllowed: closed while it waited
+        self.creating_consumers.check(request.consumer_id, request.request_id)  # NotAllowed: closed while it waited
         topic = self.broker.get_topic(request.topic)
         check_subscribe_schema(self.broker, topic, request)  # IncompatibleSchema
         consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)

@@ -50,24 +50,32 @@ T = pb.BaseCommand
 
 
 class Creations:
-    """Producer or consumer ids whose creation waits off the loop (see the module docstring)."""
+    """Producer or consumer ids whose creation waits off the loop (see the module docstring).
+    A close marks the request that was waiting, not the id: a client retrying with the
+    same id sends a new request, which a mark left by the abandoned one never refuses."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind  # "producer" or "consumer": for the refusal's message
-        self._closed: dict[int, bool] = {}  # waiting id -> closed meanwhile
+        self._waiting: dict[int, int] = {}  # waiting id -> its request id
+        self._closed: set[int] = set()  # request ids of creations closed while they waited
 
-    def waiting(self, ident: int) -> None:
-        """The creation of ``ident`` waits."""
-        self._closed.setdefault(ident, False)
+    def waiting(self, ident: int, request_id: int) -> None:
+        """The creation ``request_id`` of ``ident`` waits."""
+        self._waiting[ident] = request_id
 
     def close(self, ident: int) -> None:
-        """A close of ``ident`` came: refuse its creation if it is waiting."""
-        if ident in self._closed:
-            self._closed[ident] = True
+        """A close of ``ident`` came: refuse its waiting creation, if any."""
+        request_id = self._waiting.pop(ident, None)
+        if request_id is not None:
+            self._closed.add(request_id)
 
-    def check(self, ident: int) -> None:
-        """The creation of ``ident`` goes on: ``NotAllowedError`` if it was closed meanwhile."""
-        if self._closed.pop(ident, False):
+    def check(self, ident: int, request_id: int) -> None:
+        """The creation ``request_id`` of ``ident`` goes on: ``NotAllowedError`` if it was
+        closed while it waited."""
+        if self._waiting.get(ident) == request_id:
+            del self._waiting[ident]
+        if request_id in self._closed:
+            self._closed.discard(request_id)
             raise NotAllowedError(f"{self.kind} {ident} was closed while it was being created")
 
 

@@ -186,14 +186,14 @@ class ProducerHandlers:
         request = command.producer
         self.broker.access.check_topic(self.role, request.topic, "produce")  # api.auth: grants
         if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
-            self.creating_producers.waiting(request.producer_id)
+            self.creating_producers.waiting(request.producer_id, request.request_id)
             return
         topic = self.broker.get_topic(request.topic)
         name = request.producer_name or self.broker.new_producer_name()
         holder = topic.producers.get(name)
         if isinstance(holder, WireProducer) and holder.connection is not self:
             if holder.connection.is_open():
-                self.creating_producers.waiting(request.producer_id)
+                self.creating_producers.waiting(request.producer_id, request.request_id)
                 task = self._loop.create_task(self._producer_after_liveness_check(request, topic, name, holder))
                 task.add_done_callback(lambda done: done.cancelled() or done.exception())  # answered inside
                 return
@@ -221,7 +221,7 @@ class ProducerHandlers:
         another id) and answer PRODUCER_SUCCESS."""
         if not self.is_open():
             return
-        self.creating_producers.check(request.producer_id)  # NotAllowed: closed while it waited
+        self.creating_producers.check(request.producer_id, request.request_id)  # NotAllowed: closed while it waited
         schema_version = producer_schema_version(self.broker, topic, request)  # IncompatibleSchema
         previous = self.producers.get(request.producer_id)
         producer = WireProducer(self, request.producer_id, name, topic)

@@ -14,6 +14,7 @@ import pytest
 from api.broker.errors import NotAllowedError, TopicNotFoundError
 from api.broker.service import BrokerService
 from api.broker.topic import Topic
+from api.broker.topic_name import TopicName
 from api.config import Settings
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
@@ -108,4 +109,90 @@ def test_a_sync_load_during_an_unload_and_its_waiting_reload_is_refused_not_dead
         again = await asyncio.wait_for(reloading, 10)
         assert unloading.done() and again is broker.topics[TOPIC] and again is not first
 
+    _run(tmp_path, body)
+
+
+def test_a_partitioned_delete_waits_for_a_partition_load_in_flight_and_deletes_it_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client's first PRODUCER on a partition is loading (creating its first ledger) when
+    the parent is deleted: the delete waits for the load, then deletes the loaded partition
+    (rows and ledger); before, it forgot the rows under the load's feet and left a loaded
+    partition whose acknowledged appends a restart lost."""
+    parent = "persistent://public/default/parted"
+    first = parent + "-partition-0"
+    go = threading.Event()
+    real_open = ManagedLedger.open
+
+    def held_open(*args: object, **kwargs: object) -> ManagedLedger:
+        assert go.wait(10)
+        return real_open(*args, **kwargs)  # type: ignore[arg-type]
+
+    async def body(broker: BrokerService) -> None:
+        broker.partitioned.create(broker.admin, parent, 2)
+        monkeypatch.setattr(ManagedLedger, "open", held_open)
+        load = asyncio.ensure_future(broker.load_topic(first))
+        await asyncio.sleep(0)
+        deleting = asyncio.ensure_future(broker.partitioned.delete_off_loop(broker.admin, parent))
+        await asyncio.sleep(0.05)
+        assert not deleting.done()  # waits for the load
+        go.set()
+        await asyncio.wait_for(load, 10)
+        await asyncio.wait_for(deleting, 10)
+        assert first not in broker.topics and not broker.data_dir.metadata.topic_exists(first)
+        assert broker.data_dir.metadata.topic_ledgers(first) == []
+        assert not broker.partitioned.is_parent(TopicName.parse(parent)) and broker.deleting == set()
+    _run(tmp_path, body)
+
+
+def test_a_sync_load_on_the_loop_never_waits_and_a_load_after_an_unload_holds_no_load_thread(
+        tmp_path: Path) -> None:
+    """Loads waiting for unloads to end (which only the loop ends) hold none of the
+    ``topic-load`` threads, so a fifth topic's load goes on; a synchronous ``get_topic`` on
+    the loop during a load is refused, never waited for (it would block the loop that the
+    loads wait for)."""
+    names = [f"persistent://public/default/t{i}" for i in range(5)]
+    gate = threading.Event()
+
+    async def body(broker: BrokerService) -> None:
+        topics = [await broker.load_topic(name) for name in names[:4]]
+        await broker.load_topic(names[4])
+        await broker.unload_topic(broker.topics[names[4]])
+        for topic in topics:
+            real = topic.ledger.close
+            topic.ledger.close = lambda real=real: (gate.wait(10), real())[1]  # type: ignore[method-assign]
+        unloads = [asyncio.ensure_future(broker.unload_topic(topic)) for topic in topics]
+        await asyncio.sleep(0.05)
+        reloads = [asyncio.ensure_future(broker.load_topic(name)) for name in names[:4]]
+        fifth = asyncio.ensure_future(broker.load_topic(names[4]))
+        await asyncio.sleep(0)
+        with pytest.raises(NotAllowedError):
+            broker.get_topic(names[4], create=False)
+        await asyncio.wait_for(fifth, 10)  # loaded while the four unloads still wait
+        assert not any(unload.done() for unload in unloads)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*unloads, *reloads), 10)
+        assert all(name in broker.topics for name in names)
+    _run(tmp_path, body)
+
+
+def test_a_deduplication_policy_set_while_a_topic_loads_applies_to_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    go = threading.Event()
+    real_init = Topic.__init__
+
+    def held_init(self: Topic, *args: object, **kwargs: object) -> None:
+        assert go.wait(10)  # the load read the policy already
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def body(broker: BrokerService) -> None:
+        monkeypatch.setattr(Topic, "__init__", held_init)
+        load = asyncio.ensure_future(broker.load_topic(TOPIC))
+        await asyncio.sleep(0.05)
+        policy = asyncio.ensure_future(broker.admin.set_policy_off_loop("public/default", "deduplicationEnabled", True))
+        await asyncio.sleep(0.05)
+        assert not policy.done()  # the answer waits for the load, then switches it
+        go.set()
+        topic = await asyncio.wait_for(load, 10)
+        await asyncio.wait_for(policy, 10)
+        assert topic.dedup is not None
     _run(tmp_path, body)

@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
+from api.broker.errors import NotAllowedError
 from api.wire.frames import encode_command, make_command
+from api.wire.preparing import Creations
 from compactor.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import Wire, broker_service, settle
 
@@ -73,3 +77,19 @@ def test_a_producer_or_consumer_closed_while_its_topic_loads_is_never_attached(t
             assert [frame.type for frame in await wire.request_durable(resubscribe)] == [T.SUCCESS]
 
     asyncio.run(main())
+
+
+def test_a_close_refuses_only_the_creation_it_abandoned_never_a_retry_with_the_same_id() -> None:
+    creations = Creations("producer")
+    creations.waiting(1, 5)
+    creations.close(1)  # the client gave up on request 5
+    creations.check(1, 9)  # its retry, same producer id, is handled first: allowed
+    with pytest.raises(NotAllowedError):
+        creations.check(1, 5)  # the abandoned one, resumed later: refused
+    creations.check(1, 5)  # refused once only
+    creations.close(2)  # a close of nothing waiting marks nothing
+    creations.waiting(2, 7)
+    creations.check(2, 7)
+    creations.waiting(3, 8)
+    creations.close(3)  # request 8 abandoned, and its preparation failed (never checked)
+    creations.check(3, 11)  # a later creation of the same id is not refused
