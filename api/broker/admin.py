@@ -184,6 +184,7 @@ class Admin:
         marked = name not in self.broker.deleting  # else a caller (a partitioned delete) holds the mark
         self.broker.deleting.add(name)
         try:
+            await topic.deduplication_settled()  # its cursor, created off the loop, before the delete
             await asyncio.to_thread(topic.delete)
         finally:
             if marked:

@@ -154,6 +154,17 @@ class Topic:
         done.set_result(None)
         return done
 
+    @property
+    def deduplication_starting(self) -> bool:
+        """De-duplication is starting off the loop (sends are held meanwhile)."""
+        return self._held is not None
+
+    async def deduplication_settled(self) -> None:
+        """Wait for a de-duplication start in flight to end: a close or a delete of the
+        topic, and a producer's PRODUCER_SUCCESS (its ``last_sequence_id``), come after it."""
+        if self._held is not None and self._dedup_starting is not None:
+            await asyncio.shield(self._dedup_starting)
+
     async def _start_deduplication(self) -> None:
         """Start de-duplication off the loop, then append the sends held meanwhile."""
         dedup: Deduplication | None = None
@@ -339,7 +350,9 @@ class Topic:
     async def close_off_loop(self) -> None:
         """``close`` with the seal (its fsyncs and metadata commit) on a worker thread and
         the cursor writes on the store's, awaited: for the broker's stop, once no client
-        can reach the topic (raises as ``close``'s future)."""
+        can reach the topic (raises as ``close``'s future). A de-duplication start in
+        flight ends first."""
+        await self.deduplication_settled()
         self.ledger.remove_listener(self._on_durable)
         await asyncio.to_thread(self.ledger.close)
         await asyncio.wrap_future(self.closed_ledger())

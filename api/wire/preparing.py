@@ -4,7 +4,9 @@ Their handlers are synchronous and run on the broker's event loop; what they wou
 there is done beforehand, off the loop, and the command is handled again once it is done:
 
 * the topic's load (``BrokerService.load_topic``: its first ledger, its internal cursors,
-  the de-duplication replay), when the topic is not loaded;
+  the de-duplication replay), when the topic is not loaded; for a PRODUCER, a
+  de-duplication start in flight (its PRODUCER_SUCCESS carries the producer's last
+  sequence id, which only a started de-duplication knows);
 * a PRODUCER's schema registration (``SchemaRegistry.put_if_absent``), when the schema is
   not registered yet; a SUBSCRIBE's schema registered on an idle topic without one
   (``SchemaRegistry.check_consumer``); GET_OR_CREATE_SCHEMA's registration. These go to the
@@ -118,6 +120,8 @@ def _work(broker: BrokerService, command: pb.BaseCommand) -> Awaitable[object] |
         if str(name) not in broker.topics:
             broker.check_loadable(name, create=True)  # a refusal is answered at once
             return broker.load_topic(request.topic)
+        if broker.topics[str(name)].deduplication_starting:  # PRODUCER_SUCCESS carries its last sequence id
+            return broker.topics[str(name)].deduplication_settled()
         if request.HasField("schema") and broker.schemas.registered(name, schema_data(request.schema)) is None:
             return write_off_loop(broker.schemas.put_if_absent, name, schema_data(request.schema))
     elif command.type == T.SUBSCRIBE:

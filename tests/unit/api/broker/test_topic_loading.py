@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from api.broker import dedup as dedup_module
 from api.broker.errors import NotAllowedError, TopicNotFoundError
 from api.broker.service import BrokerService
 from api.broker.topic import Topic
@@ -195,4 +196,26 @@ def test_a_deduplication_policy_set_while_a_topic_loads_applies_to_it(
         topic = await asyncio.wait_for(load, 10)
         await asyncio.wait_for(policy, 10)
         assert topic.dedup is not None
+    _run(tmp_path, body)
+
+
+def test_a_topic_deleted_while_deduplication_starts_leaves_no_cursor_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    go = threading.Event()
+    real_init = dedup_module.Deduplication.__init__
+
+    def held_init(self: dedup_module.Deduplication, *args: object, **kwargs: object) -> None:
+        assert go.wait(10)
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def body(broker: BrokerService) -> None:
+        topic = await broker.load_topic(TOPIC)
+        monkeypatch.setattr(dedup_module.Deduplication, "__init__", held_init)
+        switched = topic.switch_deduplication(True)
+        deleting = asyncio.ensure_future(broker.admin.delete_topic_off_loop(TOPIC))
+        await asyncio.sleep(0.05)
+        assert not deleting.done()  # waits for the start
+        go.set()
+        await asyncio.wait_for(asyncio.gather(switched, deleting), 10)
+        assert broker.cursors.list(TOPIC) == [] and not broker.data_dir.metadata.topic_exists(TOPIC)
     _run(tmp_path, body)

@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
+from api.broker import dedup as dedup_module
+from api.broker.dedup import ProducerSession
 from api.broker.errors import NotAllowedError
 from api.wire.frames import encode_command, make_command
 from api.wire.preparing import Creations
+from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import Wire, broker_service, settle
 
@@ -93,3 +97,37 @@ def test_a_close_refuses_only_the_creation_it_abandoned_never_a_retry_with_the_s
     creations.waiting(3, 8)
     creations.close(3)  # request 8 abandoned, and its preparation failed (never checked)
     creations.check(3, 11)  # a later creation of the same id is not refused
+
+
+def test_a_producer_connecting_while_deduplication_starts_gets_its_last_sequence_id(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PRODUCER_SUCCESS waits for a de-duplication start in flight. A send of producer
+    ``p`` is held by the start; ``p`` reconnecting meanwhile must learn that sequence id:
+    answered -1 at once, its client would number the next messages from 0 and
+    de-duplication would drop them as re-sends."""
+    go = threading.Event()
+    real_init = dedup_module.Deduplication.__init__
+
+    def held_init(self: dedup_module.Deduplication, *args: object, **kwargs: object) -> None:
+        assert go.wait(10)
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        with broker_service(tmp_path / "data") as broker:
+            topic = await broker.load_topic(TOPIC)
+            monkeypatch.setattr(dedup_module.Deduplication, "__init__", held_init)
+            switched = topic.switch_deduplication(True)
+            metadata = pb.MessageMetadata(producer_name="p", sequence_id=7, publish_time=1)
+            held = topic.publish(ProducerSession(), "p", 7, 7, encode_entry(metadata, b"v", with_checksum=False))
+            wire = Wire(broker)
+            producer = make_command(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=1, producer_name="p"))
+            assert wire.request_bytes(encode_command(producer)) == []  # waits for the start
+            go.set()
+            await asyncio.wait_for(switched, 10)
+            await asyncio.wait_for(asyncio.wrap_future(held), 10)
+            await settle(lambda: len(wire.answers()) >= 2)
+            success = wire.answers()[-1]
+            assert success.type == T.PRODUCER_SUCCESS
+            assert success.command.producer_success.last_sequence_id == 7
+
+    asyncio.run(main())
