@@ -62,6 +62,7 @@ from typing import Any
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
 from ledger.storage.file import FileLedgerStore
+from ledger.storage.file_io import fsync_dir
 from ledger.storage.record import HEADER, RecordKind, encode_record
 
 __all__ = [
@@ -241,8 +242,8 @@ def _write_manifest(output: str, started_ms: int, open_ledgers: dict[int, int]) 
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, os.path.join(output, MANIFEST))
-    _fsync_dir(os.path.join(output, _LEDGERS))
-    _fsync_dir(output)
+    fsync_dir(os.path.join(output, _LEDGERS))
+    fsync_dir(output)
     return BackupSummary(output, len(files), sum(int(f["size"]) for f in files), open_ledgers, started_ms)
 
 
@@ -402,8 +403,8 @@ def restore_backup(backup: str, data_dir: str) -> dict[str, Any]:
         if _sha256(target) != entry["sha256"]:
             raise BackupError(f"restore into {data_dir}: {entry['path']} changed while it was copied")
         _fsync(target)
-    _fsync_dir(os.path.join(data_dir, _LEDGERS))
-    _fsync_dir(data_dir)
+    fsync_dir(os.path.join(data_dir, _LEDGERS))
+    fsync_dir(data_dir)
     log.info("backup %s restored into %s", backup, data_dir)
     return manifest
 
@@ -422,14 +423,6 @@ def _sha256(path: str) -> str:
 def _fsync(path: str) -> None:
     with open(path, "rb") as file:
         os.fsync(file.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 @contextlib.contextmanager

@@ -46,7 +46,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import logging
-import mmap
 import os
 import threading
 import time
@@ -56,8 +55,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ledger.errors import (
-    CorruptEntryError,
-    CorruptLedgerError,
     LedgerError,
     LedgerFencedError,
     LedgerIOError,
@@ -65,6 +62,7 @@ from ledger.errors import (
     LedgerSealedError,
 )
 from ledger.storage.base import LedgerInfo, LedgerState, SyncPolicy, completed
+from ledger.storage.file_io import create_file, fsync_dir, scan_fd, verified_entries, write_all
 from ledger.storage.handles import FileHandle, FileHandles
 from ledger.storage.memory import _check_range
 from ledger.storage.record import (
@@ -75,8 +73,6 @@ from ledger.storage.record import (
     encode_meta,
     encode_record,
     encode_seal,
-    entry_payload,
-    scan,
     sealed_layout,
 )
 from ledger.storage.sidecars import sidecar_paths
@@ -154,7 +150,7 @@ class FileLedgerStore:
             path = self._path(ledger_id)
             created_at_ms = int(time.time() * 1000)
             header = encode_meta(ledger_id, created_at_ms, dict(metadata or {}))
-            self._handles.adopt(ledger_id, _create_file(path, header, ledger_id))
+            self._handles.adopt(ledger_id, create_file(path, header, ledger_id))
             scanned = ScanResult(
                 ledger_id=ledger_id,
                 created_at_ms=created_at_ms,
@@ -237,7 +233,7 @@ class FileLedgerStore:
             self._unpin(handle)
         if len(block) != stop - start:
             raise LedgerIOError(f"ledger {ledger_id}: short read", ledger_id=ledger_id)
-        return _verified_entries(ledger_id, first_entry_id, block, start, offsets, lengths)
+        return verified_entries(ledger_id, first_entry_id, block, start, offsets, lengths)
 
     def close(self, ledger_id: int) -> None:
         self._check_writable()
@@ -272,7 +268,7 @@ class FileLedgerStore:
         try:
             if cut:
                 os.ftruncate(fd, ledger.end)
-            _write_all(fd, seal, ledger.end)
+            write_all(fd, seal, ledger.end)
             os.fsync(fd)
         except OSError as error:
             with self._lock:
@@ -316,7 +312,7 @@ class FileLedgerStore:
                 os.unlink(path)
                 removed = True
         if removed:
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
 
     def list(self) -> list[int]:
         ids = []
@@ -429,7 +425,7 @@ class FileLedgerStore:
             self._dirty.pop(ledger.ledger_id, None)
             write_at = ledger.scanned.entry_offsets[futures[0][0]]
         try:
-            _write_all(fd, data, write_at)
+            write_all(fd, data, write_at)
             os.fdatasync(fd)
         except OSError as error:
             self._fail(ledger, futures, error)
@@ -453,7 +449,7 @@ class FileLedgerStore:
                 return
             write_at = ledger.scanned.entry_offsets[first]
         try:
-            _write_all(fd, data, write_at)
+            write_all(fd, data, write_at)
         except OSError as error:
             self._fail(ledger, [], error)
             raise LedgerIOError(f"ledger {ledger.ledger_id}: {error}", ledger_id=ledger.ledger_id) from error
@@ -467,7 +463,7 @@ class FileLedgerStore:
                 raise LedgerFencedError(f"ledger {ledger.ledger_id} failed a write and is fenced",
                                         ledger_id=ledger.ledger_id)
         try:
-            _write_all(fd, record, ledger.scanned.entry_offsets[entry_id])
+            write_all(fd, record, ledger.scanned.entry_offsets[entry_id])
             if self.sync is SyncPolicy.ALWAYS:
                 os.fdatasync(fd)
         except OSError as error:
@@ -526,7 +522,7 @@ class FileLedgerStore:
             except OSError:
                 return
         try:
-            scanned = _scan_fd(handle.fd, path)
+            scanned = scan_fd(handle.fd, path)
         except Exception:  # noqa: BLE001 - _load scans again and raises it
             scanned = None
         with self._lock:
@@ -556,7 +552,7 @@ class FileLedgerStore:
 
     def _scan(self, ledger_id: int, path: str, fd: int) -> ScanResult:
         """Scan ledger ``ledger_id``'s file; in a writable store, cut its torn tail."""
-        scanned = _scan_fd(fd, path)
+        scanned = scan_fd(fd, path)
         self._check_scan(ledger_id, path, fd, scanned)
         return scanned
 
@@ -616,7 +612,7 @@ class FileLedgerStore:
         with self._lock:
             try:
                 first = self._next_ledger_id(count)
-                _fsync_dir(self.root)  # the new sequence file's name survives a crash
+                fsync_dir(self.root)  # the new sequence file's name survives a crash
             except OSError as error:
                 raise LedgerIOError(f"ledger store {self.root}: cannot reserve ledger ids: {error}") from error
         return builtins.list(range(first, first + count))
@@ -645,82 +641,3 @@ class FileLedgerStore:
 
     def _path(self, ledger_id: int) -> str:
         return os.path.join(self.root, f"{ledger_id:020d}{_SUFFIX}")
-
-
-def _verified_entries(
-    ledger_id: int, first_entry_id: int, block: bytes, start: int,
-    offsets: Sequence[int], lengths: Sequence[int],
-) -> list[bytes]:
-    """The payloads of the records in ``block`` (read from file offset ``start``), each
-    checked against its CRC32C; ``CorruptEntryError`` names the first that fails."""
-    view = memoryview(block)
-    entries = []
-    for entry_id, (offset, length) in enumerate(zip(offsets, lengths, strict=True), first_entry_id):
-        payload = entry_payload(view, offset - start, length)
-        if payload is None:
-            raise CorruptEntryError(
-                f"ledger {ledger_id}: entry {entry_id} fails its CRC32C check; it is not served",
-                ledger_id=ledger_id, entry_id=entry_id,
-            )
-        entries.append(bytes(payload))
-    return entries
-
-
-def _scan_fd(fd: int, path: str) -> ScanResult:
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return ScanResult()
-    failure: CorruptLedgerError | None = None
-    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
-        view = memoryview(mapped)
-
-        def done_with(offset: int) -> None:
-            """Drop the scanned pages from this process (they stay in the page cache)."""
-            mapped.madvise(mmap.MADV_DONTNEED, 0, offset - offset % mmap.PAGESIZE)
-
-        try:
-            return scan(view, path, done_with=done_with)
-        except CorruptLedgerError as error:  # its traceback's frames hold views of the mapping
-            failure = error.with_traceback(None)
-        finally:
-            view.release()
-    assert failure is not None
-    raise failure
-
-
-def _create_file(path: str, header: bytes, ledger_id: int) -> int:
-    """Create the ledger file holding ``header``, durably (file and directory); its fd.
-    ``LedgerIOError`` (and no file left behind) when the disk refuses."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as error:
-        raise LedgerIOError(f"ledger {ledger_id}: cannot create {path}: {error}", ledger_id=ledger_id) from error
-    try:
-        _write_all(fd, header)
-        os.fsync(fd)
-        _fsync_dir(os.path.dirname(path))
-    except OSError as error:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise LedgerIOError(f"ledger {ledger_id}: cannot create {path}: {error}", ledger_id=ledger_id) from error
-    return fd
-
-
-def _write_all(fd: int, data: bytes | bytearray, offset: int | None = None) -> None:
-    """Write every byte of ``data`` (at ``offset`` when given), retrying short writes."""
-    view = memoryview(data)
-    position = offset
-    while view:
-        written = os.write(fd, view) if position is None else os.pwrite(fd, view, position)
-        view = view[written:]
-        if position is not None:
-            position += written
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

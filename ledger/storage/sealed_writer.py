@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ledger.errors import LedgerError, LedgerIOError
+from ledger.storage.file_io import fsync_dir, write_all
 from ledger.storage.record import (
     RECORD_BYTES_MAX,
     RecordKind,
@@ -83,7 +84,7 @@ def write_sealed_ledger(
         finally:
             os.close(fd)
         os.replace(temporary, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except OSError as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
@@ -110,11 +111,11 @@ def _write_records(
         lengths.append(len(data))
         block += encode_record(RecordKind.ENTRY, data)
         if len(block) >= WRITE_BLOCK_BYTES:
-            _write_all(fd, block)
+            write_all(fd, block)
             flushed += len(block)
             block.clear()
     block += encode_seal(len(offsets), sum(lengths))
-    _write_all(fd, block)
+    write_all(fd, block)
     return offsets, lengths
 
 
@@ -128,19 +129,5 @@ def remove_temp_files(root: str) -> list[str]:
                 os.unlink(os.path.join(root, name))
                 removed.append(name)
     if removed:
-        _fsync_dir(root)
+        fsync_dir(root)
     return removed
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

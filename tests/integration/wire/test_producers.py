@@ -22,6 +22,7 @@ from api.wire import connection, producing
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import LedgerIOError
 from ledger.storage import file as file_store
+from ledger.storage import file_io
 from ledger.storage.faulty import FaultyLedgerStore
 from tests.integration.wire.helpers import unique_topic
 from tests.integration.wire.test_robustness import _Raw
@@ -180,6 +181,7 @@ def test_a_full_disk_fails_sends_and_the_topic_recovers_by_itself_once_space_fre
     _set_deduplication(broker, deduplication)
     disk = FullDisk()
     monkeypatch.setattr(file_store, "os", disk)
+    monkeypatch.setattr(file_io, "os", disk)  # the store's plain file operations
     topic = unique_topic("full-disk")
     client = _new_client(broker)
     done: dict[bytes, Any] = {}

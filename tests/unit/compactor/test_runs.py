@@ -250,12 +250,12 @@ def test_publishing_a_rounds_ledger_scans_none_of_it(tmp_path: Path, monkeypatch
     """The round's writer hands the store its layout (``FileLedgerStore.adopt_sealed``):
     the broker's process walks no record of the ledger it publishes."""
     scanned: list[str] = []
-    real = file_module._scan_fd
+    real = file_module.scan_fd
 
     def recorded(fd: int, path: str) -> object:
         scanned.append(os.path.basename(path))
         return real(fd, path)
-    monkeypatch.setattr(file_module, "_scan_fd", recorded)
+    monkeypatch.setattr(file_module, "scan_fd", recorded)
 
     async def body(f: Fixture) -> None:
         topic = f.topic(T)

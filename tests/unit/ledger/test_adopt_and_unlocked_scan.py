@@ -99,18 +99,18 @@ def test_a_damaged_entry_of_an_adopted_ledger_is_never_served(tmp_path: Path) ->
 
 
 class HeldScans:
-    """``_scan_fd`` held until released: a scan of a very large file, which no small test
+    """``scan_fd`` held until released: a scan of a very large file, which no small test
     file takes long enough to be."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.started, self.release = threading.Event(), threading.Event()
-        real = file_module._scan_fd
+        real = file_module.scan_fd
 
         def held(fd: int, path: str) -> object:
             self.started.set()
             self.release.wait(WAIT_S)
             return real(fd, path)
-        monkeypatch.setattr(file_module, "_scan_fd", held)
+        monkeypatch.setattr(file_module, "scan_fd", held)
 
 
 def test_loading_a_ledger_holds_up_no_append_or_read_of_another(tmp_path: Path,

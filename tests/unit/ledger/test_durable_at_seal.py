@@ -16,7 +16,7 @@ import pytest
 
 import ledger.storage.file as file_module
 from ledger.errors import LedgerError, LedgerIOError
-from ledger.storage import FileLedgerStore, SyncPolicy
+from ledger.storage import FileLedgerStore, SyncPolicy, file_io
 
 ENTRIES = 3000
 BOUND_S = 10
@@ -55,6 +55,7 @@ class CountingOs:
 def counting(monkeypatch: pytest.MonkeyPatch) -> CountingOs:
     fake = CountingOs()
     monkeypatch.setattr(file_module, "os", fake)
+    monkeypatch.setattr(file_io, "os", fake)  # the store's plain file operations
     return fake
 
 

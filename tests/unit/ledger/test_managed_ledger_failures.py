@@ -36,6 +36,7 @@ from ledger.storage import (
     LedgerStore,
     MemoryLedgerStore,
     SyncPolicy,
+    file_io,
 )
 
 TOPIC = "persistent://public/default/full-disk"
@@ -86,6 +87,7 @@ class FullDisk:
 def disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
     full_disk = FullDisk()
     monkeypatch.setattr(file_module, "os", full_disk)
+    monkeypatch.setattr(file_io, "os", full_disk)  # the store's plain file operations
     return full_disk
 
 

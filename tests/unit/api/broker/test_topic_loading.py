@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -150,28 +151,25 @@ def test_a_sync_load_on_the_loop_never_waits_and_a_load_after_an_unload_holds_no
     """Loads waiting for unloads to end (which only the loop ends) hold none of the
     ``topic-load`` threads, so a fifth topic's load goes on; a synchronous ``get_topic`` on
     the loop during a load is refused, never waited for (it would block the loop that the
-    loads wait for)."""
+    loads wait for). Four unloads in flight are stood for by their ``closing`` futures."""
     names = [f"persistent://public/default/t{i}" for i in range(5)]
-    gate = threading.Event()
 
     async def body(broker: BrokerService) -> None:
-        topics = [await broker.load_topic(name) for name in names[:4]]
-        await broker.load_topic(names[4])
-        await broker.unload_topic(broker.topics[names[4]])
-        for topic in topics:
-            real = topic.ledger.close
-            topic.ledger.close = lambda real=real: (gate.wait(10), real())[1]  # type: ignore[method-assign]
-        unloads = [asyncio.ensure_future(broker.unload_topic(topic)) for topic in topics]
-        await asyncio.sleep(0.05)
+        for name in names:
+            await broker.unload_topic(await broker.load_topic(name))  # they exist, unloaded
+        closes: list[Future[None]] = [Future() for _ in names[:4]]
+        broker.closing.update(zip(names[:4], closes, strict=True))  # four seals still running
         reloads = [asyncio.ensure_future(broker.load_topic(name)) for name in names[:4]]
         fifth = asyncio.ensure_future(broker.load_topic(names[4]))
         await asyncio.sleep(0)
         with pytest.raises(NotAllowedError):
             broker.get_topic(names[4], create=False)
-        await asyncio.wait_for(fifth, 10)  # loaded while the four unloads still wait
-        assert not any(unload.done() for unload in unloads)
-        gate.set()
-        await asyncio.wait_for(asyncio.gather(*unloads, *reloads), 10)
+        await asyncio.wait_for(fifth, 10)  # loaded while the four closes still run
+        assert not any(reload.done() for reload in reloads)
+        for name, close in zip(names[:4], closes, strict=True):
+            del broker.closing[name]
+            close.set_result(None)
+        await asyncio.wait_for(asyncio.gather(*reloads), 10)
         assert all(name in broker.topics for name in names)
     _run(tmp_path, body)
 
