@@ -69,9 +69,9 @@ def build_key_index(ledgers_root: str, ledger_id: int) -> int:
     return len(index)
 
 
-def _child_initializer() -> None:
-    """As a round's worker: dies with the broker, at a lower CPU priority."""
-    _child_started()
+def _child_initializer(parent_pid: int) -> None:
+    """As a round's worker: dies with the broker (``parent_pid``), at a lower CPU priority."""
+    _child_started(parent_pid)
 
 
 def unindexed_ledgers(metadata: MetadataStore, ledgers_root: str) -> list[tuple[int, int]]:
@@ -150,7 +150,7 @@ class KeyIndexBuilds:
                 return
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_child_initializer)
+                                                 initializer=_child_initializer, initargs=(os.getpid(),))
             future = self._pool.submit(build_key_index, self.ledgers_root, ledger_id)
         try:
             rows = future.result()

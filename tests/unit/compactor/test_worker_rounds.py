@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -176,3 +178,14 @@ def test_a_worker_that_dies_fails_the_run_and_the_next_run_converges(tmp_path: P
     compactor.close()
     data_dir.close()
     other_dir.close()
+
+
+def test_a_worker_whose_broker_died_before_it_started_exits_at_once() -> None:
+    """kill -9 of the broker between a worker's spawn and its initializer: asking to die
+    with the parent is too late then (it died already), so the worker compares its parent
+    with the broker it was started by, and exits instead of staying behind."""
+    code = ("import os, sys\nfrom compactor.worker import _child_started\n"
+            "_child_started(os.getppid())\nprint('kept', flush=True)\n"
+            "_child_started(os.getppid() + 1)\nprint('stayed', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (0, "kept\n"), done.stderr
