@@ -36,10 +36,11 @@ topic's data against trimming (durable cursors' mark-delete positions) is read b
 shares one transaction: a store's method may take the open connection of its caller's
 transaction.
 
-**Reads.** ``query`` from a thread outside a transaction goes through a second,
-read-only connection (WAL: it sees every committed transaction whole), so a read on the
-broker's event loop never waits for another thread's commit and its fsync; a thread inside
-a transaction reads through it (its own uncommitted rows included).
+**Reads.** A SELECT through ``query`` from a thread outside a transaction goes through a
+second, read-only connection (WAL: it sees every committed transaction whole), so a read on
+the broker's event loop never waits for another thread's commit and its fsync; a thread
+inside a transaction (or ``reading``) reads through its transaction (its own uncommitted
+rows included), and any other statement (a PRAGMA) goes through the writing connection.
 
 **Faults: the one seam.** Tests inject faults into the metadata through
 ``Database.fault_points`` only, never by replacing a store's methods. A callable registered

@@ -511,7 +511,7 @@ class FileLedgerStore:
         appends and reads meanwhile); the ``_load`` that follows finds it loaded. Only a
         writable store's ledgers: nothing writes to a ledger this store has not loaded.
         What goes wrong is left for ``_load`` to raise."""
-        if self.read_only:
+        if self.read_only or ledger_id in self._ledgers:  # loaded: no lock taken (reads' hot path)
             return
         with self._lock:
             if ledger_id in self._ledgers:
