@@ -28,7 +28,9 @@ in the same transaction, deletable ``grace_period_s`` later (``compactor.manifes
 Spark scan or task retry reading them keeps its input until the sweep); with a grace
 period of 0 they are deleted right after the transaction, as before. ``drop_view`` (the
 ``__compaction`` subscription deleted) and ``delete`` (the topic) delete the view's
-ledgers at once, as Pulsar.
+ledgers at once, as Pulsar. The broker drops a view in two steps (``detach_view``): out of
+memory on the event loop, so no read after it uses the view's ledgers, then the
+transaction and the files on a worker thread; ``cursor`` and ``delete`` wait for that.
 
 What a read-compacted subscription gets from the view (the first-read rule, its read
 position and index in the view, the surviving-slot masks, ``get_last_message_id``) is
@@ -60,6 +62,8 @@ __all__ = ["COMPACTED_TOPIC_LEDGER", "COMPACTION_SUBSCRIPTION", "CompactedTopic"
 COMPACTION_SUBSCRIPTION = "__compaction"
 COMPACTED_TOPIC_LEDGER = "CompactedTopicLedger"
 
+_State = tuple[ManagedCursor | None, CompactedView | None, int | None, tuple[int, ...]]  # what a drop takes
+
 log = logging.getLogger(__name__)
 
 
@@ -81,6 +85,7 @@ class CompactedTopic:
         self._missing_ledger_id: int | None = None
         self._broken_ledger_ids: tuple[int, ...] = ()  # the ledgers of a broken view
         self._publish_lock = threading.Lock()
+        self._dropping: threading.Event | None = None  # set once a detach_view's second step ended
 
     @classmethod
     def restore(cls, ledger: ManagedLedger, cursors: CursorStore, *, create_cursor: bool = False,
@@ -112,12 +117,25 @@ class CompactedTopic:
     @property
     def cursor(self) -> ManagedCursor:
         """The durable ``__compaction`` cursor, opened again (at the earliest entry) after
-        ``drop_view`` deleted it."""
-        with self._publish_lock:
-            if self._cursor is None:
-                self._cursor = ManagedCursor.open_durable(
-                    self.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST, store=self.cursors)
-            return self._cursor
+        ``drop_view`` deleted it; waits for a drop in flight (``detach_view``)."""
+        while True:
+            self.wait_for_drop()
+            with self._publish_lock:
+                if self._dropping is not None:
+                    continue  # another drop began meanwhile
+                if self._cursor is None:
+                    self._cursor = ManagedCursor.open_durable(
+                        self.ledger, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST, store=self.cursors)
+                return self._cursor
+
+    @property
+    def backlog_from(self) -> Position:
+        """Where the backlog of compaction starts: the cursor's mark-delete position, or,
+        with no cursor (never compacted, or the subscription deleted), before the topic's
+        first entry, where a run's ``cursor`` would open it. Opens nothing (the scheduler
+        asks this on the event loop)."""
+        cursor = self._cursor
+        return cursor.mark_delete_position if cursor is not None else self.ledger.first_position()
 
     @property
     def view(self) -> CompactedView | None:
@@ -161,27 +179,69 @@ class CompactedTopic:
             self._view = view
         self._delete_at_once(replaced, now_ms, self.grace_period_s)
 
-    def drop_view(self) -> None:
-        """Delete the ``__compaction`` subscription: its cursor and the manifest in one
-        transaction (which records the view's ledgers as garbage due now), then the view,
-        then its ledgers, at once: dropping the view is an explicit delete, not a
-        replacement, so no grace period applies (a crash before the ledgers are deleted
-        leaves due garbage, deleted at the next start).
+    def detach_view(self) -> Callable[[], None]:
+        """Delete the ``__compaction`` subscription in two steps. Now, on the caller's
+        thread (the event loop: no I/O): the view and the cursor leave memory, so a reader's
+        next read finds no view and reads the raw topic, and ``cursor`` (a run) waits for
+        the second step. Returned, to run once on a worker thread: the second step, the
+        cursor and the manifest deleted in one transaction (which records the view's
+        ledgers as garbage due now), then the ledgers themselves, at once: dropping the view
+        is an explicit delete, not a replacement, so no grace period applies (a crash before
+        the ledgers are deleted leaves due garbage, deleted at the next start).
 
-        A run in flight will not publish afterwards (see ``publish``).
+        Should the transaction fail, nothing was deleted: the view and the cursor come back
+        as they were (unless another drop followed) and the error is raised. A drop still
+        in flight ends before the next one's transaction. A run in flight will not publish
+        afterwards (see ``publish``).
         """
         now_ms = self._now_ms()
         with self._publish_lock:
-            ledger_ids = self._view.ledger_ids if self._view is not None else self._broken_ledger_ids
-            if self._cursor is not None:
-                self._cursor.delete_durable(also=functools.partial(
+            before, done = self._dropping, threading.Event()
+            state = self._cursor, self._view, self._missing_ledger_id, self._broken_ledger_ids
+            self._cursor, self._view, self._missing_ledger_id, self._broken_ledger_ids = None, None, None, ()
+            self._dropping = done
+
+        def rest() -> None:
+            try:
+                if before is not None:
+                    before.wait()
+                self._drop_durably(state, now_ms, done)
+            finally:
+                with self._publish_lock:
+                    if self._dropping is done:
+                        self._dropping = None
+                done.set()
+
+        return rest
+
+    def drop_view(self) -> None:
+        """Delete the ``__compaction`` subscription, both steps of ``detach_view`` on the
+        caller's thread."""
+        self.detach_view()()
+
+    def wait_for_drop(self) -> None:
+        """Return once no ``detach_view`` second step is pending (at once when none is)."""
+        while (pending := self._dropping) is not None:
+            pending.wait()
+
+    def _drop_durably(self, state: _State, now_ms: int, done: threading.Event) -> None:
+        cursor, view, _, broken_ledger_ids = state
+        ledger_ids = view.ledger_ids if view is not None else broken_ledger_ids
+        try:
+            if cursor is not None:
+                cursor.delete_durable(also=functools.partial(
                     self.manifests.write, topic=self.name, ledger_ids=None, garbage=ledger_ids,
                     delete_after_ms=now_ms))
-            self._cursor, self._view, self._missing_ledger_id, self._broken_ledger_ids = None, None, None, ()
+        except BaseException:
+            with self._publish_lock:
+                if self._dropping is done:  # no drop since: what the failed one took comes back
+                    self._cursor, self._view, self._missing_ledger_id, self._broken_ledger_ids = state
+            raise
         self._delete_at_once(ledger_ids, now_ms, 0.0)
 
     def delete(self) -> None:
-        """Delete the topic: its compacted view and ledgers, then its managed ledger."""
+        """Delete the topic: its compacted view and ledgers (after a drop in flight), then
+        its managed ledger."""
         self.drop_view()
         self.ledger.delete()
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-__all__ = ["WRITER_THREAD", "write_off_loop"]
+__all__ = ["WRITER_THREAD", "submit_off_loop", "write_off_loop"]
 
 WRITER_THREAD = "metadata-write"
 
@@ -32,3 +32,8 @@ _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=WRITER_THREAD)
 async def write_off_loop(write: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     """``write(*args, **kwargs)`` on the metadata writer thread; its result or its error."""
     return await asyncio.get_running_loop().run_in_executor(_writer, functools.partial(write, *args, **kwargs))
+
+
+def submit_off_loop(write: Callable[[], R]) -> Future[R]:
+    """``write()`` queued on the metadata writer thread; the future of its result."""
+    return _writer.submit(write)

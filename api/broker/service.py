@@ -461,15 +461,15 @@ class BrokerService:
         return self.last_plan
 
     def _scheduler_stats(self, topic: Topic) -> TopicCompactionStats:
-        cursor = topic.compacted.cursor
+        horizon = topic.compacted.backlog_from  # opens no cursor: that is a run's (a commit)
         view = topic.compacted.view if topic.compacted.broken is None else None
         compacted_bytes = view.size if view is not None else 0
         oldest = None
-        first = topic.ledger.read_entries(topic.ledger.next_valid_position(cursor.mark_delete_position), 1)
+        first = topic.ledger.read_entries(topic.ledger.next_valid_position(horizon), 1)
         if first:
             oldest = publish_time(first[0].data)
         return TopicCompactionStats(
-            topic=str(topic.name), backlog_bytes=cursor.estimated_backlog_bytes(),
+            topic=str(topic.name), backlog_bytes=topic.ledger.estimate_backlog_bytes(horizon),
             compacted_bytes=compacted_bytes, oldest_uncompacted_publish_ms=oldest,
             running=self.runs.in_flight(str(topic.name)),
         )

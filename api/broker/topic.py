@@ -46,6 +46,7 @@ from api.broker.access_mode import TopicAccess
 from api.broker.dedup import DEDUP_CURSOR, Deduplication, ProducerSession, Send, describe_send
 from api.broker.dispatch import Consumer, Subscription, SubType
 from api.broker.errors import NotAllowedError, ProducerBusyError, SubscriptionNotFoundError
+from api.broker.off_loop import submit_off_loop
 from api.broker.topic_name import TopicName
 from api.broker.topic_stats import TopicCounters
 from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
@@ -77,12 +78,6 @@ def _chain(source: Future[Position], target: Future[Position]) -> None:
             target.set_exception(error)
 
     source.add_done_callback(settle)
-
-
-def _done() -> Future[None]:
-    done: Future[None] = Future()
-    done.set_result(None)
-    return done
 
 
 class Topic:
@@ -325,11 +320,14 @@ class Topic:
         self.subscriptions.pop(subscription.name, None)
 
     def delete_subscription(self, name: str) -> Future[None]:
-        """Admin delete of a subscription (``__compaction`` drops the compacted view); a
-        future of the moment the deletion is durable (written by the cursor store's thread)."""
+        """Admin delete of a subscription; a future of the moment the deletion is durable
+        (written by the cursor store's thread). ``__compaction`` drops the compacted view:
+        out of memory now, its transaction and files on the metadata writer thread
+        (``CompactedTopic.detach_view``)."""
         if name == COMPACTION_SUBSCRIPTION:
-            self.compacted.drop_view()
-            return _done()
+            if name not in self.cursors.list(str(self.name)):  # deleted, not opened again by a run yet
+                raise SubscriptionNotFoundError(f"subscription {name} not found")
+            return submit_off_loop(self.compacted.detach_view())
         subscription = self.subscriptions.pop(name, None)
         if subscription is None and name not in self.cursors.list(str(self.name)):
             raise SubscriptionNotFoundError(f"subscription {name} not found")
@@ -350,12 +348,16 @@ class Topic:
     async def close_off_loop(self) -> None:
         """``close`` with the seal (its fsyncs and metadata commit) on a worker thread and
         the cursor writes on the store's, awaited: for the broker's stop, once no client
-        can reach the topic (raises as ``close``'s future). A de-duplication start in
-        flight ends first."""
+        can reach the topic (raises as ``close``'s future). A de-duplication start and a
+        ``__compaction`` deletion in flight end first."""
         await self.deduplication_settled()
         self.ledger.remove_listener(self._on_durable)
-        await asyncio.to_thread(self.ledger.close)
+        await asyncio.to_thread(self._seal)
         await asyncio.wrap_future(self.closed_ledger())
+
+    def _seal(self) -> None:
+        self.compacted.wait_for_drop()  # else a load right after could restore the dropped view
+        self.ledger.close()
 
     def closed_ledger(self) -> Future[None]:
         """What ``close`` does once the ledger is sealed (the broker's stop seals it off

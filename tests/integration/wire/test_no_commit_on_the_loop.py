@@ -26,6 +26,7 @@ creation is committed off the loop *before* the answer), as does an answered see
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,15 @@ def test_loads_unloads_policy_switches_partitions_and_admin_writes_never_commit_
         assert admin("PUT", path + "/compaction") == 204
         harness.call(harness.service.runs.wait_idle())
         assert harness.service.runs.status(topic) == ("SUCCESS", "")
+        # the __compaction subscription deleted (its view off the loop), the scheduler's look at
+        # the topic (no cursor opened), a run that opens it again (on the run's thread)
+        assert admin("DELETE", path + "/subscription/__compaction") == 204
+        assert harness.service.topics[topic].compacted.view is None
+        harness.call(_scheduler_tick(harness.service))
+        assert admin("PUT", path + "/compaction") == 204
+        harness.call(harness.service.runs.wait_idle())
+        assert harness.service.runs.status(topic) == ("SUCCESS", "")
+        assert harness.service.topics[topic].compacted.view is not None
         # a partitioned topic: created, used (its partitions load), deleted
         parted = "/admin/v2/persistent/loop-tenant/ns/parted"
         assert admin("PUT", parted + "/partitions", 2) == 204
@@ -223,6 +233,10 @@ def test_loads_unloads_policy_switches_partitions_and_admin_writes_never_commit_
     assert any(name.startswith("topic-load") for name in writers), writers
     assert any(name.startswith("metadata-write") for name in writers), writers
     assert any(name.startswith("compaction-status") for name in writers), writers
+
+
+async def _scheduler_tick(service: Any) -> None:
+    service.scheduler_tick(int(time.time() * 1000))  # on the loop, as the broker's monitor runs it
 
 
 def _persisted(data_dir: Path, topic: str, name: str) -> Any:

@@ -289,6 +289,13 @@ def test_compaction_trigger_status_and_compacted_view_deletion(tmp_path: Path) -
             "ledgerId": -1, "entries": -1, "size": -1, "offloaded": False, "underReplicated": False}
         assert "__compaction" not in internal["cursors"]
         assert ledger_id not in broker.data_dir.ledgers.list()
+        # gone until the next run opens it again, as Pulsar: a second delete finds nothing
+        assert_reason(await client.delete(TOPIC_URL + "/subscription/__compaction"), 404, "__compaction")
+        assert "__compaction" not in (await client.get(TOPIC_URL + "/subscriptions")).json()
+        assert (await client.put(TOPIC_URL + "/compaction")).status_code == 204
+        await wait_for_status(client, TOPIC_URL + "/compaction", "SUCCESS")
+        assert "__compaction" in (await client.get(TOPIC_URL + "/subscriptions")).json()
+        assert (await client.delete(TOPIC_URL + "/subscription/__compaction")).status_code == 204
 
     run(tmp_path, body)
 

@@ -14,12 +14,15 @@ import pytest
 
 from api.broker import dedup as dedup_module
 from api.broker.errors import NotAllowedError, TopicNotFoundError
+from api.broker.off_loop import submit_off_loop
 from api.broker.service import BrokerService
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
 from api.config import Settings
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
+from compactor.runner import Compactor
+from compactor.topic import COMPACTION_SUBSCRIPTION
 from ledger import DataDir
 from ledger.managed_ledger import ManagedLedger
 
@@ -217,3 +220,38 @@ def test_a_topic_deleted_while_deduplication_starts_leaves_no_cursor_behind(
         await asyncio.wait_for(asyncio.gather(switched, deleting), 10)
         assert broker.cursors.list(TOPIC) == [] and not broker.data_dir.metadata.topic_exists(TOPIC)
     _run(tmp_path, body)
+
+
+def test_an_unload_waits_for_a_compaction_subscription_delete_in_flight_and_the_reload_has_no_view(
+        tmp_path: Path) -> None:
+    """The view leaves memory at once; its transaction waits on the metadata writer thread
+    (held here by an earlier write). Unloading meanwhile must wait for it, or the reload
+    would restore the view whose rows and files are about to be deleted."""
+    gate = threading.Event()
+
+    async def body(broker: BrokerService) -> None:
+        topic = await broker.load_topic(TOPIC)
+        for index in range(6):
+            metadata = pb.MessageMetadata(producer_name="p", sequence_id=index, publish_time=1,
+                                          partition_key=f"k{index % 2}")
+            await asyncio.wrap_future(topic.ledger.append(encode_entry(metadata, b"v", with_checksum=False)))
+        await asyncio.to_thread(Compactor().compact, topic.compacted)
+        view = topic.compacted.view
+        assert view is not None
+        held = submit_off_loop(lambda: gate.wait(10))  # the writer thread is busy
+        deleting = topic.delete_subscription(COMPACTION_SUBSCRIPTION)
+        assert topic.compacted.view is None and not deleting.done()
+        unloading = asyncio.ensure_future(broker.unload_topic(topic))
+        done, _ = await asyncio.wait({unloading}, timeout=0.3)
+        assert not done  # bounded: the seal waits for the deletion
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(unloading, asyncio.wrap_future(deleting), asyncio.wrap_future(held)), 10)
+        again = await broker.load_topic(TOPIC)
+        assert again.compacted.view is None
+        assert again.compacted.backlog_from == again.ledger.first_position()  # the cursor made anew at load
+        assert not set(view.ledger_ids) & set(broker.data_dir.ledgers.list())
+
+    try:
+        _run(tmp_path, body)
+    finally:
+        gate.set()
