@@ -34,10 +34,13 @@ import pytest
 from api.broker import dedup
 from api.broker import service as broker_service
 from api.config import Settings
+from ledger.storage import file as file_store
 from ledger.storage import file_io
 from tests.integration.conftest import BrokerHarness
 from tests.integration.wire.helpers import RECEIVE_MS, unique_topic, wait_until
 from tests.integration.wire.test_no_commit_on_the_loop import _admin, _scheduler_tick, _send_while
+from tests.integration.wire.test_producers import _read_all, _send_async, _until
+from tests.unit.ledger.test_managed_ledger_failures import FullDisk
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -56,7 +59,8 @@ class FileCalls:
         self.stacks: list[str] = []  # where each call on the loop came from
         self.watching = False
         self.loop_thread = -1
-        real_os = file_io.os  # the module ledger.storage.* (and every other caller) reach os through
+        real_os = os  # the module every ledger file module (and every other caller) calls them through
+        assert file_io.os is real_os and file_store.os is real_os, "a test left a stand-in for os installed"
         for name in BLOCKING:
             monkeypatch.setattr(real_os, name, self._wrap(name, getattr(real_os, name)))
         real_open = real_os.open
@@ -228,3 +232,40 @@ def test_loads_unloads_compaction_partitions_and_admin_writes_never_touch_files_
     assert calls.on_loop() == [], calls.report()
     assert any(name.startswith("topic-load") for name in calls.off_loop("open(O_CREAT)")), calls.calls[:20]
     assert calls.off_loop("fsync") and calls.off_loop("unlink"), calls.calls[:20]
+
+
+def test_a_full_disk_and_the_roll_past_the_failed_ledger_never_touch_files_on_the_event_loop(
+        broker: BrokerHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write fails (ENOSPC on the ledger file's write and sync): the next append seals the
+    failed ledger at its last durable entry and creates the next one (its file, the id
+    sequence, their syncs; an empty failed ledger's file deleted), on a roll-over thread,
+    not on the loop that took the send; sends fail while the disk is full, and the topic
+    recovers by itself once space frees, each message stored once, in order."""
+    calls = FileCalls(monkeypatch)
+    assert broker._thread.ident is not None
+    calls.loop_thread = broker._thread.ident
+    disk = FullDisk()  # delegates to os, whose calls FileCalls records
+    monkeypatch.setattr(file_store, "os", disk)
+    monkeypatch.setattr(file_io, "os", disk)
+    topic = unique_topic("full-disk-off-loop")
+    client = pulsar.Client(broker.url, operation_timeout_seconds=10, logger=QUIET)
+    done: dict[bytes, Any] = {}
+    try:
+        producer = client.create_producer(topic, send_timeout_millis=0, batching_enabled=False)
+        producer.send(b"m0")
+        calls.watching = True
+        disk.full = True
+        _send_async(producer, [b"m%d" % i for i in range(1, 6)], done)
+        _until(lambda: disk.refused >= 3, "no write reached the full disk")
+        assert done == {}  # nothing is acknowledged while the disk is full
+        disk.full = False
+        _until(lambda: len(done) == 5, "the sends did not go through once space freed")
+        assert all(result == pulsar.Result.Ok for result, _ in done.values())
+        producer.send(b"after")
+        calls.watching = False
+    finally:
+        client.close()
+    stored = _read_all(pulsar.Client(broker.url, operation_timeout_seconds=10, logger=QUIET), topic)
+    assert [m.data() for m in stored] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5", b"after"]
+    assert calls.on_loop() == [], calls.report()
+    assert calls.off_loop("open(O_CREAT)") and calls.off_loop("fsync"), calls.calls[:20]  # the roll past it
