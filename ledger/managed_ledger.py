@@ -309,7 +309,9 @@ class ManagedLedger:
         """Hand ``data`` to the current ledger, first rolling past a failed one (``inline``:
         on this thread; else a fenced ledger raises, for a roll-over thread)."""
         for attempt in range(2):
-            current = self._writable_ledger()
+            current = self._writable_ledger() if inline else self._current()
+            if current.failed and not inline:  # failed since ``_must_roll`` looked (the flusher)
+                raise LedgerFencedError(f"ledger {current.ledger_id} failed a write", ledger_id=current.ledger_id)
             try:
                 return current, self.store.append(current.ledger_id, data)
             except LedgerFencedError:  # fenced by a failure whose appends have not reported yet

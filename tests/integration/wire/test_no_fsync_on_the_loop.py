@@ -11,12 +11,15 @@ sequence, a key index, a temporary file) — are wrapped on the ``os`` module ev
 module calls them through (``ledger.storage.file_io.os``: the one ``os`` module): each
 wrapper records the thread it runs on, then calls the real function (it observes; nothing
 is mocked). The first test loads topics, produces through roll-overs with de-duplication,
-acks, seeks, unsubscribes, resets, clears and deletes a subscription, lets a trim delete
-consumed ledgers, deletes a topic and stops the broker; the second writes admin state,
-loads, unloads and reloads a topic, compacts it over REST (in worker processes and in the
-broker's own process), deletes its ``__compaction`` subscription and compacts it again, and
-creates, uses and deletes a partitioned topic. None of those calls may run on the loop's
-thread, and each test checks they did run, elsewhere.
+acks, seeks, unsubscribes, compacts over REST, lets a trim delete consumed ledgers, takes a
+backup over REST, resets, clears and deletes a subscription, deletes a topic and stops the
+broker; the second writes admin state, loads, unloads and reloads a topic, compacts it over
+REST (in worker processes and in the broker's own process), deletes its ``__compaction``
+subscription and compacts it again, and creates, uses and deletes a partitioned topic; the
+third fills the disk under a producer (ENOSPC on the ledger file's writes and syncs) and
+frees it: the roll past the failed ledger (its seal, the next ledger's creation) must run
+off the loop too. None of those calls may run on the loop's thread, and each test checks
+they did run, elsewhere.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import pytest
 from api.broker import dedup
 from api.broker import service as broker_service
 from api.config import Settings
+from api.routers.backup import BACKUP_PATH
 from ledger.storage import file as file_store
 from ledger.storage import file_io
 from tests.integration.conftest import BrokerHarness
@@ -158,6 +162,7 @@ def test_produce_ack_seek_unsubscribe_trim_delete_and_stop_never_touch_files_on_
         harness.call(harness.service.runs.wait_idle())
         first = _ledger_ids(harness, topic)[0]
         wait_until(lambda: first not in _ledger_ids(harness, topic), "a trim of the consumed ledgers", timeout_s=10)
+        assert admin("POST", BACKUP_PATH) == 200  # staged (copies, fsyncs, renames), streamed, removed
         other = client.subscribe(topic, "other", initial_position=pulsar.InitialPosition.Earliest)
         other.close()
         assert admin("POST", path + "/subscription/other/resetcursor/0") == 204
@@ -169,14 +174,23 @@ def test_produce_ack_seek_unsubscribe_trim_delete_and_stop_never_touch_files_on_
         assert harness.service is not None and topic not in harness.service.topics
     finally:
         client.close()
-    harness.stop()  # the topic left closes: its seal
+    harness.restart()  # the topic left closes (its seal); the broker starts again on the data dir
+    client = pulsar.Client(harness.url, operation_timeout_seconds=10, logger=QUIET)
+    try:  # the topic loads again (its last ledger sealed, a new one created) and is read from the start
+        reader = client.subscribe(topic + "-kept", "again", initial_position=pulsar.InitialPosition.Earliest)
+        assert [reader.receive(RECEIVE_MS).data() for _ in range(10)] == [b"k%d" % i for i in range(10)]
+        reader.close()
+    finally:
+        client.close()
+    harness.stop()
     calls.watching = False
     assert calls.on_loop() == [], calls.report()
     assert any(name == "ledger-flusher" for name in calls.off_loop("fdatasync")), calls.calls[:20]
     assert any(name.startswith("roll-over") for name in calls.off_loop("open(O_CREAT)")), calls.calls[:20]
     assert any(name.startswith("roll-over") for name in calls.off_loop("fsync")), calls.calls[:20]  # the seals
     assert any(name.startswith("topic-load") for name in calls.off_loop("open(O_CREAT)")), calls.calls[:20]
-    assert calls.off_loop("unlink"), calls.calls[:20]  # the trim's and the delete's
+    assert calls.off_loop("unlink"), calls.calls[:20]  # the trim's, the backup's and the delete's
+    assert calls.off_loop("replace"), calls.calls[:20]  # the id sequence's, the backup manifest's
 
 
 def test_loads_unloads_compaction_partitions_and_admin_writes_never_touch_files_on_the_event_loop(

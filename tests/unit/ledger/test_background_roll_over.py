@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.errors import LedgerIOError
+from ledger.errors import LedgerFencedError, LedgerIOError
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import Position
@@ -252,3 +252,25 @@ def test_a_failed_ledger_that_holds_nothing_leaves_the_list_in_the_background(
     assert first not in store.inner.list(), "the empty failed ledger's file stayed"
     managed.close()
     assert managed_read_all(store, metadata) == [b"stored"]
+
+
+def test_an_append_fenced_at_call_time_rolls_past_the_ledger_in_the_background_and_is_stored(
+    parts: tuple[GatedStore, MetadataStore],
+) -> None:
+    """The store refuses an append because its ledger was fenced by a failure not reported
+    yet: as on the appender's own thread before, the ledger is rolled past (here on a
+    roll-over thread, the gate holding its seal) and the append goes to the next one."""
+    store, metadata = parts
+    faulty = FaultyLedgerStore(store)  # type: ignore[arg-type]
+    managed = _open(faulty, metadata, entries=100)
+    first = managed.ledger_list()[0].ledger_id
+    assert managed.append(b"kept").result(BOUND_S) == Position(first, 0)
+    faulty.fail_on("append", error=LedgerFencedError("fenced", ledger_id=first))
+    store.gate.clear()
+    returned, futures = _append_on_a_thread(managed, b"fenced")
+    assert returned.wait(BOUND_S), "an append blocked on the seal of the fenced ledger"
+    assert store.sealing.wait(BOUND_S)
+    store.gate.set()
+    assert futures[0].result(BOUND_S).ledger_id > first
+    managed.close()
+    assert managed_read_all(store, metadata) == [b"kept", b"fenced"]
