@@ -110,16 +110,20 @@ def _file(target: Any) -> str:
     return str(target)
 
 
-@pytest.fixture(params=[True, False], ids=["worker-process", "in-process"])
+@pytest.fixture(params=[(True, 0.01), (False, 0.0)], ids=["worker-process-swept", "in-process-no-grace"])
 def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             request: pytest.FixtureRequest) -> Iterator[tuple[BrokerHarness, FileCalls]]:
-    """Compaction rounds in worker processes (the default) and in the broker's process."""
+    """Compaction rounds in worker processes (the default), a replaced view's ledgers
+    deleted by the sweep after a short grace period; and in the broker's process, with no
+    grace period (deleted by the publish)."""
+    worker_process, grace_period_s = request.param
     monkeypatch.setattr(dedup, "SNAPSHOT_INTERVAL_ENTRIES", 7)
     monkeypatch.setattr(broker_service, "TRIM_INTERVAL_S", 0.05)  # retention 0: consumed ledgers go at once
     monkeypatch.setattr(broker_service, "GARBAGE_SWEEP_INTERVAL_S", 0.05)
     calls = FileCalls(monkeypatch)
     settings = Settings(broker_deduplication_enabled=True, managed_ledger_max_entries_per_ledger=16,
-                        compaction_monitor_interval_seconds=0, compaction_worker_process=request.param)
+                        compaction_monitor_interval_seconds=0, compaction_worker_process=worker_process,
+                        compacted_ledger_grace_period_s=grace_period_s)
     harness = BrokerHarness(tmp_path / "data", settings)
     assert harness._thread.ident is not None
     calls.loop_thread = harness._thread.ident
@@ -231,6 +235,18 @@ def test_loads_unloads_compaction_partitions_and_admin_writes_never_touch_files_
         assert admin("PUT", path + "/compaction") == 204
         harness.call(harness.service.runs.wait_idle())
         assert harness.service.runs.status(topic) == ("SUCCESS", "")
+        view = harness.service.topics[topic].compacted.view
+        assert view is not None
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(20):
+            producer.send(b"newer", partition_key=f"k{i % 5}")
+        producer.close()
+        assert admin("PUT", path + "/compaction") == 204  # a new view replaces that one
+        harness.call(harness.service.runs.wait_idle())
+        assert harness.service.runs.status(topic) == ("SUCCESS", "")
+        ledgers = harness.service.data_dir.ledgers
+        wait_until(lambda: not set(view.ledger_ids) & set(ledgers.list()), "the replaced view's ledgers deleted",
+                   timeout_s=10)
         parted = "/admin/v2/persistent/loop-tenant/ns/parted"
         assert admin("PUT", parted + "/partitions", 2) == 204
         partitioned = client.create_producer(base + "parted", batching_enabled=False)

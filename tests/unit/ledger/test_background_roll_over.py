@@ -37,7 +37,8 @@ BOUND_S = 10
 
 
 class GatedStore:
-    """A store whose ``close`` (the seal) waits for ``gate``; ``on_read`` runs before each read."""
+    """A store whose ``close`` (the seal) waits for ``gate``; ``on_read`` runs before each
+    read; ``deleted_on`` names the thread of each delete."""
 
     def __init__(self, inner: LedgerStore) -> None:
         self.inner = inner
@@ -45,9 +46,14 @@ class GatedStore:
         self.gate.set()
         self.sealing = threading.Event()
         self.on_read: Any = None
+        self.deleted_on: list[str] = []  # the thread of each delete
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def delete(self, ledger_id: int) -> None:
+        self.deleted_on.append(threading.current_thread().name)
+        self.inner.delete(ledger_id)
 
     def close(self, ledger_id: int) -> None:
         self.sealing.set()
@@ -250,6 +256,7 @@ def test_a_failed_ledger_that_holds_nothing_leaves_the_list_in_the_background(
     assert position.ledger_id > first
     assert [record.ledger_id for record in managed.ledger_list()] == [position.ledger_id]
     assert first not in store.inner.list(), "the empty failed ledger's file stayed"
+    assert store.deleted_on and all(name.startswith("roll-over") for name in store.deleted_on), store.deleted_on
     managed.close()
     assert managed_read_all(store, metadata) == [b"stored"]
 
