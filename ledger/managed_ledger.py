@@ -21,7 +21,9 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   reported durable unless it is. The next append seals the failed ledger at its last
   durable entry (an empty one leaves the list) and goes to a new ledger. When that cannot
   be done yet (the disk is still full), that append fails the same way and the next one
-  tries again: the topic recovers by itself once the store works.
+  tries again: the topic recovers by itself once the store works. With
+  ``roll_over_in_background`` that roll past a failed ledger runs on a roll-over thread
+  too (the appends meanwhile wait, as behind a full ledger), never on the appender's.
 * **Last confirmed position**: the last durable entry of the current ledger, else the last
   entry of the nearest non-empty earlier ledger, else ``(first ledger, -1)``.
 * **Reads** go forward from any position across ledgers, skipping missing (trimmed) and
@@ -253,11 +255,24 @@ class ManagedLedger:
                 self._append_locked(data, outer)
         return outer
 
-    def _append_locked(self, data: bytes, outer: Future[Position]) -> None:
+    def _append_locked(self, data: bytes, outer: Future[Position], *, inline: bool = False) -> None:
         """Submit one entry to the current ledger (caller holds the lock); roll over after
-        the append that fills it."""
+        the append that fills it. In the background mode an append that finds the current
+        ledger failed (or sealed, or empty ledgers to drop) waits in ``_queued`` for a
+        roll-over thread to roll past it, as behind a full one; ``inline`` rolls past it
+        on the caller's thread (the foreground mode, and that thread's own retry)."""
+        inline = inline or not self._background
+        if not inline and self._must_roll():
+            self._start_roll_over((data, outer))
+            return
         try:
-            ledger, inner = self._submit(data)
+            ledger, inner = self._submit(data, inline=inline)
+        except LedgerFencedError as error:
+            if inline:
+                outer.set_exception(self._append_failure(error))
+            else:  # fenced by a failure not reported yet: roll past it, then append
+                self._start_roll_over((data, outer))
+            return
         except (LedgerError, MetadataError) as error:
             outer.set_exception(self._append_failure(error))
             return
@@ -268,22 +283,40 @@ class ManagedLedger:
         inner.add_done_callback(lambda done: self._on_durable(done, outer, ledger, size))
         if self._current_is_full():
             if self._background:
-                self._rolling = True
-                self._rolled.clear()
-                threading.Thread(target=self._roll_over_in_background, daemon=True,
-                                 name=f"roll-over {self.name}").start()
+                self._start_roll_over(None)
             else:
                 self._roll_over_after_append()
 
-    def _submit(self, data: bytes) -> tuple[_Ledger, Future[int]]:
-        """Hand ``data`` to the current ledger, first rolling past a failed one."""
+    def _must_roll(self) -> bool:
+        """Whether the next append needs I/O first (``_writable_ledger``): the current
+        ledger failed or is sealed, or empty ledgers wait to leave the list."""
+        if not self._ledgers:  # deleted: the append fails as it always did
+            return False
+        current = self._ledgers[-1]
+        return current.failed or bool(current.closed_at_ms) or bool(self._empty_ledgers)
+
+    def _start_roll_over(self, trigger: tuple[bytes, Future[Position]] | None) -> None:
+        """Start a roll-over thread (caller holds the lock); appends wait in ``_queued``
+        meanwhile, ``trigger`` (the append that asked for it, if any) first."""
+        self._rolling = True
+        self._rolled.clear()
+        if trigger is not None:
+            self._queued.insert(0, trigger)
+        threading.Thread(target=self._roll_over_in_background, args=(trigger[1] if trigger else None,),
+                         daemon=True, name=f"roll-over {self.name}").start()
+
+    def _submit(self, data: bytes, *, inline: bool = True) -> tuple[_Ledger, Future[int]]:
+        """Hand ``data`` to the current ledger, first rolling past a failed one (``inline``:
+        on this thread; else a fenced ledger raises, for a roll-over thread)."""
         for attempt in range(2):
-            current = self._writable_ledger()
+            current = self._writable_ledger() if inline else self._current()
+            if current.failed and not inline:  # failed since ``_must_roll`` looked (the flusher)
+                raise LedgerFencedError(f"ledger {current.ledger_id} failed a write", ledger_id=current.ledger_id)
             try:
                 return current, self.store.append(current.ledger_id, data)
             except LedgerFencedError:  # fenced by a failure whose appends have not reported yet
                 current.failed = True
-                if attempt:
+                if attempt or not inline:
                     raise
             except LedgerIOError:  # the write failed at call time: this entry is not stored
                 current.failed = True
@@ -301,7 +334,7 @@ class ManagedLedger:
                         self.name, current.ledger_id, current.entries)
         if current.closed_at_ms:
             self._create_ledger()
-            if current.entries == 0:  # an empty ledger does not stay in the list
+            if current.entries == 0 and current not in self._empty_ledgers:  # it does not stay in the list
                 self._empty_ledgers.append(current)
         while self._empty_ledgers:  # harmless while listed (reads skip them): retried each append
             try:
@@ -313,7 +346,7 @@ class ManagedLedger:
             self._empty_ledgers.pop(0)
         return self._ledgers[-1]
 
-    def _append_failure(self, error: LedgerError | MetadataError) -> LedgerError:
+    def _append_failure(self, error: Exception) -> LedgerError:
         if isinstance(error, LedgerError):
             return error
         failure = LedgerIOError(f"managed ledger {self.name}: cannot roll over: {error}")
@@ -364,36 +397,74 @@ class ManagedLedger:
                   extra={"event": "ledger-roll-over", "topic": self.name, "sealed_ledger_id": sealed.ledger_id,
                          "ledger_id": current.ledger_id})
 
-    def _roll_over_in_background(self) -> None:
-        """Seal the full current ledger and create the next one without the lock (no
-        append reaches the full one: they wait in ``_queued``), then hand the waiting
-        appends to the new ledger in order. A failure leaves the ledger marked: the
-        waiting appends then take the ordinary path, which rolls past it or fails them."""
+    def _roll_over_in_background(self, trigger: Future[Position] | None) -> None:
+        """Seal the current ledger (full, or failed: cut back to its last durable entry)
+        unless it is sealed already, create the next one and drop the empty ones, without
+        the lock (no append reaches the ledger list: they wait in ``_queued``), then hand
+        the waiting appends to the new ledger in order. A failure leaves the ledger marked:
+        the append that asked for this roll past a failed ledger (``trigger``) fails with
+        it, as it would have on its own thread, and the waiting appends after it take the
+        ordinary path, each starting its own try (the topic recovers by itself)."""
         with self._lock:
-            full = self._ledgers[-1]
+            current = self._ledgers[-1]
+            roll = trigger is None or current.failed or bool(current.closed_at_ms)  # else: empty ones only
         new: _Ledger | None = None
+        failure: Exception | None = None
         try:
-            self._seal(full)
-            new = self._new_ledger()
+            if roll and not current.closed_at_ms:
+                failed = current.failed
+                self._seal(current)
+                if failed:
+                    log.warning("topic %s: ledger %d failed; sealed at %d entries, rolling over",
+                                self.name, current.ledger_id, current.entries)
+            if roll:
+                new = self._new_ledger()
         except Exception as error:  # noqa: BLE001 - an append must never wait forever on a roll-over
+            failure = error
             log.warning("topic %s: roll-over failed, the next append retries it: %s", self.name, error)
         with self._lock:
-            if full.closed_at_ms and full.entries == 0:
-                self._empty_ledgers.append(full)  # every append to it failed: it leaves the list
-            elif not full.closed_at_ms:
-                full.failed = True
+            if roll and current.closed_at_ms and current.entries == 0:
+                if current not in self._empty_ledgers:
+                    self._empty_ledgers.append(current)  # every append to it failed: it leaves the list
+            elif roll and not current.closed_at_ms:
+                current.failed = True
             if new is not None:
                 self._add_current(new)
-                self._log_roll_over(full, new)
+                self._log_roll_over(current, new)
+        self._remove_empty_ledgers()
+        with self._lock:
             self._rolling = False
             while self._queued and not self._rolling:
                 data, outer = self._queued.pop(0)
                 if self.closed:
                     outer.set_exception(LedgerError(f"managed ledger {self.name} is closed"))
+                elif outer is trigger and failure is not None:
+                    outer.set_exception(self._append_failure(failure))
                 else:
-                    self._append_locked(data, outer)
+                    self._append_locked(data, outer, inline=outer is trigger)
             if not self._rolling:
                 self._rolled.set()
+
+    def _remove_empty_ledgers(self) -> None:
+        """Drop the empty, sealed ledgers waiting to leave the list, outside the lock (a
+        roll-over thread: appends wait in ``_queued``); only once a writable ledger is
+        current, never the current one. A failure leaves them for the next try."""
+        with self._lock:
+            if self._ledgers[-1].closed_at_ms:
+                return
+            empty = [ledger for ledger in self._empty_ledgers if ledger is not self._ledgers[-1]]
+        for ledger in empty:
+            try:
+                self.metadata.remove_ledgers([ledger.ledger_id])
+            except MetadataError as error:
+                log.warning("topic %s: empty ledger %d stays listed for now: %s", self.name, ledger.ledger_id, error)
+                return
+            with self._lock:
+                if ledger in self._ledgers:  # trimming may have dropped it already
+                    self._ledgers.remove(ledger)
+                if ledger in self._empty_ledgers:
+                    self._empty_ledgers.remove(ledger)
+            self._delete_quietly(ledger.ledger_id)
 
     def _seal_current(self) -> None:
         """Seal the current ledger (its pending appends become durable first); an empty

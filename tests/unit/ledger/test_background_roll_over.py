@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.errors import LedgerIOError
+from ledger.errors import LedgerFencedError, LedgerIOError
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import Position
@@ -37,7 +37,8 @@ BOUND_S = 10
 
 
 class GatedStore:
-    """A store whose ``close`` (the seal) waits for ``gate``; ``on_read`` runs before each read."""
+    """A store whose ``close`` (the seal) waits for ``gate``; ``on_read`` runs before each
+    read; ``deleted_on`` names the thread of each delete."""
 
     def __init__(self, inner: LedgerStore) -> None:
         self.inner = inner
@@ -45,9 +46,14 @@ class GatedStore:
         self.gate.set()
         self.sealing = threading.Event()
         self.on_read: Any = None
+        self.deleted_on: list[str] = []  # the thread of each delete
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def delete(self, ledger_id: int) -> None:
+        self.deleted_on.append(threading.current_thread().name)
+        self.inner.delete(ledger_id)
 
     def close(self, ledger_id: int) -> None:
         self.sealing.set()
@@ -197,3 +203,81 @@ def test_a_read_skips_a_ledger_trimmed_on_another_thread_after_its_plan_was_made
         "the trim deleted nothing: the race was not set up"
     assert [entry.data for entry in entries] == [b"t4"], "only what was not trimmed is served"
     managed.close()
+
+
+def test_the_roll_past_a_failed_ledger_runs_in_the_background_and_never_blocks_the_appender(
+    parts: tuple[GatedStore, MetadataStore],
+) -> None:
+    """A write fails: the next append finds the ledger failed and returns at once while a
+    roll-over thread seals it at its last durable entry (the gate holds that seal) and
+    creates the next one; the appends meanwhile wait, then land there in order."""
+    store, metadata = parts
+    faulty = FaultyLedgerStore(store)  # type: ignore[arg-type]
+    managed = _open(faulty, metadata, entries=100)
+    first = managed.ledger_list()[0].ledger_id
+    assert managed.append(b"kept").result(BOUND_S) == Position(first, 0)
+    faulty.fail_on("append", error=LedgerIOError("No space left on device"))
+    with pytest.raises(LedgerIOError):
+        managed.append(b"refused").result(BOUND_S)
+    store.gate.clear()
+    returned, futures = _append_on_a_thread(managed, b"next")
+    assert returned.wait(BOUND_S), "an append blocked on the seal of the failed ledger"
+    assert store.sealing.wait(BOUND_S), "the failed ledger was never sealed"
+    more = [managed.append(b"then%d" % i) for i in range(2)]
+    assert not futures[0].done(), "an append reported durable before its ledger existed"
+    store.gate.set()
+    positions = [f.result(BOUND_S) for f in [futures[0], *more]]
+    second = positions[0].ledger_id
+    assert second > first
+    assert positions == [Position(second, 0), Position(second, 1), Position(second, 2)]
+    managed.close()
+    records = metadata.topic_ledgers(TOPIC)
+    assert records[0].entries == 1 and not records[0].is_open, "the failed ledger is sealed at its durable entry"
+    assert managed_read_all(store, metadata) == [b"kept", b"next", b"then0", b"then1"]
+
+
+def test_a_failed_ledger_that_holds_nothing_leaves_the_list_in_the_background(
+    parts: tuple[GatedStore, MetadataStore],
+) -> None:
+    """The roll past a failed, empty ledger drops it from the list and its file, off the
+    appender's thread; a roll past it that fails fails that append only, and the next
+    append tries again."""
+    store, metadata = parts
+    faulty = FaultyLedgerStore(store)  # type: ignore[arg-type]
+    managed = _open(faulty, metadata, entries=100)
+    first = managed.ledger_list()[0].ledger_id
+    faulty.fail_on("append", error=LedgerIOError("No space left on device"))
+    with pytest.raises(LedgerIOError):
+        managed.append(b"refused").result(BOUND_S)
+    faulty.fail_on("create", error=LedgerIOError("No space left on device"))
+    with pytest.raises(LedgerIOError):
+        managed.append(b"refused again").result(BOUND_S)  # the roll past it could not create the next
+    position = managed.append(b"stored").result(BOUND_S)
+    assert position.ledger_id > first
+    assert [record.ledger_id for record in managed.ledger_list()] == [position.ledger_id]
+    assert first not in store.inner.list(), "the empty failed ledger's file stayed"
+    assert store.deleted_on and all(name.startswith("roll-over") for name in store.deleted_on), store.deleted_on
+    managed.close()
+    assert managed_read_all(store, metadata) == [b"stored"]
+
+
+def test_an_append_fenced_at_call_time_rolls_past_the_ledger_in_the_background_and_is_stored(
+    parts: tuple[GatedStore, MetadataStore],
+) -> None:
+    """The store refuses an append because its ledger was fenced by a failure not reported
+    yet: as on the appender's own thread before, the ledger is rolled past (here on a
+    roll-over thread, the gate holding its seal) and the append goes to the next one."""
+    store, metadata = parts
+    faulty = FaultyLedgerStore(store)  # type: ignore[arg-type]
+    managed = _open(faulty, metadata, entries=100)
+    first = managed.ledger_list()[0].ledger_id
+    assert managed.append(b"kept").result(BOUND_S) == Position(first, 0)
+    faulty.fail_on("append", error=LedgerFencedError("fenced", ledger_id=first))
+    store.gate.clear()
+    returned, futures = _append_on_a_thread(managed, b"fenced")
+    assert returned.wait(BOUND_S), "an append blocked on the seal of the fenced ledger"
+    assert store.sealing.wait(BOUND_S)
+    store.gate.set()
+    assert futures[0].result(BOUND_S).ledger_id > first
+    managed.close()
+    assert managed_read_all(store, metadata) == [b"kept", b"fenced"]
