@@ -31,7 +31,8 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
 * **Trimming** deletes a prefix of closed ledgers that every durable cursor has consumed
   (the slowest persisted mark-delete position bounds it; with no durable cursor every
   closed ledger is a candidate), within the retention policy; the current ledger is never
-  deleted. References leave the metadata store before data leaves the ledger store.
+  deleted. References leave the metadata store before data leaves the ledger store; that
+  commit runs without the ledger's lock (one trim at a time), so appends never wait for it.
 
 This module is longer than the project's 600 lines on purpose: everything here reads or
 changes the ledger list under the one ``_lock`` (appends, roll-over, reads, positions,
@@ -138,6 +139,7 @@ class ManagedLedger:
         self.config = config
         self._clock = clock
         self._lock = threading.RLock()
+        self._trim_lock = threading.Lock()
         self._ledgers: list[_Ledger] = []  # ascending ids; the last one is the current one
         # Guards the live counts of open ledgers. Completions update them on the flusher
         # thread, which may hold a ledger's I/O lock that a roll-over under ``_lock`` waits
@@ -723,17 +725,21 @@ class ManagedLedger:
         of the durable cursors (the positions the cursor layer holds on the shared database,
         ``MetadataStore.held_positions``), so only durably consumed data is ever deleted.
         """
-        with self._lock:
-            if self.closed:
-                return []
-            bound = self._slowest_reader_ledger_id()
-            doomed = self._ledgers_to_trim(bound)
-            if not doomed:
-                return []
+        with self._trim_lock:  # one trim at a time: each deletes what it chose
+            with self._lock:
+                if self.closed:
+                    return []
+                bound = self._slowest_reader_ledger_id()
+                doomed = self._ledgers_to_trim(bound)
+                if not doomed:
+                    return []
+            # the commit (an fsync) without the ledger's lock: no append waits for it. The
+            # doomed ledgers are sealed and before the current one: nothing else changes them
             self.metadata.remove_ledgers(doomed)
-            self._ledgers = [ledger for ledger in self._ledgers if ledger.ledger_id not in doomed]
-        for ledger_id in doomed:
-            self.store.delete(ledger_id)
+            with self._lock:
+                self._ledgers = [ledger for ledger in self._ledgers if ledger.ledger_id not in doomed]
+        for ledger_id in doomed:  # quietly: a topic delete meanwhile may have deleted some
+            self._delete_quietly(ledger_id)
         log.info("topic %s: trimmed ledgers %s", self.name, doomed)
         return doomed
 

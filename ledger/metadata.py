@@ -187,7 +187,7 @@ class MetadataStore:
 
     def remove_ledgers(self, ledger_ids: list[int]) -> None:
         """Drop the references to ``ledger_ids`` (before their data is deleted)."""
-        with self.transaction() as db:
+        with self.transaction("ledgers.remove", ledger_ids=ledger_ids) as db:
             db.executemany("DELETE FROM ledgers WHERE ledger_id = ?", [(i,) for i in ledger_ids])
 
     def topic_ledgers(self, topic: str, *, role: str = "data") -> list[LedgerRecord]:

@@ -281,3 +281,37 @@ def test_an_append_fenced_at_call_time_rolls_past_the_ledger_in_the_background_a
     assert futures[0].result(BOUND_S).ledger_id > first
     managed.close()
     assert managed_read_all(store, metadata) == [b"kept", b"fenced"]
+
+
+def test_an_append_never_waits_for_a_trims_commit(parts: tuple[GatedStore, MetadataStore]) -> None:
+    """The trim's transaction (an fsync) is held at its start; an append made meanwhile on
+    another thread returns and becomes durable, then the trim finishes and deletes the
+    consumed ledgers."""
+    store, metadata = parts
+    managed = _open(store, metadata, entries=2)
+    for i in range(5):
+        managed.append(b"t%d" % i).result(BOUND_S)
+    held, release = threading.Event(), threading.Event()
+
+    def hold(**_: object) -> None:
+        held.set()
+        assert release.wait(BOUND_S), "the test never released the trim"
+
+    metadata.database.fault_points["ledgers.remove.before"] = hold
+    trimmed: list[list[int]] = []
+    trimmer = threading.Thread(target=lambda: trimmed.append(managed.trim()))
+    trimmer.start()
+    try:
+        assert held.wait(BOUND_S), "the trim never reached its commit"
+        returned, futures = _append_on_a_thread(managed, b"during")
+        assert returned.wait(BOUND_S), "an append waited for the trim's commit"
+        assert futures[0].result(BOUND_S).ledger_id == managed.ledger_list()[-1].ledger_id
+    finally:
+        release.set()
+        trimmer.join(BOUND_S)
+    del metadata.database.fault_points["ledgers.remove.before"]
+    assert trimmed and trimmed[0], "the trim deleted nothing: the race was not set up"
+    listed = {record.ledger_id for record in managed.ledger_list()}
+    assert not listed & set(trimmed[0]) and not set(store.inner.list()) & set(trimmed[0])
+    managed.close()
+    assert managed_read_all(store, metadata)[-1] == b"during"
