@@ -43,7 +43,7 @@ from ledger.storage import file_io
 from tests.integration.conftest import BrokerHarness
 from tests.integration.wire.helpers import RECEIVE_MS, unique_topic, wait_until
 from tests.integration.wire.test_no_commit_on_the_loop import _admin, _scheduler_tick, _send_while
-from tests.integration.wire.test_producers import _read_all, _send_async, _until
+from tests.integration.wire.test_producers import _read_all, send_through_a_full_disk
 from tests.unit.ledger.test_managed_ledger_failures import FullDisk
 
 pulsar = pytest.importorskip("pulsar")
@@ -279,20 +279,8 @@ def test_a_full_disk_and_the_roll_past_the_failed_ledger_never_touch_files_on_th
     monkeypatch.setattr(file_io, "os", disk)
     topic = unique_topic("full-disk-off-loop")
     client = pulsar.Client(broker.url, operation_timeout_seconds=10, logger=QUIET)
-    done: dict[bytes, Any] = {}
     try:
-        producer = client.create_producer(topic, send_timeout_millis=0, batching_enabled=False)
-        producer.send(b"m0")
-        calls.watching = True
-        disk.full = True
-        _send_async(producer, [b"m%d" % i for i in range(1, 6)], done)
-        _until(lambda: disk.refused >= 3, "no write reached the full disk")
-        assert done == {}  # nothing is acknowledged while the disk is full
-        disk.full = False
-        _until(lambda: len(done) == 5, "the sends did not go through once space freed")
-        assert all(result == pulsar.Result.Ok for result, _ in done.values())
-        producer.send(b"after")
-        calls.watching = False
+        send_through_a_full_disk(client, disk, topic, watch=lambda on: setattr(calls, "watching", on))
     finally:
         client.close()
     stored = _read_all(pulsar.Client(broker.url, operation_timeout_seconds=10, logger=QUIET), topic)

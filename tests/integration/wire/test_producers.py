@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -184,23 +185,34 @@ def test_a_full_disk_fails_sends_and_the_topic_recovers_by_itself_once_space_fre
     monkeypatch.setattr(file_io, "os", disk)  # the store's plain file operations
     topic = unique_topic("full-disk")
     client = _new_client(broker)
-    done: dict[bytes, Any] = {}
     try:
-        producer = client.create_producer(topic, send_timeout_millis=0, batching_enabled=False)
-        producer.send(b"m0")
-        disk.full = True
-        _send_async(producer, [b"m%d" % i for i in range(1, 6)], done)
-        _until(lambda: disk.refused >= 3, "no write reached the full disk")
-        assert done == {}  # nothing is acknowledged while the disk is full
-        disk.full = False
-        _until(lambda: len(done) == 5, "the sends did not go through once space freed")
-        assert all(result == pulsar.Result.Ok for result, _ in done.values())
-        producer.send(b"after")
+        done = send_through_a_full_disk(client, disk, topic)
     finally:
         client.close()
     stored = _read_all(_new_client(broker), topic)
     assert [m.data() for m in stored] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5", b"after"]
     assert {m.data(): str(m.message_id()) for m in stored[1:6]} == {p: i for p, (_, i) in done.items()}
+
+
+def send_through_a_full_disk(client: Any, disk: FullDisk, topic: str,
+                             watch: Callable[[bool], None] = lambda on: None) -> dict[bytes, Any]:
+    """On ``topic``: m0 sent; then m1..m5 sent while ``disk`` is full (none acknowledged);
+    then space frees and all five go through; then "after" is sent. ``watch(True)`` and
+    ``watch(False)`` frame what follows m0. Returns m1..m5's (result, message id)."""
+    done: dict[bytes, Any] = {}
+    producer = client.create_producer(topic, send_timeout_millis=0, batching_enabled=False)
+    producer.send(b"m0")
+    watch(True)
+    disk.full = True
+    _send_async(producer, [b"m%d" % i for i in range(1, 6)], done)
+    _until(lambda: disk.refused >= 3, "no write reached the full disk")
+    assert done == {}  # nothing is acknowledged while the disk is full
+    disk.full = False
+    _until(lambda: len(done) == 5, "the sends did not go through once space freed")
+    assert all(result == pulsar.Result.Ok for result, _ in done.values())
+    producer.send(b"after")
+    watch(False)
+    return done
 
 
 def _send_async(producer: Any, payloads: list[bytes], done: dict[bytes, Any]) -> None:

@@ -4,6 +4,8 @@ on a worker thread while the topic holds the sends; each is then stored once, in
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -33,13 +35,24 @@ def _stored(ledger: ManagedLedger) -> list[bytes]:
     return [e.data for e in ledger.read_entries(ledger.first_position(), 1000, end=end)]
 
 
+@contextlib.asynccontextmanager
+async def _switchable(path: Path) -> AsyncIterator[tuple[Topic, ManagedLedger]]:
+    """A topic on a fresh data dir under ``path``, de-duplication off; closed afterwards."""
+    data_dir = DataDir.open(str(path / "data"))
+    cursors = CursorStore(data_dir.database)
+    ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
+    try:
+        yield Topic(TopicName.parse(TOPIC), ledger, asyncio.get_running_loop(), cursors=cursors,
+                    deduplication=False), ledger
+    finally:
+        ledger.close()
+        cursors.close()
+        data_dir.close()
+
+
 def test_sends_made_while_de_duplication_starts_are_held_then_each_stored_once(tmp_path: Path) -> None:
     async def main() -> None:
-        data_dir = DataDir.open(str(tmp_path / "data"))
-        cursors = CursorStore(data_dir.database)
-        ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
-        topic = Topic(TopicName.parse(TOPIC), ledger, asyncio.get_running_loop(), cursors=cursors)
-        try:
+        async with _switchable(tmp_path) as (topic, ledger):
             session = ProducerSession()
             before = entry("p", 0, b"before")
             await asyncio.wrap_future(topic.publish(session, "p", 0, 0, before))
@@ -56,34 +69,22 @@ def test_sends_made_while_de_duplication_starts_are_held_then_each_stored_once(t
             assert await asyncio.wrap_future(again) == positions[1]
             assert _stored(ledger) == [before, *sends]  # each once, in send order, nothing lost
             assert positions == sorted(positions)
-        finally:
-            ledger.close()
-            cursors.close()
-            data_dir.close()
 
     asyncio.run(main())
 
 
 def test_de_duplication_switched_off_while_it_starts_stays_off_and_keeps_no_cursor(tmp_path: Path) -> None:
     async def main() -> None:
-        data_dir = DataDir.open(str(tmp_path / "data"))
-        cursors = CursorStore(data_dir.database)
-        ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
-        topic = Topic(TopicName.parse(TOPIC), ledger, asyncio.get_running_loop(), cursors=cursors)
-        try:
+        async with _switchable(tmp_path) as (topic, ledger):
             switched = topic.switch_deduplication(True)
             held = topic.publish(ProducerSession(), "p", 0, 0, entry("p", 0, b"x"))
             off = topic.switch_deduplication(False)  # before the start ended: its end applies it
             await asyncio.gather(switched, off)
             await asyncio.wrap_future(held)
             assert topic.dedup is None
-            await asyncio.wrap_future(cursors.when_written(TOPIC, "pulsar.dedup"))
-            assert "pulsar.dedup" not in cursors.list(TOPIC)
+            await asyncio.wrap_future(topic.cursors.when_written(TOPIC, "pulsar.dedup"))
+            assert "pulsar.dedup" not in topic.cursors.list(TOPIC)
             assert _stored(ledger) == [entry("p", 0, b"x")]
-        finally:
-            ledger.close()
-            cursors.close()
-            data_dir.close()
 
     asyncio.run(main())
 
@@ -102,16 +103,11 @@ def test_every_send_after_the_switch_is_stored_once_and_every_send_is_answered_w
     path = tmp_path_factory.mktemp("switch")
 
     async def main() -> None:
-        data_dir = DataDir.open(str(path / "data"))
-        cursors = CursorStore(data_dir.database)
-        ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata)
-        topic = Topic(TopicName.parse(TOPIC), ledger, asyncio.get_running_loop(), cursors=cursors,
-                      deduplication=False)
-        sends = [entry("p", i, b"m%d" % i) for i in range(count)]
-        answers: list[tuple[int, Future[Position]]] = []
-        switched: asyncio.Future[None] | None = None
-        session = ProducerSession()
-        try:
+        async with _switchable(path) as (topic, ledger):
+            sends = [entry("p", i, b"m%d" % i) for i in range(count)]
+            answers: list[tuple[int, Future[Position]]] = []
+            switched: asyncio.Future[None] | None = None
+            session = ProducerSession()
             for i in range(count + 1):
                 if i == switch_at:
                     switched = topic.switch_deduplication(True)
@@ -131,9 +127,5 @@ def test_every_send_after_the_switch_is_stored_once_and_every_send_is_answered_w
             log = _stored(ledger)
             for i in range(switch_at, count):
                 assert log.count(sends[i]) == 1, (i, log)
-        finally:
-            ledger.close()
-            cursors.close()
-            data_dir.close()
 
     asyncio.run(main())

@@ -23,24 +23,14 @@ from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
 from compactor.runner import Compactor
 from compactor.topic import COMPACTION_SUBSCRIPTION
-from ledger import DataDir
 from ledger.managed_ledger import ManagedLedger
+from tests.unit.api.broker.test_admin import _with_broker
 
 TOPIC = "persistent://public/default/loaded"
 
 
 def _run(path: Path, body: Callable[[BrokerService], Awaitable[None]]) -> None:
-    async def main() -> None:
-        data_dir = DataDir.open(str(path))
-        broker = BrokerService(data_dir, Settings(compaction_monitor_interval_seconds=0))
-        broker.loop = asyncio.get_running_loop()
-        try:
-            await body(broker)
-        finally:
-            await broker.stop()
-            data_dir.close()
-
-    asyncio.run(main())
+    asyncio.run(_with_broker(path, body, Settings(compaction_monitor_interval_seconds=0)))
 
 
 def _entry(value: bytes) -> bytes:
