@@ -98,38 +98,54 @@ def _admin(harness: BrokerHarness) -> Callable[[str, str], int]:
     return lambda method, path, json=None: harness.call(request(method, path, json))  # type: ignore[misc]
 
 
+def produce_ack_seek_unsubscribe(client: Any, topic: str) -> tuple[Any, Any]:
+    """Producers load ``topic`` and ``topic``-kept (loaded until the stop: a de-duplication
+    state the stop's close snapshots); a Shared consumer receives and acks every message
+    (roll-overs, de-duplication snapshots), seeks to the middle and unsubscribes. Returns
+    the two producers, open."""
+    producer = client.create_producer(topic, producer_name="p", batching_enabled=False)
+    kept = client.create_producer(topic + "-kept", batching_enabled=False)
+    for i in range(10):
+        kept.send(b"k%d" % i)
+    consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    ids = [producer.send(b"m%d" % i) for i in range(MESSAGES)]
+    for _ in range(MESSAGES):
+        consumer.acknowledge(consumer.receive(RECEIVE_MS))
+    consumer.seek(ids[MESSAGES // 2])
+    assert consumer.receive(RECEIVE_MS).data() == b"m%d" % (MESSAGES // 2 + 1)  # the client skips the id
+    consumer.unsubscribe()
+    return producer, kept
+
+
+def other_subscription_then_topic_deleted(client: Any, admin: Callable[..., int], harness: BrokerHarness,
+                                          topic: str, producers: tuple[Any, Any]) -> None:
+    """Subscription "other" created and closed, reset, cleared and deleted by the admin;
+    ``producers`` closed; the topic deleted (its ledgers' and cursors' rows, its files)."""
+    path = "/admin/v2/persistent/" + topic.removeprefix("persistent://")
+    other = client.subscribe(topic, "other", initial_position=pulsar.InitialPosition.Earliest)
+    other.close()
+    assert admin("POST", path + "/subscription/other/resetcursor/0") == 204
+    assert admin("POST", path + "/subscription/other/skip_all") == 204
+    assert admin("DELETE", path + "/subscription/other") == 204
+    for producer in producers:
+        producer.close()
+    assert admin("DELETE", path) == 204
+    assert harness.service is not None and topic not in harness.service.topics
+
+
 def test_subscribe_ack_seek_unsubscribe_admin_and_stop_never_commit_on_the_event_loop(
         watched: tuple[BrokerHarness, Commits]) -> None:
     harness, commits = watched
     topic = unique_topic("no-loop-commit")
-    path = "/admin/v2/persistent/" + topic.removeprefix("persistent://")
     admin = _admin(harness)
     loop_thread = harness._thread.ident
     assert loop_thread is not None
     client = pulsar.Client(harness.url, operation_timeout_seconds=10, logger=QUIET)
     try:
         commits.watching = True
-        producer = client.create_producer(topic, producer_name="p", batching_enabled=False)  # loads the topic
-        kept = client.create_producer(topic + "-kept", batching_enabled=False)  # loaded until the stop
-        for i in range(10):
-            kept.send(b"k%d" % i)  # a de-duplication state the stop's close snapshots
-        consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
-                                    initial_position=pulsar.InitialPosition.Earliest)
-        ids = [producer.send(b"m%d" % i) for i in range(MESSAGES)]  # roll-overs, dedup snapshots
-        for _ in range(MESSAGES):
-            consumer.acknowledge(consumer.receive(RECEIVE_MS))
-        consumer.seek(ids[MESSAGES // 2])
-        assert consumer.receive(RECEIVE_MS).data() == b"m%d" % (MESSAGES // 2 + 1)  # the client skips the id
-        consumer.unsubscribe()
-        other = client.subscribe(topic, "other", initial_position=pulsar.InitialPosition.Earliest)
-        other.close()
-        assert admin("POST", path + "/subscription/other/resetcursor/0") == 204
-        assert admin("POST", path + "/subscription/other/skip_all") == 204
-        assert admin("DELETE", path + "/subscription/other") == 204
-        producer.close()
-        kept.close()
-        assert admin("DELETE", path) == 204  # the topic: its ledgers' and cursors' rows, its files
-        assert harness.service is not None and topic not in harness.service.topics
+        producer, kept = produce_ack_seek_unsubscribe(client, topic)
+        other_subscription_then_topic_deleted(client, admin, harness, topic, (producer, kept))
     finally:
         client.close()
     harness.stop()  # the topic left closes: its seal, last snapshot and cursor states

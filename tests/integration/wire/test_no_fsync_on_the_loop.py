@@ -42,14 +42,19 @@ from ledger.storage import file as file_store
 from ledger.storage import file_io
 from tests.integration.conftest import BrokerHarness
 from tests.integration.wire.helpers import RECEIVE_MS, unique_topic, wait_until
-from tests.integration.wire.test_no_commit_on_the_loop import _admin, _scheduler_tick, _send_while
+from tests.integration.wire.test_no_commit_on_the_loop import (
+    _admin,
+    _scheduler_tick,
+    _send_while,
+    other_subscription_then_topic_deleted,
+    produce_ack_seek_unsubscribe,
+)
 from tests.integration.wire.test_producers import _read_all, send_through_a_full_disk
 from tests.unit.ledger.test_managed_ledger_failures import FullDisk
 
 pulsar = pytest.importorskip("pulsar")
 
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
-MESSAGES = 60
 # The functions that wait for the disk (``os.open`` is watched apart: only a creation counts).
 BLOCKING = ("fsync", "fdatasync", "unlink", "remove", "rename", "replace", "ftruncate", "truncate",
             "mkdir", "rmdir")
@@ -148,18 +153,7 @@ def test_produce_ack_seek_unsubscribe_trim_delete_and_stop_never_touch_files_on_
     client = pulsar.Client(harness.url, operation_timeout_seconds=10, logger=QUIET)
     try:
         calls.watching = True
-        producer = client.create_producer(topic, producer_name="p", batching_enabled=False)  # loads: its ledger
-        kept = client.create_producer(topic + "-kept", batching_enabled=False)  # loaded until the stop
-        for i in range(10):
-            kept.send(b"k%d" % i)
-        consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
-                                    initial_position=pulsar.InitialPosition.Earliest)
-        ids = [producer.send(b"m%d" % i) for i in range(MESSAGES)]  # fdatasyncs, roll-overs (new files)
-        for _ in range(MESSAGES):
-            consumer.acknowledge(consumer.receive(RECEIVE_MS))
-        consumer.seek(ids[MESSAGES // 2])
-        assert consumer.receive(RECEIVE_MS).data() == b"m%d" % (MESSAGES // 2 + 1)
-        consumer.unsubscribe()
+        producers = produce_ack_seek_unsubscribe(client, topic)  # loads, fdatasyncs, roll-overs (new files)
         # a compaction moves the __compaction cursor to the end: nothing holds the first
         # ledgers now, and the next trims delete them (off the loop)
         assert admin("PUT", path + "/compaction") == 204
@@ -167,15 +161,7 @@ def test_produce_ack_seek_unsubscribe_trim_delete_and_stop_never_touch_files_on_
         first = _ledger_ids(harness, topic)[0]
         wait_until(lambda: first not in _ledger_ids(harness, topic), "a trim of the consumed ledgers", timeout_s=10)
         assert admin("POST", BACKUP_PATH) == 200  # staged (copies, fsyncs, renames), streamed, removed
-        other = client.subscribe(topic, "other", initial_position=pulsar.InitialPosition.Earliest)
-        other.close()
-        assert admin("POST", path + "/subscription/other/resetcursor/0") == 204
-        assert admin("POST", path + "/subscription/other/skip_all") == 204
-        assert admin("DELETE", path + "/subscription/other") == 204
-        producer.close()
-        kept.close()
-        assert admin("DELETE", path) == 204  # the topic: its ledgers' files
-        assert harness.service is not None and topic not in harness.service.topics
+        other_subscription_then_topic_deleted(client, admin, harness, topic, producers)  # its files too
     finally:
         client.close()
     harness.restart()  # the topic left closes (its seal); the broker starts again on the data dir
