@@ -122,6 +122,8 @@ PartialFramesBudget = Annotated[str | None, _option(
     "wire_partial_frames_budget_bytes", "--wire-partial-frames-budget-bytes", "BYTES")]
 HttpMaxBody = Annotated[str | None, _option(
     "http_max_request_body_bytes", "--http-max-request-body-bytes", "BYTES")]
+SchemaMaxSize = Annotated[str | None, _option(
+    "schema_max_size_bytes", "--schema-max-size-bytes", "BYTES")]
 MaxPartitions = Annotated[str | None, _option(
     "max_num_partitions_per_partitioned_topic", "--max-num-partitions-per-partitioned-topic", "N")]
 AuthenticationEnabled = Annotated[bool | None, _option(
@@ -185,6 +187,7 @@ def serve(  # one parameter per setting, each named as its key
     wire_connect_timeout_seconds: ConnectTimeout = None, wire_frame_timeout_seconds: FrameTimeout = None,
     wire_partial_frames_budget_bytes: PartialFramesBudget = None,
     http_max_request_body_bytes: HttpMaxBody = None,
+    schema_max_size_bytes: SchemaMaxSize = None,
     max_num_partitions_per_partitioned_topic: MaxPartitions = None,
     authentication_enabled: AuthenticationEnabled = None,
     token_secret_key: TokenSecretKey = None, token_public_key: TokenPublicKey = None,

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from api.wire.frames import MESSAGE_BYTES_MAX
 from api.wire.limits import WireLimits
 from compactor.engine import EngineName
 from compactor.manifest import GRACE_PERIOD_S_DEFAULT
@@ -162,6 +163,9 @@ class Settings:
         "FULL", "Schema compatibility strategy of topics whose namespace and topic set none "
         "(Pulsar's names: FULL, BACKWARD, FORWARD, their _TRANSITIVE forms, ALWAYS_COMPATIBLE, "
         "ALWAYS_INCOMPATIBLE, NONE).")
+    schema_max_size_bytes: int = _setting(
+        MESSAGE_BYTES_MAX, "Largest schema definition, on both ports: Pulsar's default maxMessageSize, the most "
+        "its binary port carries (Pulsar has no setting of its own for it).", minimum=1)
     max_num_partitions_per_partitioned_topic: int = _setting(
         1024, "Most partitions a partitioned topic may have (its partitions are created at once).",
         minimum=1)
