@@ -33,7 +33,7 @@ NOT_YET_IN_INTERFACES = {
     "wire_partial_frames_budget_bytes", "http_max_request_body_bytes",
     "compaction_min_lag_ms", "compaction_max_bytes_per_second", "log_format", "log_level",
     "authorization_enabled", "tls_trust_certs_file", "tls_require_trusted_client_cert", "http_allowed_hosts",
-    "schema_compatibility_strategy",
+    "schema_compatibility_strategy", "schema_max_size_bytes",
     "advertised_address",  # issue 16
     "max_num_partitions_per_partitioned_topic",
     "compacted_ledger_grace_period_s",  # issue 13
@@ -57,6 +57,7 @@ DOCUMENTED_DEFAULTS = {
     "broker_deduplication_enabled": False, "cluster_name": "standalone",
     "wire_connect_timeout_seconds": 10.0, "wire_frame_timeout_seconds": 30.0,
     "wire_partial_frames_budget_bytes": 128 * 1024**2, "http_max_request_body_bytes": 1024**2,
+    "schema_max_size_bytes": 5 * 1024**2,
     "compaction_min_lag_ms": 0, "compaction_max_bytes_per_second": 0, "log_format": "text", "log_level": "info",
     "authorization_enabled": False, "tls_trust_certs_file": None, "tls_require_trusted_client_cert": False,
     "http_allowed_hosts": (),
@@ -95,6 +96,7 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "wire_frame_timeout_seconds": ("2", "2", 2.0),
     "wire_partial_frames_budget_bytes": ("1048576", "1048576", 1048576),
     "http_max_request_body_bytes": ("4096", "4096", 4096),
+    "schema_max_size_bytes": ("2048", "2048", 2048),
     "compaction_min_lag_ms": ("60000", "60000", 60000),
     "compaction_max_bytes_per_second": ("1048576", "1048576", 1048576),
     "compacted_ledger_grace_period_s": ("0.5", "0.5", 0.5),
