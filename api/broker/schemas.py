@@ -46,7 +46,12 @@ from typing import Any
 
 from api.broker.errors import BrokerError, TopicNotFoundError
 from api.broker.policies import PolicyStore
-from api.broker.schema_compat import InvalidDefinitionError, can_read, load_definition, parse_definition
+from api.broker.schema_compat import (
+    InvalidDefinitionError,
+    can_read,
+    load_definition,
+    parse_definition,
+)
 from api.broker.topic_name import TopicName
 from ledger.database import Database, TopicTable
 
