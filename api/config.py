@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from api.schema_names import SchemaStrategyName
 from api.wire.frames import MESSAGE_BYTES_MAX
 from api.wire.limits import WireLimits
 from compactor.engine import EngineName
@@ -80,9 +81,7 @@ BOOLEAN_WORDS = {
 FsyncPolicy = Literal["always", "group", "none"]  # the values of ledger.storage.base.SyncPolicy
 LogFormat = Literal["text", "json"]  # api.logs: readable lines, or JSON lines
 LogLevel = Literal["debug", "info", "warning", "error"]
-# Pulsar's SchemaCompatibilityStrategy names (api.broker.schemas.STRATEGIES).
-SchemaStrategy = Literal["ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
-                         "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE", "NONE"]
+SchemaStrategy = SchemaStrategyName  # Pulsar's SchemaCompatibilityStrategy names
 
 # The default configs of the lower layers: the defaults of the settings they apply.
 _LEDGER = ManagedLedgerConfig()

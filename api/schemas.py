@@ -17,6 +17,8 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from api.schema_names import SchemaStrategyName
+
 __all__ = [
     "JAVA_LONG_MAX",
     "POLICIES",
@@ -229,11 +231,6 @@ SchemaTypeName = Literal[
 ]
 """Pulsar's ``SchemaType`` names (``api.broker.schemas.TYPE_NAMES``)."""
 
-SchemaStrategyName = Literal[
-    "ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
-    "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE", "NONE",
-]
-"""Pulsar's ``SchemaCompatibilityStrategy`` names (``api.broker.schemas.STRATEGIES``)."""
 
 
 class SchemaInfo(BaseModel):

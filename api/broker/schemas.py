@@ -53,6 +53,7 @@ from api.broker.schema_compat import (
     parse_definition,
 )
 from api.broker.topic_name import TopicName
+from api.schema_names import STRATEGIES
 from ledger.database import Database, TopicTable
 
 __all__ = [
@@ -89,11 +90,6 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 STRATEGY_POLICY = "schemaCompatibilityStrategy"
-STRATEGIES = (
-    "ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
-    "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE", "NONE",
-)
-"""Pulsar's ``SchemaCompatibilityStrategy`` names (NONE: no check, as ALWAYS_COMPATIBLE)."""
 
 TYPE_NAMES = {
     0: "NONE", 1: "STRING", 2: "JSON", 3: "PROTOBUF", 4: "AVRO", 5: "BOOLEAN", 6: "INT8",
