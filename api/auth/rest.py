@@ -9,9 +9,16 @@ route runs or any body is read:
 * ``/metrics``, ``/docs`` and ``/openapi.json`` are then open to any authenticated role
   (metrics name topics, so they are not public; like Pulsar's
   ``authenticateMetricsEndpoint=true``);
+* a route declared with ``openapi_extra=topic_grant(*actions)`` is open, with
+  authorization on, to a role holding one of ``actions`` on the topic its path names
+  (``{domain}``, ``{tenant}``, ``{namespace}``, ``{topic}``; 403 otherwise) — as in Pulsar:
+  the lookup, the partitioned metadata and reading a schema need produce or consume,
+  uploading a schema produce. The route is found as the router will find it (the first
+  full match), so the grant a route declares is the one checked, before any body is read;
 * every other route is an admin operation: with authorization on, super-users only (403
   otherwise). compactd has no tenant admins, so reading and changing grants, policies,
-  topics and compaction are all super-user operations.
+  topics and compaction (and deleting a schema: Pulsar's tenant-admin operation) are all
+  super-user operations.
 
 ``HostAllowListMiddleware`` (wrapped around the application by ``api.server``) refuses,
 with 403, a request whose ``Host`` header names no address the listener answers for, so
@@ -25,13 +32,24 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from typing import Any
 
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.broker.access import AccessControl, AuthenticationError, AuthorizationError
 from api.errors import reason_response
 
-__all__ = ["AUTHENTICATED_PATHS", "OPEN_PATHS", "AccessMiddleware", "HostAllowListMiddleware", "host_of"]
+__all__ = [
+    "AUTHENTICATED_PATHS",
+    "GRANT_KEY",
+    "OPEN_PATHS",
+    "AccessMiddleware",
+    "HostAllowListMiddleware",
+    "host_of",
+    "route_grant",
+    "topic_grant",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +57,30 @@ OPEN_PATHS = frozenset({"/admin/v2/brokers/health"})
 AUTHENTICATED_PATHS = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 LOOPBACK_NAME = "localhost"
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
+GRANT_KEY = "x-compactd-topic-grant"  # in a route's OpenAPI operation: the grants that admit a role
+
+
+def topic_grant(*actions: str) -> dict[str, Any]:
+    """A route's ``openapi_extra``: a role holding one of ``actions`` (produce, consume) on
+    the topic its path names may call it (documented in the OpenAPI operation too)."""
+    return {GRANT_KEY: list(actions)}
+
+
+def route_grant(scope: Scope) -> tuple[str, tuple[str, ...]] | None:
+    """The topic and the actions that admit a request to the route it reaches, or None when
+    that route declares no ``topic_grant`` (an admin route)."""
+    app = scope.get("app")
+    for route in getattr(getattr(app, "router", None), "routes", ()):
+        match, child = route.matches(scope)
+        if match is not Match.FULL:
+            continue
+        actions = (getattr(route, "openapi_extra", None) or {}).get(GRANT_KEY)
+        if not actions:
+            return None
+        params = child.get("path_params", {})
+        topic = f"{params.get('domain', 'persistent')}://{params['tenant']}/{params['namespace']}/{params['topic']}"
+        return topic, tuple(actions)
+    return None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -67,7 +109,11 @@ class AccessMiddleware:
             return
         if scope["path"] not in AUTHENTICATED_PATHS:
             try:
-                self.access.check_admin(role)
+                grant = route_grant(scope)
+                if grant is None:
+                    self.access.check_admin(role)
+                else:
+                    self.access.check_topic(role, grant[0], *grant[1])
             except AuthorizationError as error:
                 log.info("refusing %s %s: %s", scope["method"], scope["path"], error)
                 await reason_response(403, str(error))(scope, receive, send)
