@@ -13,8 +13,9 @@ route runs or any body is read:
   authorization on, to a role holding one of ``actions`` on the topic its path names
   (``{domain}``, ``{tenant}``, ``{namespace}``, ``{topic}``; 403 otherwise) — as in Pulsar:
   the lookup, the partitioned metadata and reading a schema need produce or consume,
-  uploading a schema produce. The route is found as the router will find it (the first
-  full match), so the grant a route declares is the one checked, before any body is read;
+  uploading a schema produce. ``RouteGrants`` finds the route as the router will (the
+  first full match), so the grant a route declares is the one checked, before any body
+  is read;
 * every other route is an admin operation: with authorization on, super-users only (403
   otherwise). compactd has no tenant admins, so reading and changing grants, policies,
   topics and compaction (and deleting a schema: Pulsar's tenant-admin operation) are all
@@ -32,9 +33,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Iterable
 from typing import Any
 
-from starlette.routing import Match
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.broker.access import AccessControl, AuthenticationError, AuthorizationError
@@ -46,8 +49,8 @@ __all__ = [
     "OPEN_PATHS",
     "AccessMiddleware",
     "HostAllowListMiddleware",
+    "RouteGrants",
     "host_of",
-    "route_grant",
     "topic_grant",
 ]
 
@@ -66,21 +69,30 @@ def topic_grant(*actions: str) -> dict[str, Any]:
     return {GRANT_KEY: list(actions)}
 
 
-def route_grant(scope: Scope) -> tuple[str, tuple[str, ...]] | None:
-    """The topic and the actions that admit a request to the route it reaches, or None when
-    that route declares no ``topic_grant`` (an admin route)."""
-    app = scope.get("app")
-    for route in getattr(getattr(app, "router", None), "routes", ()):
-        match, child = route.matches(scope)
-        if match is not Match.FULL:
-            continue
-        actions = (getattr(route, "openapi_extra", None) or {}).get(GRANT_KEY)
-        if not actions:
-            return None
-        params = child.get("path_params", {})
-        topic = f"{params.get('domain', 'persistent')}://{params['tenant']}/{params['namespace']}/{params['topic']}"
-        return topic, tuple(actions)
-    return None
+class RouteGrants:
+    """Which grant admits a role to each route: ``routes`` (the application's, in the order
+    the router tries them) each matched as the router matches it, the first full match
+    deciding, before the request reaches the router."""
+
+    def __init__(self, routes: Iterable[BaseRoute]) -> None:
+        self._routes: list[tuple[Route, tuple[str, ...]]] = [
+            (Route(route.path, _never_called, methods=sorted(route.methods)),
+             tuple((route.openapi_extra or {}).get(GRANT_KEY, ())))
+            for route in routes if isinstance(route, APIRoute)]
+
+    def of(self, scope: Scope) -> tuple[str, tuple[str, ...]] | None:
+        """The topic and the actions that admit a request to the route it reaches, or None
+        when that route declares no ``topic_grant`` (an admin route) or none matches."""
+        for matcher, actions in self._routes:
+            match, child = matcher.matches(scope)
+            if match is not Match.FULL:
+                continue
+            if not actions:
+                return None
+            params = child["path_params"]
+            domain = params.get("domain", "persistent")
+            return f"{domain}://{params['tenant']}/{params['namespace']}/{params['topic']}", actions
+        return None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -90,12 +102,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+async def _never_called() -> None:  # RouteGrants only matches paths; the router calls the route
+    raise AssertionError("unreachable")
+
+
 class AccessMiddleware:
     """Authentication and admin authorization of every request; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, access: AccessControl) -> None:
+    def __init__(self, app: ASGIApp, access: AccessControl, routes: Iterable[BaseRoute] = ()) -> None:
         self.app = app
         self.access = access
+        self.grants = RouteGrants(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -109,7 +126,7 @@ class AccessMiddleware:
             return
         if scope["path"] not in AUTHENTICATED_PATHS:
             try:
-                grant = route_grant(scope)
+                grant = self.grants.of(scope)
                 if grant is None:
                     self.access.check_admin(role)
                 else:
