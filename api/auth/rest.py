@@ -76,7 +76,7 @@ class RouteGrants:
 
     def __init__(self, routes: Iterable[BaseRoute]) -> None:
         self._routes: list[tuple[Route, tuple[str, ...]]] = [
-            (Route(route.path, _never_called, methods=sorted(route.methods)),
+            (Route(route.path, _never_called, methods=sorted(route.methods or ())),
              tuple((route.openapi_extra or {}).get(GRANT_KEY, ())))
             for route in routes if isinstance(route, APIRoute)]
 
