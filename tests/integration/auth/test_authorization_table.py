@@ -270,14 +270,13 @@ def _flow(raw: Raw, consumer_id: int, admitted: bool) -> bool:
 
 
 def _ack(raw: Raw, consumer_id: int, admitted: bool) -> bool:
-    message_id = pb.MessageIdData(ledgerId=0, entryId=0)
-    if _flow(raw, consumer_id, admitted):
-        message_id = raw.until(lambda c: c.type == T.MESSAGE)[-1].message.message_id if not admitted else message_id
+    """ACK after FLOW: answered ACK_RESPONSE either way; it acts on a consumer only if one was made."""
+    delivered = _flow(raw, consumer_id, admitted)
     request_id = next(_ids)
     raw.send(make_command(pb.CommandAck(consumer_id=consumer_id, ack_type=pb.CommandAck.Individual,
-                                        message_id=[message_id], request_id=request_id)))
+                                        message_id=[pb.MessageIdData(ledgerId=0, entryId=0)], request_id=request_id)))
     raw.until(lambda c: c.type == T.ACK_RESPONSE)
-    return _has(raw, consumer_id)
+    return delivered and _has(raw, consumer_id)
 
 
 def _redeliver(raw: Raw, consumer_id: int, admitted: bool) -> bool:
