@@ -9,7 +9,8 @@ describe every route; ``/docs`` (Swagger UI) and ``/redoc`` load their scripts, 
 icon from this application (``fastapi-offline`` ships them), so they work without internet.
 
 With authentication on, ``api.auth.rest.AccessMiddleware`` guards every route but the
-health check (Bearer tokens; admin routes super-user only with authorization on).
+health check (Bearer tokens; with authorization on, admin routes are super-user only and
+the routes that declare a topic grant take a role holding it).
 
 Request bodies are bounded before they are read (``BodyLimitMiddleware``): a declared
 ``Content-Length`` above ``http_max_request_body_bytes`` answers 413 without reading a
@@ -86,7 +87,8 @@ def create_app(settings: Settings | None = None, *, broker: object | None = None
     if not isinstance(access, AccessControl) and settings is not None:
         access = AccessControl(settings, None)
     if isinstance(access, AccessControl) and access.authentication_enabled:
-        app.add_middleware(AccessMiddleware, access=access)  # api.auth.rest: every route but health
+        routes = [route for router in ROUTERS for route in router.routes]  # in the order they are included
+        app.add_middleware(AccessMiddleware, access=access, routes=routes)  # api.auth.rest: every route but health
 
     @app.get(HEALTH_PATH, response_class=PlainTextResponse, tags=["brokers"],
              summary="Broker health check", responses={200: {"description": "The text `ok`."}})
