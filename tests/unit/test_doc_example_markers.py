@@ -8,7 +8,14 @@ does not run, and the output rule of ``tests/doc_examples.py`` holds.
 
 from __future__ import annotations
 
-from tests.doc_examples import UNTESTED_LANGUAGES, examples, fences, output_matches, page_name, pages
+from tests.doc_examples import (
+    UNTESTED_LANGUAGES,
+    examples,
+    fences,
+    output_matches,
+    page_name,
+    pages,
+)
 
 
 def test_every_example_has_a_known_marker_and_every_skip_a_reason() -> None:

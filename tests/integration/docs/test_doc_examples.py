@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_examples import PageRunner, bash_environment, examples, pages, page_name, working_directory
+from tests.doc_examples import (
+    PageRunner,
+    bash_environment,
+    examples,
+    page_name,
+    pages,
+    working_directory,
+)
 from tests.serve_process import ServeProcess
 
 pytest.importorskip("pulsar")
