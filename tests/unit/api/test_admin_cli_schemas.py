@@ -56,8 +56,11 @@ def test_upload_sends_the_schema_file_and_prints_the_version(tmp_path: Path) -> 
     (None, "cannot read"), ("{not json", "cannot read"), ("[1]", "\"type\""),
     (json.dumps({"type": "JSON", "properties": {"k": 1}}), "properties"),
 ])
-def test_a_bad_schema_file_is_a_usage_error_naming_it(tmp_path: Path, content: str | None, named: str) -> None:
-    path = tmp_path / "bad.json"
+def test_a_bad_schema_file_is_a_usage_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str | None, named: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a short relative path: the usage box (80 columns) never wraps it
+    path = Path("bad.json")
     if content is not None:
         path.write_text(content)
     with pytest.raises(ValueError, match=named):
