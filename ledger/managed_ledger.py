@@ -346,8 +346,8 @@ class ManagedLedger:
         if self._warned_at_ms is not None and now_ms - self._warned_at_ms < ROLL_OVER_WARNING_INTERVAL_MS:
             self._unwarned_failures += 1
             return
-        log.warning("topic %s: roll-over failed (%d more failed tries since the last warning), the next "
-                    "try is in %d ms: %s", self.name, self._unwarned_failures, self.config.roll_over_retry_ms,
+        log.warning("topic %s: roll-over failed (%d failed tries not logged since the last warning), the "
+                    "next try is in %d ms: %s", self.name, self._unwarned_failures, self.config.roll_over_retry_ms,
                     error)
         self._warned_at_ms, self._unwarned_failures = now_ms, 0
 
