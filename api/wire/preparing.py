@@ -52,8 +52,8 @@ from ledger.errors import CompactionServiceError, LedgerError
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService
-    from ledger.managed_ledger import ManagedLedger
     from api.wire.frames import Frame
+    from ledger.managed_ledger import ManagedLedger
 
 __all__ = ["Creations", "deferred", "get_or_create_schema"]
 

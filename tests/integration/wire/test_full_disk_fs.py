@@ -40,7 +40,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount_point.mkdir()
     try:
         mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},mode=0700", "tmpfs",
-                                  str(mount_point)], capture_output=True, text=True, timeout=30)
+                                  str(mount_point)], check=False, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as error:
         pytest.skip(f"cannot mount a small tmpfs here: {error}")
     if mounted.returncode != 0:
@@ -48,16 +48,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", "--lazy", str(mount_point)], capture_output=True, timeout=30)
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=False, capture_output=True, timeout=30)
 
 
 def _fill(path: Path) -> None:
     """Write ``path`` until the file system is full."""
-    with path.open("wb") as filler:
-        with contextlib.suppress(OSError):
-            while True:
-                filler.write(bytes(64 * 1024))
-                filler.flush()
+    with path.open("wb") as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(bytes(64 * 1024))
+            filler.flush()
     assert os.statvfs(path.parent).f_bavail == 0, "the disk did not fill"
 
 

@@ -49,7 +49,11 @@ from tests.integration.wire.test_no_commit_on_the_loop import (
     other_subscription_then_topic_deleted,
     produce_ack_seek_unsubscribe,
 )
-from tests.integration.wire.test_producers import _read_all, send_through_a_full_disk, short_roll_over_retry
+from tests.integration.wire.test_producers import (
+    _read_all,
+    send_through_a_full_disk,
+    short_roll_over_retry,
+)
 from tests.unit.ledger.test_managed_ledger_failures import FullDisk
 
 pulsar = pytest.importorskip("pulsar")
