@@ -109,6 +109,8 @@ MaxEntries = Annotated[str | None, _option(
     "managed_ledger_max_entries_per_ledger", "--managed-ledger-max-entries-per-ledger", "N")]
 MaxBytes = Annotated[str | None, _option(
     "managed_ledger_max_size_per_ledger_bytes", "--managed-ledger-max-size-per-ledger-bytes", "N")]
+RollOverRetry = Annotated[str | None, _option(
+    "managed_ledger_roll_over_retry_ms", "--managed-ledger-roll-over-retry-ms", "MS")]
 MaxOpenLedgerFiles = Annotated[str | None, _option(
     "max_open_ledger_files", "--max-open-ledger-files", "N")]
 MarkDeleteRateLimit = Annotated[str | None, _option(
@@ -181,6 +183,7 @@ def serve(  # one parameter per setting, each named as its key
     fsync: Fsync = None,
     managed_ledger_max_entries_per_ledger: MaxEntries = None,
     managed_ledger_max_size_per_ledger_bytes: MaxBytes = None,
+    managed_ledger_roll_over_retry_ms: RollOverRetry = None,
     max_open_ledger_files: MaxOpenLedgerFiles = None,
     managed_ledger_mark_delete_rate_limit: MarkDeleteRateLimit = None,
     wire_connect_timeout_seconds: ConnectTimeout = None, wire_frame_timeout_seconds: FrameTimeout = None,

@@ -182,6 +182,9 @@ class Settings:
         _LEDGER.max_entries_per_ledger, "A topic's ledger rolls over after this many entries.", minimum=1)
     managed_ledger_max_size_per_ledger_bytes: int = _setting(
         _LEDGER.max_size_per_ledger_bytes, "A topic's ledger rolls over after this many bytes.", minimum=1)
+    managed_ledger_roll_over_retry_ms: int = _setting(
+        _LEDGER.roll_over_retry_ms, "After a topic's roll-over failed (a full disk), its sends fail at once, "
+        "and new producers are refused, for this long before the next try.", minimum=0)
     managed_ledger_mark_delete_rate_limit: float = _setting(
         MARK_DELETE_RATE_LIMIT, "Times a second a subscription's acknowledgements are persisted, at most "
         "(written in the background; a crash redelivers what was acknowledged since the last persist); "

@@ -42,6 +42,7 @@ from api.broker.errors import (
     InvalidTopicNameError,
     NotAllowedError,
     PreconditionFailedError,
+    StorageUnavailableError,
     SubscriptionNotFoundError,
     TopicExistsError,
     TopicNotFoundError,
@@ -64,6 +65,7 @@ STATUS_BY_ERROR: tuple[tuple[type[CompactionServiceError], int], ...] = (
     (CompactionInProgressError, 409),
     (ConsumerBusyError, 409),
     (PreconditionFailedError, 412),
+    (StorageUnavailableError, 503),
     (NotAllowedError, 405),
     (BrokerError, 400),
 )

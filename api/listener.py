@@ -11,6 +11,12 @@ stops at the first failure and retries a second later; the socket logs the first
 of an episode (one warning, no traceback) and the recovery. ``quiet_accept_errors``
 installs a loop exception handler that drops asyncio's own log of those failures (for
 our sockets only; everything else goes to the default handler).
+
+The same socket accepts at most ``ACCEPTS_PER_ITERATION`` connections per loop iteration
+(asyncio would take up to ``backlog`` at once, each a descriptor, before any protocol has
+seen one): the connection caps of ``api.fd_budget`` are applied as connections are made,
+so what a flood takes beyond a cap in one go stays this small, and the descriptors the
+broker keeps for itself stay free.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ log = logging.getLogger(__name__)
 
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """The accept errors asyncio pauses a listener for (and retries after a second)."""
+ACCEPTS_PER_ITERATION = 8
+"""Connections one listener accepts in one event-loop iteration, at most."""
 
 
 class BackoffListener(socket.socket):
@@ -37,10 +45,13 @@ class BackoffListener(socket.socket):
         super().__init__(*args, **kwargs)
         self.failures = 0  # accept failures in the current episode
         self._paused = False  # a failure happened in this loop iteration
+        self._accepted = 0  # connections accepted in this loop iteration
 
     def accept(self) -> tuple[socket.socket, Any]:
         if self._paused:
             raise BlockingIOError(errno.EAGAIN, "accepting paused after a failure")
+        if self._accepted >= ACCEPTS_PER_ITERATION:
+            raise BlockingIOError(errno.EAGAIN, "enough accepted in this loop iteration")
         try:
             accepted = super().accept()
         except OSError as error:
@@ -48,6 +59,7 @@ class BackoffListener(socket.socket):
                 raise
             self._pause(error)
             raise
+        self._count_accepted()
         if self.failures:
             log.warning("listener %s accepts connections again after %d failed attempts",
                         _address(self), self.failures)
@@ -67,6 +79,17 @@ class BackoffListener(socket.socket):
 
     def _resume(self) -> None:
         self._paused = False
+
+    def _count_accepted(self) -> None:
+        self._accepted += 1
+        if self._accepted == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._next_iteration)
+            except RuntimeError:  # not on a loop: no iteration to count in
+                self._accepted = 0
+
+    def _next_iteration(self) -> None:
+        self._accepted = 0
 
 
 def _address(sock: socket.socket) -> str:

@@ -47,7 +47,9 @@ from api.auth.rest import HostAllowListMiddleware
 from api.auth.tls import broker_ssl_context, https_options, preflight, tls_enabled
 from api.broker.access import exposure_warning
 from api.config import Settings, require_supported
+from api.fd_budget import fd_budget
 from api.http import create_app
+from api.http_connections import capped_http_protocol
 from api.listener import listening_socket, quiet_accept_errors
 from api.logs import logging_to_stderr
 from compactor.runner import collect_orphans
@@ -173,8 +175,12 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
     stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_stop_on_signals(stop))
+        budget = fd_budget(settings.max_open_ledger_files)  # ledger files never take the broker's own
+        log.info("file descriptors: %d; ledger files keep at most %d open, Pulsar connections %d, "
+                 "admin connections %d", budget.limit, budget.ledger_files, budget.pulsar_connections,
+                 budget.http_connections)
         data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync),
-                                max_open_files=settings.max_open_ledger_files)
+                                max_open_files=budget.ledger_files)
         stack.callback(data_dir.close)
         log.info("compactd starting on data dir %s", data_dir.path, extra={"event": "start", "data_dir": data_dir.path})
         collect_orphans(data_dir)
@@ -274,6 +280,10 @@ async def _http_listener(settings: Settings, broker: Broker, *, tls: bool = Fals
         timeout_graceful_shutdown=HTTP_GRACEFUL_SHUTDOWN_S, backlog=HTTP_LISTEN_BACKLOG,
         **(https_options(settings) if tls else {}),
     )
+    config.load()
+    config.http_protocol_class = capped_http_protocol(
+        config.http_protocol_class, fd_budget(settings.max_open_ledger_files).http_connections,
+        config.timeout_keep_alive)
     server = _HttpServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

@@ -61,6 +61,7 @@ from compactor.keymap import key_hash
 from compactor.scan import scan_entry
 from compactor.view import decode_compacted_entry
 from ledger.storage.file import FileLedgerStore
+from ledger.storage.file_io import open_private
 from ledger.storage.sealed_file import SealedFile
 from ledger.storage.sealed_writer import ledger_file_name
 
@@ -235,12 +236,10 @@ def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
     table = pa.table({name: index.columns[name] for name, _ in _COLUMNS}).replace_schema_metadata(metadata)
     temporary = f"{path}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     try:
-        pq.write_table(table, temporary, compression="lz4", use_dictionary=False, write_page_checksum=True)
-        fd = os.open(temporary, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with open_private(temporary, exclusive=True) as sink:  # owner-only: it holds message keys
+            pq.write_table(table, sink, compression="lz4", use_dictionary=False, write_page_checksum=True)
+            sink.flush()
+            os.fsync(sink.fileno())
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -62,7 +62,13 @@ from typing import Any
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
 from ledger.storage.file import FileLedgerStore
-from ledger.storage.file_io import fsync_dir
+from ledger.storage.file_io import (
+    FILE_MODE,
+    copy_private,
+    fsync_dir,
+    make_private_dirs,
+    open_private,
+)
 from ledger.storage.record import HEADER, RecordKind, encode_record
 
 __all__ = [
@@ -126,7 +132,7 @@ def take_backup(data_dir: DataDir, output: str, *, _staged: bool = False) -> Bac
     output = os.path.abspath(output)
     _prepare_output(output, inside=None if _staged else data_dir.path)
     ledgers_out = os.path.join(output, _LEDGERS)
-    os.mkdir(ledgers_out)
+    make_private_dirs(ledgers_out)
     started_ms = int(time.time() * 1000)
     pending: dict[int, tuple[str, int, int]] = {}  # open ledger: (temporary link, entries, bytes)
     with data_dir.database.backed_up_to(os.path.join(output, _DATABASE)):
@@ -160,7 +166,7 @@ def _prepare_output(output: str, *, inside: str | None) -> None:
             raise BackupError(f"the backup directory {output} exists and is not empty")
         return
     try:
-        os.makedirs(output)
+        make_private_dirs(output)
     except OSError as error:
         raise BackupError(f"cannot create the backup directory {output}: {error.strerror}") from None
 
@@ -181,21 +187,21 @@ def _link_or_copy(source: str, target: str, *, copy: bool = False) -> bool:
     """Hard-link (or copy) ``source`` to ``target``; False when ``source`` is gone."""
     try:
         if copy:
-            shutil.copyfile(source, target)
+            copy_private(source, target)
             return True
         try:
             os.link(source, target)
         except OSError as error:
             if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                 raise
-            shutil.copyfile(source, target)
+            copy_private(source, target)
     except FileNotFoundError:
         return False
     return True
 
 
 def _copy_prefix(source: str, target: str, length: int) -> None:
-    with open(source, "rb") as reader, open(target, "wb") as writer:
+    with open(source, "rb") as reader, open_private(target) as writer:
         remaining = length
         while remaining:
             chunk = reader.read(min(_CHUNK, remaining))
@@ -237,8 +243,8 @@ def _write_manifest(output: str, started_ms: int, open_ledgers: dict[int, int]) 
         "open_ledgers": {str(k): v for k, v in sorted(open_ledgers.items())}, "files": files,
     }
     temporary = os.path.join(output, MANIFEST + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(manifest, file, indent=1)
+    with open_private(temporary) as file:
+        file.write(json.dumps(manifest, indent=1).encode())
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, os.path.join(output, MANIFEST))
@@ -263,15 +269,18 @@ def stage_backup(data_dir: DataDir) -> str:
     left by a backup cut short is removed first."""
     root = os.path.join(data_dir.path, STAGING)
     shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(root)
+    make_private_dirs(root)
     output = os.path.join(root, uuid.uuid4().hex)
     take_backup(data_dir, output, _staged=True)
     return output
 
 
 def remove_staged(path: str) -> None:
-    """Remove a staged backup (its links cost nothing once gone)."""
+    """Remove a staged backup (its links cost nothing once gone), and the staging directory
+    with it once it is empty: no backup leaves a trace in the data dir."""
     shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty (another backup's), or gone already
+        os.rmdir(os.path.dirname(path))
 
 
 def tar_chunks(backup: str) -> Iterator[bytes]:
@@ -281,7 +290,7 @@ def tar_chunks(backup: str) -> Iterator[bytes]:
     for relative in [MANIFEST, *(entry["path"] for entry in manifest["files"])]:
         path = os.path.join(backup, relative)
         info = tarfile.TarInfo(relative)
-        info.size, info.mode, info.mtime = os.path.getsize(path), 0o644, int(time.time())
+        info.size, info.mode, info.mtime = os.path.getsize(path), FILE_MODE, int(time.time())
         yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
         with open(path, "rb") as file:
             remaining = info.size
@@ -302,6 +311,7 @@ def extract_backup(chunks: Iterable[bytes], output: str) -> dict[str, Any]:
     cut short, is not a tar of a backup, or a file does not match the manifest."""
     output = os.path.abspath(output)
     _prepare_output(output, inside=None)
+    make_private_dirs(os.path.join(output, _LEDGERS))  # else the extraction creates it with the umask's mode
     try:
         with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
             archive.extractall(output, filter="data")
@@ -396,10 +406,10 @@ def restore_backup(backup: str, data_dir: str) -> dict[str, Any]:
     data_dir = os.path.abspath(data_dir)
     if os.path.exists(data_dir) and (not os.path.isdir(data_dir) or os.listdir(data_dir)):
         raise BackupError(f"the data dir {data_dir} exists and is not empty: restore into a new one")
-    os.makedirs(os.path.join(data_dir, _LEDGERS))
+    make_private_dirs(os.path.join(data_dir, _LEDGERS), exist_ok=True)
     for entry in manifest["files"]:
         target = os.path.join(data_dir, entry["path"])
-        shutil.copyfile(os.path.join(backup, entry["path"]), target)
+        copy_private(os.path.join(backup, entry["path"]), target)
         if _sha256(target) != entry["sha256"]:
             raise BackupError(f"restore into {data_dir}: {entry['path']} changed while it was copied")
         _fsync(target)

@@ -326,6 +326,7 @@ class Database:
         hold every write of this process off until the block ends: what the block does
         (linking the files the copy references) sees the state the copy holds."""
         with self._lock:
+            _create_owner_only(path)
             try:
                 target = sqlite3.connect(path)
                 try:

@@ -24,6 +24,13 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   tries again: the topic recovers by itself once the store works. With
   ``roll_over_in_background`` that roll past a failed ledger runs on a roll-over thread
   too (the appends meanwhile wait, as behind a full ledger), never on the appender's.
+* **A failed roll-over backs off** (Pulsar's ``WaitTimeAfterLedgerCreationFailureMs``):
+  for ``roll_over_retry_ms`` after a roll-over failed, appends that would need one fail
+  at once with ``LedgerIOError``, touching no file; the first append (or
+  ``ready_for_appends`` call) after that tries again. Its failures are logged at most once
+  per ``ROLL_OVER_WARNING_INTERVAL_MS`` per topic. ``ready_for_appends`` tells the broker
+  whether to take a new producer (one refused by a full disk retries with backoff, so its
+  client's send timeout runs out instead of being restarted by each reconnect).
 * **Last confirmed position**: the last durable entry of the current ledger, else the last
   entry of the nearest non-empty earlier ledger, else ``(first ledger, -1)``.
 * **Reads** go forward from any position across ledgers, skipping missing (trimmed) and
@@ -66,6 +73,7 @@ __all__ = ["Entry", "ManagedLedger", "ManagedLedgerConfig"]
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+ROLL_OVER_WARNING_INTERVAL_MS = 10_000  # a topic's failed roll-overs: one log line in this long, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +94,9 @@ class ManagedLedgerConfig:
             (``defaultRetentionTimeInMinutes``, 0).
         retention_size_bytes: keep consumed ledgers while the topic is at most this large;
             -1 = unlimited (``defaultRetentionSizeInMB``, 0).
+        roll_over_retry_ms: after a failed roll-over (a full disk), appends that need one
+            fail at once for this long before the next try (Pulsar's
+            ``WaitTimeAfterLedgerCreationFailureMs``, 10 s).
     """
 
     max_entries_per_ledger: int = 50_000
@@ -93,6 +104,7 @@ class ManagedLedgerConfig:
     min_rollover_time_ms: int = 0
     retention_time_ms: int = 0
     retention_size_bytes: int = 0
+    roll_over_retry_ms: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +169,13 @@ class ManagedLedger:
         self._rolled = threading.Event()  # set while no roll-over is in flight
         self._rolled.set()
         self._on_sealed = on_sealed
+        # The back-off after a failed roll-over (under ``_lock``): when the last try failed
+        # (None once one succeeds) and why; futures of ``ready_for_appends`` waiting on a try.
+        self._roll_failed_at_ms: int | None = None
+        self._roll_failure = ""
+        self._ready_waiters: list[Future[None]] = []
+        self._warned_at_ms: int | None = None  # the last roll-over warning logged
+        self._unwarned_failures = 0  # failed tries since that warning
 
     # -- opening ------------------------------------------------------------------------
 
@@ -264,6 +283,9 @@ class ManagedLedger:
         roll-over thread to roll past it, as behind a full one; ``inline`` rolls past it
         on the caller's thread (the foreground mode, and that thread's own retry)."""
         inline = inline or not self._background
+        if self._backing_off():
+            outer.set_exception(self._backoff_error())
+            return
         if not inline and self._must_roll():
             self._start_roll_over((data, outer))
             return
@@ -295,7 +317,70 @@ class ManagedLedger:
         if not self._ledgers:  # deleted: the append fails as it always did
             return False
         current = self._ledgers[-1]
-        return current.failed or bool(current.closed_at_ms) or bool(self._empty_ledgers)
+        return self._needs_roll(current) or (bool(self._empty_ledgers) and not self._in_retry_window())
+
+    @staticmethod
+    def _needs_roll(current: _Ledger) -> bool:
+        return current.failed or bool(current.closed_at_ms)
+
+    def _in_retry_window(self) -> bool:
+        """Whether a roll-over failed less than ``roll_over_retry_ms`` ago (caller holds the lock)."""
+        failed_at = self._roll_failed_at_ms
+        return failed_at is not None and self._now_ms() - failed_at < self.config.roll_over_retry_ms
+
+    def _backing_off(self) -> bool:
+        """Whether the next append needs a roll-over that must not be tried yet (caller holds the lock)."""
+        return bool(self._ledgers) and self._needs_roll(self._ledgers[-1]) and self._in_retry_window()
+
+    def _backoff_error(self) -> LedgerIOError:
+        assert self._roll_failed_at_ms is not None
+        wait_ms = self._roll_failed_at_ms + self.config.roll_over_retry_ms - self._now_ms()
+        return LedgerIOError(f"managed ledger {self.name}: cannot roll over ({self._roll_failure}); "
+                             f"the next try is in {max(wait_ms, 0)} ms")
+
+    def _roll_over_failed(self, error: BaseException) -> None:
+        """Start the back-off after a failed roll-over; log it at most once per
+        ``ROLL_OVER_WARNING_INTERVAL_MS`` (caller holds the lock)."""
+        now_ms = self._now_ms()
+        self._roll_failed_at_ms, self._roll_failure = now_ms, str(error)
+        if self._warned_at_ms is not None and now_ms - self._warned_at_ms < ROLL_OVER_WARNING_INTERVAL_MS:
+            self._unwarned_failures += 1
+            return
+        log.warning("topic %s: roll-over failed (%d failed tries not logged since the last warning), the "
+                    "next try is in %d ms: %s", self.name, self._unwarned_failures, self.config.roll_over_retry_ms,
+                    error)
+        self._warned_at_ms, self._unwarned_failures = now_ms, 0
+
+    def _roll_over_succeeded(self) -> None:
+        if self._roll_failed_at_ms is not None:
+            log.info("topic %s: roll-over succeeded; appends are taken again", self.name)
+        self._roll_failed_at_ms = None
+        self._warned_at_ms, self._unwarned_failures = None, 0
+
+    def ready_for_appends(self) -> Future[None]:
+        """Whether the topic takes appends now, for admitting a producer: resolved at once
+        unless the current ledger failed or is sealed. While a roll-over past it failed less
+        than ``roll_over_retry_ms`` ago it fails at once with ``LedgerIOError``; otherwise a
+        roll-over is tried (on a roll-over thread in the background mode) and the future
+        gets its outcome. Never blocks on I/O in the background mode."""
+        ready: Future[None] = Future()
+        with self._lock:
+            if self.closed or not self._ledgers or not self._needs_roll(self._ledgers[-1]):
+                ready.set_result(None)
+            elif self._in_retry_window():
+                ready.set_exception(self._backoff_error())
+            elif self._background:
+                self._ready_waiters.append(ready)
+                if not self._rolling:
+                    self._start_roll_over(None)
+            else:
+                try:
+                    self._writable_ledger()
+                except (LedgerError, MetadataError) as error:
+                    ready.set_exception(self._append_failure(error))
+                else:
+                    ready.set_result(None)
+        return ready
 
     def _start_roll_over(self, trigger: tuple[bytes, Future[Position]] | None) -> None:
         """Start a roll-over thread (caller holds the lock); appends wait in ``_queued``
@@ -330,20 +415,26 @@ class ManagedLedger:
         write error): a failed one is sealed at its last durable entry, and a new one
         created after a sealed one. Raises when the store or the metadata refuses."""
         current = self._current()
-        if current.failed and not current.closed_at_ms:
-            self._seal(current)
-            log.warning("topic %s: ledger %d failed; sealed at %d entries, rolling over",
-                        self.name, current.ledger_id, current.entries)
-        if current.closed_at_ms:
-            self._create_ledger()
-            if current.entries == 0 and current not in self._empty_ledgers:  # it does not stay in the list
-                self._empty_ledgers.append(current)
-        while self._empty_ledgers:  # harmless while listed (reads skip them): retried each append
+        if self._needs_roll(current) and self._in_retry_window():
+            raise self._backoff_error()
+        try:
+            if current.failed and not current.closed_at_ms:
+                self._seal(current)
+                log.warning("topic %s: ledger %d failed; sealed at %d entries, rolling over",
+                            self.name, current.ledger_id, current.entries)
+            if current.closed_at_ms:
+                self._create_ledger()
+                if current.entries == 0 and current not in self._empty_ledgers:  # it does not stay in the list
+                    self._empty_ledgers.append(current)
+                self._roll_over_succeeded()
+        except (LedgerError, MetadataError) as error:
+            self._roll_over_failed(error)
+            raise
+        while self._empty_ledgers and not self._in_retry_window():  # harmless while listed (reads skip them): retried each append
             try:
                 self._remove_empty(self._empty_ledgers[0])
             except MetadataError as error:
-                log.warning("topic %s: empty ledger %d stays listed for now: %s",
-                            self.name, self._empty_ledgers[0].ledger_id, error)
+                self._roll_over_failed(error)  # empty ledger stays listed (reads skip it) until a later try
                 break
             self._empty_ledgers.pop(0)
         return self._ledgers[-1]
@@ -389,7 +480,7 @@ class ManagedLedger:
             self._create_ledger()
             self._log_roll_over(sealed, self._ledgers[-1])
         except (LedgerError, MetadataError) as error:
-            log.warning("topic %s: roll-over failed, the next append retries it: %s", self.name, error)
+            self._roll_over_failed(error)
             if not self._ledgers[-1].closed_at_ms:
                 self._ledgers[-1].failed = True
 
@@ -423,8 +514,11 @@ class ManagedLedger:
                 new = self._new_ledger()
         except Exception as error:  # noqa: BLE001 - an append must never wait forever on a roll-over
             failure = error
-            log.warning("topic %s: roll-over failed, the next append retries it: %s", self.name, error)
         with self._lock:
+            if failure is not None:
+                self._roll_over_failed(failure)
+            elif roll:
+                self._roll_over_succeeded()
             if roll and current.closed_at_ms and current.entries == 0:
                 if current not in self._empty_ledgers:
                     self._empty_ledgers.append(current)  # every append to it failed: it leaves the list
@@ -436,6 +530,12 @@ class ManagedLedger:
         self._remove_empty_ledgers()
         with self._lock:
             self._rolling = False
+            waiters, self._ready_waiters = self._ready_waiters, []
+            for ready in waiters:
+                if failure is None:
+                    ready.set_result(None)
+                else:
+                    ready.set_exception(self._append_failure(failure))
             while self._queued and not self._rolling:
                 data, outer = self._queued.pop(0)
                 if self.closed:
@@ -458,8 +558,9 @@ class ManagedLedger:
         for ledger in empty:
             try:
                 self.metadata.remove_ledgers([ledger.ledger_id])
-            except MetadataError as error:
-                log.warning("topic %s: empty ledger %d stays listed for now: %s", self.name, ledger.ledger_id, error)
+            except MetadataError as error:  # it stays listed (reads skip it) until a later try
+                with self._lock:
+                    self._roll_over_failed(error)
                 return
             with self._lock:
                 if ledger in self._ledgers:  # trimming may have dropped it already

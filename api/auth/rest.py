@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
@@ -93,6 +94,7 @@ class RouteGrants:
             domain = params.get("domain", "persistent")
             return f"{domain}://{params['tenant']}/{params['namespace']}/{params['topic']}", actions
         return None
+_NOT_IN_AUTHORITY = frozenset("@/?#\\ \t%")  # userinfo, path, query, fragment, blanks, escapes
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -138,14 +140,31 @@ class AccessMiddleware:
         await self.app(scope, receive, send)
 
 
-def host_of(header: str) -> str:
-    """The host part of a ``Host`` header (``[::1]:8080`` → ``::1``), lower-cased."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1:].partition("]")[0]
-    if header.count(":") == 1:
-        return header.partition(":")[0]
-    return header
+def host_of(header: str) -> str | None:
+    """The host of a ``Host`` header (``[::1]:8080`` → ``::1``), lower-cased; None when the
+    header is not an authority of RFC 9110 (``uri-host [":" port]``): userinfo
+    (``127.0.0.1:80@attacker.example``), a path, a query, a port that is not digits, an
+    IPv6 address without brackets, or anything bracketed but an IPv6 address. Parsed by
+    ``urllib.parse``, then held to the grammar it does not check."""
+    header = header.strip()
+    if not header or any(char in _NOT_IN_AUTHORITY or not char.isprintable() for char in header):
+        return None
+    try:
+        parts = urllib.parse.urlsplit("//" + header)
+        port = parts.port  # ValueError when it is not a number in range
+    except ValueError:
+        return None
+    host, netloc = parts.hostname, parts.netloc.lower()
+    if not host or parts.username is not None or parts.password is not None:
+        return None
+    bracketed = netloc.startswith("[")
+    if bracketed != (":" in host) or (bracketed and not isinstance(_ip(host), ipaddress.IPv6Address)):
+        return None  # IPv6 literals are bracketed, and only they are
+    authority = f"[{host}]" if bracketed else host
+    digits = netloc.rpartition(":")[2]
+    if netloc != (authority if port is None else f"{authority}:{digits}") or (port is not None and not digits.isdigit()):
+        return None  # anything left over, an empty port, or one int() takes and the grammar does not ("+80")
+    return host
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -171,6 +190,8 @@ class HostAllowListMiddleware:
         if header is None:
             return False
         host = host_of(header)
+        if host is None:
+            return False
         if host in self.allowed:
             return True
         address = _ip(host)

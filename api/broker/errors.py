@@ -9,6 +9,7 @@
         ├── SubscriptionNotFoundError   (SubscriptionNotFound)
         ├── TopicNotFoundError          (TopicNotFound)
         ├── TopicExistsError            an admin create of an existing topic (HTTP 409)
+        ├── StorageUnavailableError     the topic cannot store appends now: a full disk (PersistenceError)
         └── PreconditionFailedError     e.g. deleting a topic with clients attached (HTTP 412)
 
 The REST layer maps the same classes to HTTP codes in one place.
@@ -25,6 +26,7 @@ __all__ = [
     "NotAllowedError",
     "PreconditionFailedError",
     "ProducerBusyError",
+    "StorageUnavailableError",
     "SubscriptionNotFoundError",
     "TopicExistsError",
     "TopicNotFoundError",
@@ -67,3 +69,11 @@ class TopicExistsError(BrokerError):
 
 class PreconditionFailedError(BrokerError):
     code = "NotAllowedError"
+
+
+class StorageUnavailableError(BrokerError):
+    """The topic's roll-over failed (a full disk): its appends would fail. Retriable; a
+    client reconnecting a producer retries it with its growing back-off."""
+
+    code = "PersistenceError"
+    retriable = True

@@ -97,6 +97,7 @@ def ledger_config(settings: Settings) -> ManagedLedgerConfig:
     return ManagedLedgerConfig(
         max_entries_per_ledger=settings.managed_ledger_max_entries_per_ledger,
         max_size_per_ledger_bytes=settings.managed_ledger_max_size_per_ledger_bytes,
+        roll_over_retry_ms=settings.managed_ledger_roll_over_retry_ms,
     )
 
 

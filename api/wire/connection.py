@@ -220,7 +220,9 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         host, port = transport.get_extra_info("sockname")[:2]
         tls = transport.get_extra_info("sslcontext") is not None
         self.service_url = broker_service_url(self.broker.settings, host, port, tls=tls)  # what LOOKUP answers
-        self.connections.add(self)
+        if not self.connections.add(self):  # at the listener's cap: its descriptor goes back at once
+            transport.abort()
+            return
         self._keepalive = self._loop.call_later(KEEPALIVE_INTERVAL_S, self._check_alive)
         self._connect_timer = self._loop.call_later(self.limits.connect_timeout_s, self._check_connected)
 

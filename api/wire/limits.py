@@ -13,11 +13,15 @@
 * ``Connections``: the open connections of one listener with the ``WireLimits`` and the
   ``PartialFrameBudget`` they share; each ``ServerConnection`` is handed it, adds itself
   when it is made and leaves when it is lost, and the listener closes them all at stop.
+  At most ``max_connections`` are open (``api.fd_budget``: their descriptors are shared
+  out from ``RLIMIT_NOFILE``): one more makes room by closing the oldest connection that
+  has not sent CONNECT yet, else it is closed at once.
   The broker core (``api.broker.service``) knows none of this.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -70,8 +74,13 @@ class PartialFrameBudget:
         return True
 
 
+log = logging.getLogger(__name__)
+
+
 class Connection(Protocol):
     """An open connection as ``Connections`` holds it (``api.wire.connection.ServerConnection``)."""
+
+    connected: bool  # CONNECT answered
 
     def close(self) -> None:
         """Close the connection; its consumers and producers go away with it."""
@@ -81,18 +90,36 @@ class Connections:
     """The open connections of one listener and what they share (see the module docstring);
     used on the broker's event loop only."""
 
-    def __init__(self, limits: WireLimits) -> None:
+    def __init__(self, limits: WireLimits, max_connections: int | None = None) -> None:
         self.limits = limits
+        self.max_connections = max_connections
         self.partial_frames = PartialFrameBudget(limits.partial_frames_budget_bytes)
-        self._open: set[Connection] = set()
+        self._open: dict[Connection, None] = {}  # in the order they were made
+        self._full = False  # at the cap since the last warning
 
-    def add(self, connection: Connection) -> None:
-        """``connection`` is open (made by the listener)."""
-        self._open.add(connection)
+    def add(self, connection: Connection) -> bool:
+        """``connection`` is open (made by the listener). False when it must be closed at
+        once: the listener is at ``max_connections`` and every connection has sent CONNECT;
+        else the oldest that has not is closed to make room."""
+        cap = self.max_connections
+        if cap is not None and len(self._open) >= cap:
+            if not self._full:
+                log.warning("%d Pulsar connections are open, the most the file descriptors allow: "
+                            "closing the oldest without CONNECT, or refusing new ones", len(self._open))
+                self._full = True
+            idle = next((each for each in self._open if not each.connected), None)
+            if idle is None:
+                return False
+            self._open.pop(idle)
+            idle.close()
+        elif self._full and cap is not None and len(self._open) < cap // 2:
+            self._full = False
+        self._open[connection] = None
+        return True
 
     def discard(self, connection: Connection) -> None:
         """``connection`` is gone (lost or closed); unknown ones are ignored."""
-        self._open.discard(connection)
+        self._open.pop(connection, None)
 
     def __iter__(self) -> Iterator[Connection]:
         return iter(self._open)

@@ -19,6 +19,7 @@ import ssl
 
 from api.broker.service import BrokerService
 from api.config import Settings
+from api.fd_budget import fd_budget
 from api.listener import listening_socket
 from api.wire.connection import ServerConnection
 from api.wire.limits import Connections, WireLimits
@@ -44,7 +45,8 @@ class PulsarBroker(BrokerService):
 
     def __init__(self, data_dir: DataDir, settings: Settings) -> None:
         super().__init__(data_dir, settings)
-        self.connections = Connections(wire_limits(settings))
+        budget = fd_budget(settings.max_open_ledger_files)  # the descriptors connections may take
+        self.connections = Connections(wire_limits(settings), budget.pulsar_connections)
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None  # --broker-port-tls (api.auth.tls)
         self.port = 0  # the bound Pulsar port, once started

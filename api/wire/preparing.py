@@ -7,6 +7,14 @@ there is done beforehand, off the loop, and the command is handled again once it
   the de-duplication replay), when the topic is not loaded; for a PRODUCER, a
   de-duplication start in flight (its PRODUCER_SUCCESS carries the producer's last
   sequence id, which only a started de-duplication knows);
+* for a PRODUCER, a topic whose roll-over failed (a full disk): the producer is taken only
+  once the topic stores appends again (``ManagedLedger.ready_for_appends``, whose tries
+  back off). Its request waits meanwhile, trying again as the back-off allows, for at most
+  ``STORAGE_WAIT_S``, and is then refused ``PersistenceError`` (retriable: the client
+  asks again). A reconnecting client whose sends failed so waits, and its send timeout
+  runs out, instead of being taken, failed and reconnected ten times a second (each
+  reconnect restarts the C++ client's send timer: its sends would never time out); once
+  space frees, the next try succeeds and the waiting request is answered at once;
 * a PRODUCER's schema registration (``SchemaRegistry.put_if_absent``), when the schema is
   not registered yet; a SUBSCRIBE's schema registered on an idle topic without one
   (``SchemaRegistry.check_consumer``); GET_OR_CREATE_SCHEMA's registration. These go to the
@@ -30,25 +38,31 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol
 
-from api.broker.errors import BrokerError, NotAllowedError
+from api.broker.errors import BrokerError, NotAllowedError, StorageUnavailableError
 from api.broker.off_loop import write_off_loop
 from api.broker.schemas import schema_base
 from api.broker.topic_name import TopicName
 from api.wire.codec import request_id_of, server_error
 from api.wire.schema_commands import get_or_create_schema_response, schema_data
 from compactor.proto import pulsar_api_pb2 as pb
-from ledger.errors import CompactionServiceError
+from ledger.errors import CompactionServiceError, LedgerError
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService
     from api.wire.frames import Frame
+    from ledger.managed_ledger import ManagedLedger
 
 __all__ = ["Creations", "deferred", "get_or_create_schema"]
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
+
+STORAGE_WAIT_S = 25.0  # a PRODUCER waits this long, at most, for its topic to store appends again: under
+# the clients' default operation timeout (30 s), so a client that waits all along fails no request
+STORAGE_POLL_MIN_S = 0.1  # the least wait between two looks at a topic that cannot store appends
 
 
 class Creations:
@@ -124,6 +138,10 @@ def _work(broker: BrokerService, command: pb.BaseCommand) -> Awaitable[object] |
             return broker.topics[str(name)].deduplication_settled()
         if request.HasField("schema") and broker.schemas.registered(name, schema_data(request.schema)) is None:
             return write_off_loop(broker.schemas.put_if_absent, name, schema_data(request.schema))
+        ledger = broker.topics[str(name)].ledger
+        ready = ledger.ready_for_appends()
+        if not ready.done() or ready.exception() is not None:
+            return _stores_appends(str(name), ledger, ready)
     elif command.type == T.SUBSCRIBE:
         subscribe = command.subscribe
         name = TopicName.parse(subscribe.topic)
@@ -146,6 +164,24 @@ def _work(broker: BrokerService, command: pb.BaseCommand) -> Awaitable[object] |
         if broker.schemas.registered(name, schema_data(create.schema)) is None:
             return write_off_loop(broker.schemas.put_if_absent, name, schema_data(create.schema))
     return None
+
+
+async def _stores_appends(topic: str, ledger: ManagedLedger, ready: Future[None]) -> None:
+    """Return once ``ledger`` stores appends, looking again (``ready_for_appends``: a try once
+    its back-off allows) for at most ``STORAGE_WAIT_S``; then ``StorageUnavailableError``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STORAGE_WAIT_S
+    poll_s = max(ledger.config.roll_over_retry_ms / 1000, STORAGE_POLL_MIN_S)
+    while True:
+        try:
+            await asyncio.wrap_future(ready)
+            return
+        except LedgerError as error:
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                raise StorageUnavailableError(f"topic {topic} cannot store messages now: {error}") from error
+        await asyncio.sleep(min(poll_s, remaining_s))
+        ready = ledger.ready_for_appends()
 
 
 async def _then_handle(connection: Preparing, frame: Frame, work: Awaitable[object]) -> None:

@@ -5,6 +5,10 @@ sealed-ledger writer (``ledger.storage.sealed_writer``) and backups (``ledger.ba
 write files beside it. What they all do to a file descriptor or a directory, with no lock
 and no state, lives here: writing every byte, syncing a directory, creating a ledger file
 durably, scanning one through a mapping, and checking entries read in one block.
+
+Every file and directory compactd creates is its owner's only (``FILE_MODE``,
+``DIR_MODE``: they hold messages and their keys), whatever the process umask:
+``open_private``, ``copy_private`` and ``make_private_dirs`` create them so.
 """
 
 from __future__ import annotations
@@ -12,12 +16,53 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import shutil
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from ledger.errors import CorruptEntryError, CorruptLedgerError, LedgerIOError
 from ledger.storage.record import ScanResult, entry_payload, scan
 
-__all__ = ["create_file", "fsync_dir", "scan_fd", "verified_entries", "write_all"]
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "copy_private",
+    "create_file",
+    "fsync_dir",
+    "make_private_dirs",
+    "open_private",
+    "scan_fd",
+    "verified_entries",
+    "write_all",
+]
+
+FILE_MODE = 0o600  # every file compactd creates: read and written by its owner only
+DIR_MODE = 0o700  # every directory compactd creates
+
+
+def open_private(path: str, *, exclusive: bool = False) -> BinaryIO:
+    """``path`` opened for writing, created ``FILE_MODE`` if missing (else truncated;
+    ``exclusive``: ``FileExistsError`` instead)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    return open(os.open(path, flags, FILE_MODE), "wb")
+
+
+def copy_private(source: str, target: str) -> None:
+    """Copy the file ``source`` to ``target`` (created ``FILE_MODE``)."""
+    with open(source, "rb") as reader, open_private(target) as writer:
+        shutil.copyfileobj(reader, writer)
+
+
+def make_private_dirs(path: str, *, exist_ok: bool = False) -> None:
+    """``os.makedirs`` whose new directories are ``DIR_MODE``."""
+    head = os.path.dirname(os.path.abspath(path))
+    if head and not os.path.isdir(head):
+        make_private_dirs(head, exist_ok=True)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        if not exist_ok or not os.path.isdir(path):
+            raise
 
 
 def verified_entries(

@@ -49,7 +49,11 @@ from tests.integration.wire.test_no_commit_on_the_loop import (
     other_subscription_then_topic_deleted,
     produce_ack_seek_unsubscribe,
 )
-from tests.integration.wire.test_producers import _read_all, send_through_a_full_disk
+from tests.integration.wire.test_producers import (
+    _read_all,
+    send_through_a_full_disk,
+    short_roll_over_retry,
+)
 from tests.unit.ledger.test_managed_ledger_failures import FullDisk
 
 pulsar = pytest.importorskip("pulsar")
@@ -260,6 +264,7 @@ def test_a_full_disk_and_the_roll_past_the_failed_ledger_never_touch_files_on_th
     calls = FileCalls(monkeypatch)
     assert broker._thread.ident is not None
     calls.loop_thread = broker._thread.ident
+    short_roll_over_retry(broker, monkeypatch)
     disk = FullDisk()  # delegates to os, whose calls FileCalls records
     monkeypatch.setattr(file_store, "os", disk)
     monkeypatch.setattr(file_io, "os", disk)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -180,6 +181,7 @@ def test_a_full_disk_fails_sends_and_the_topic_recovers_by_itself_once_space_fre
     files): sends answer SEND_ERROR and the client keeps re-sending; once space frees the
     same topic takes them, with no restart, each stored once where its receipt says."""
     _set_deduplication(broker, deduplication)
+    short_roll_over_retry(broker, monkeypatch)
     disk = FullDisk()
     monkeypatch.setattr(file_store, "os", disk)
     monkeypatch.setattr(file_io, "os", disk)  # the store's plain file operations
@@ -192,6 +194,13 @@ def test_a_full_disk_fails_sends_and_the_topic_recovers_by_itself_once_space_fre
     stored = _read_all(_new_client(broker), topic)
     assert [m.data() for m in stored] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5", b"after"]
     assert {m.data(): str(m.message_id()) for m in stored[1:6]} == {p: i for p, (_, i) in done.items()}
+
+
+def short_roll_over_retry(broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Topics loaded from now on try a failed roll-over again after 200 ms, not 10 s: the
+    full-disk tests wait for the topic to recover, not for the back-off."""
+    monkeypatch.setattr(broker.service, "ledger_config",
+                        dataclasses.replace(broker.service.ledger_config, roll_over_retry_ms=200))
 
 
 def send_through_a_full_disk(client: Any, disk: FullDisk, topic: str,

@@ -77,7 +77,7 @@ def parts(tmp_path: Path) -> Iterator[tuple[GatedStore, MetadataStore]]:
 
 
 def _open(store: Any, metadata: MetadataStore, entries: int) -> ManagedLedger:
-    config = ManagedLedgerConfig(max_entries_per_ledger=entries)
+    config = ManagedLedgerConfig(max_entries_per_ledger=entries, roll_over_retry_ms=0)  # each append retries
     return ManagedLedger.open(TOPIC, store, metadata, config, roll_over_in_background=True)
 
 

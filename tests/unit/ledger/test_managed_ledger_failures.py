@@ -95,7 +95,9 @@ class Topic:
     """A managed ledger on a file store and a real metadata database, and what it acknowledged."""
 
     def __init__(self, root: Path, sync: SyncPolicy, **config: int) -> None:
-        self.root, self.sync, self.config = root, sync, ManagedLedgerConfig(**config)
+        # No back-off after a failed roll-over: each append retries it (the back-off has
+        # tests of its own, test_roll_over_backoff)
+        self.root, self.sync, self.config = root, sync, ManagedLedgerConfig(**{"roll_over_retry_ms": 0, **config})
         self.metadata = MetadataStore(str(root / "metadata.db"))
         self.store = FileLedgerStore(str(root / "ledgers"), sync=sync)
         self.ml = ManagedLedger.open(TOPIC, self.store, self.metadata, self.config)
@@ -331,7 +333,7 @@ class FailuresAgainstTheModel(RuleBasedStateMachine):
 
     def _open(self) -> ManagedLedger:
         return ManagedLedger.open(TOPIC, self.store, self.faulty_metadata,  # type: ignore[arg-type]
-                                  ManagedLedgerConfig(max_entries_per_ledger=3))
+                                  ManagedLedgerConfig(max_entries_per_ledger=3, roll_over_retry_ms=0))
 
     def teardown(self) -> None:
         self.metadata.close()

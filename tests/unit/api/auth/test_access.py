@@ -312,6 +312,27 @@ def test_without_authentication_rest_is_open_as_before(tmp_path: Path) -> None:
     ("0.0.0.0", (), "10.1.2.3:8080", True),
     ("0.0.0.0", (), "rebound.evil.example", False),
     ("10.0.0.5", (), "10.0.0.5", True),
+    # the authority is parsed exactly (issue 25): userinfo, ports, IPv6 literals
+    ("127.0.0.1", (), "127.0.0.1:80@attacker.example", False),
+    ("127.0.0.1", (), "user@127.0.0.1", False),
+    ("127.0.0.1", (), "localhost:80@attacker.example:80", False),
+    ("127.0.0.1", (), "127.0.0.1:8080:80", False),
+    ("127.0.0.1", (), "127.0.0.1:+80", False),
+    ("127.0.0.1", (), "127.0.0.1:99999", False),
+    ("127.0.0.1", (), "127.0.0.1:", False),
+    ("127.0.0.1", (), "127.0.0.1/evil", False),
+    ("127.0.0.1", (), "127.0.0.1#evil.example", False),
+    ("127.0.0.1", (), "127.0.0.1 evil.example", False),
+    ("127.0.0.1", (), "%6c%6fcalhost", False),
+    ("127.0.0.1", (), "[::1]", True),
+    ("127.0.0.1", (), "::1", False),
+    ("127.0.0.1", (), "[::1]evil.example", False),
+    ("127.0.0.1", (), "[localhost]:8080", False),
+    ("127.0.0.1", (), "[127.0.0.1]", False),
+    ("127.0.0.1", (), "", False),
+    ("0.0.0.0", (), "[2001:db8::1]:8080", True),
+    ("0.0.0.0", (), "10.1.2.3@rebound.evil.example", False),
+    ("127.0.0.1", ("broker.example",), "broker.example@evil.example", False),
 ])
 def test_the_host_allow_list(bind: str, allowed: tuple[str, ...], header: str | None, served: bool) -> None:
     async def ok(scope: Any, receive: Any, send: Any) -> None:
