@@ -21,17 +21,17 @@ annotations of the factory-built verbs as live objects.
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any
 
 import typer
 
 from api import admin_cli
 from api.admin_cli import _call, _namespace, _print_json, _topic
-from api.schemas import SchemaStrategyName
+from api.schema_names import STRATEGIES
 
 __all__ = ["read_schema_file", "schema_path", "schemas"]
 
-STRATEGY_NAMES = get_args(SchemaStrategyName)
+STRATEGY_NAMES = STRATEGIES
 
 schemas = typer.Typer(name="schemas", no_args_is_help=True, help="Operations on topic schemas.")
 admin_cli.app.add_typer(schemas)

@@ -40,6 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from api.schema_names import SchemaStrategyName
+from api.wire.frames import MESSAGE_BYTES_MAX
 from api.wire.limits import WireLimits
 from compactor.engine import EngineName
 from compactor.manifest import GRACE_PERIOD_S_DEFAULT
@@ -79,9 +81,7 @@ BOOLEAN_WORDS = {
 FsyncPolicy = Literal["always", "group", "none"]  # the values of ledger.storage.base.SyncPolicy
 LogFormat = Literal["text", "json"]  # api.logs: readable lines, or JSON lines
 LogLevel = Literal["debug", "info", "warning", "error"]
-# Pulsar's SchemaCompatibilityStrategy names (api.broker.schemas.STRATEGIES).
-SchemaStrategy = Literal["ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
-                         "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE", "NONE"]
+SchemaStrategy = SchemaStrategyName  # Pulsar's SchemaCompatibilityStrategy names
 
 # The default configs of the lower layers: the defaults of the settings they apply.
 _LEDGER = ManagedLedgerConfig()
@@ -162,6 +162,9 @@ class Settings:
         "FULL", "Schema compatibility strategy of topics whose namespace and topic set none "
         "(Pulsar's names: FULL, BACKWARD, FORWARD, their _TRANSITIVE forms, ALWAYS_COMPATIBLE, "
         "ALWAYS_INCOMPATIBLE, NONE).")
+    schema_max_size_bytes: int = _setting(
+        MESSAGE_BYTES_MAX, "Largest schema definition, on both ports: Pulsar's default maxMessageSize, the most "
+        "its binary port carries (Pulsar has no setting of its own for it).", minimum=1)
     max_num_partitions_per_partitioned_topic: int = _setting(
         1024, "Most partitions a partitioned topic may have (its partitions are created at once).",
         minimum=1)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
@@ -63,12 +63,21 @@ class OfflineError(CompactionServiceError):
     """The offline run cannot start: no data dir at the path."""
 
 
-def summary(topic: str, figures: RunFigures) -> dict[str, Any]:
-    """The one-line JSON summary of a successful run."""
+def summary(topic: str, figures: RunFigures, view_ledger_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """The one-line JSON summary of a successful run.
+
+    ``ledgerId`` is the first ledger of the topic's compacted view after the run (Pulsar's
+    ``CompactedTopicLedger``): the one this run published, or, when there was nothing new to
+    compact (``compacted`` false), the view that stands (-1: the topic has none);
+    ``viewLedgers`` is the whole view, in stream order (``view_ledger_ids``).
+    """
+    published = figures.ledger_id != -1
     return {
         "topic": topic,
         "status": "SUCCESS",
-        "ledgerId": figures.ledger_id,
+        "compacted": published,
+        "ledgerId": figures.ledger_id if published or not view_ledger_ids else view_ledger_ids[0],
+        "viewLedgers": list(view_ledger_ids),
         "removedEvents": figures.removed_events,
         "entriesRead": figures.entries_read,
         "messagesRead": figures.messages_read,
@@ -78,8 +87,11 @@ def summary(topic: str, figures: RunFigures) -> dict[str, Any]:
     }
 
 
-def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallback | None = None) -> tuple[str, RunFigures]:
-    """Run one compaction of ``topic`` in ``settings.data_dir``; (full topic name, figures)."""
+def compact_offline(
+    settings: Settings, topic: str, *, progress: ProgressCallback | None = None,
+) -> tuple[str, RunFigures, tuple[int, ...]]:
+    """Run one compaction of ``topic`` in ``settings.data_dir``; (full topic name, figures,
+    the ledgers of the compacted view after the run: empty when the topic has none)."""
     from api.broker.errors import TopicNotFoundError
     from api.broker.policies import PolicyStore
     from api.broker.service import compaction_config, ledger_config
@@ -114,9 +126,9 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
                         return int(value)
                 return default
 
-            job = RunJob(CompactedTopic.restore(ledger, cursors, create_cursor=True,
-                                                grace_period_s=settings.compacted_ledger_grace_period_s),
-                         policy(DELETE_RETENTION_POLICY, 0), progress,
+            compacted = CompactedTopic.restore(ledger, cursors, create_cursor=True,
+                                               grace_period_s=settings.compacted_ledger_grace_period_s)
+            job = RunJob(compacted, policy(DELETE_RETENTION_POLICY, 0), progress,
                          min_compaction_lag_ms=policy("minCompactionLagMs", settings.compaction_min_lag_ms),
                          max_bytes_per_second=policy("compactionMaxBytesPerSecond",
                                                      settings.compaction_max_bytes_per_second))
@@ -125,11 +137,12 @@ def compact_offline(settings: Settings, topic: str, *, progress: ProgressCallbac
                 figures = asyncio.run(CompactionRuns(compactor, statuses, max_concurrent_runs=1).run(job))
             finally:
                 compactor.close()
+            view = compacted.view
         finally:
             ledger.close()
     finally:
         data_dir.close()
-    return full_name, figures
+    return full_name, figures, () if view is None else tuple(view.ledger_ids)
 
 
 @contextmanager
@@ -170,8 +183,9 @@ def compact_topic_command(
     """Compact one topic of a stopped broker's data dir (Pulsar's compact-topic).
 
     Shows a progress bar on a terminal and prints one line of JSON at the end:
-    topic, status, ledgerId, removedEvents, entriesRead, messagesRead, entriesWritten,
-    bytesWritten, durationMs. Settings (retain null key, phase-one timeout, ledger sizes)
+    topic, status, compacted (false: nothing new to compact), ledgerId (the compacted view's
+    first ledger, the standing one when nothing was compacted), viewLedgers, removedEvents,
+    entriesRead, messagesRead, entriesWritten, bytesWritten, durationMs. Settings (retain null key, phase-one timeout, ledger sizes)
     come from the environment and COMPACTD_CONFIG, as for compactd serve.
     """
     from api.broker.errors import InvalidTopicNameError, NotAllowedError
@@ -187,9 +201,9 @@ def compact_topic_command(
         _fail(error, EXIT_USAGE)
     try:
         with _progress_bar(Console(stderr=True)) as progress:
-            full_name, figures = compact_offline(settings, topic, progress=progress)
+            full_name, figures, view_ledger_ids = compact_offline(settings, topic, progress=progress)
     except (InvalidTopicNameError, NotAllowedError) as error:
         _fail(error, EXIT_USAGE)
     except CompactionServiceError as error:
         _fail(error, EXIT_FAILURE)
-    typer.echo(json.dumps(summary(full_name, figures)))
+    typer.echo(json.dumps(summary(full_name, figures, view_ledger_ids)))

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from api.schema_names import SchemaStrategyName
 
 __all__ = [
     "JAVA_LONG_MAX",
@@ -229,11 +231,6 @@ SchemaTypeName = Literal[
 ]
 """Pulsar's ``SchemaType`` names (``api.broker.schemas.TYPE_NAMES``)."""
 
-SchemaStrategyName = Literal[
-    "ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
-    "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE", "NONE",
-]
-"""Pulsar's ``SchemaCompatibilityStrategy`` names (``api.broker.schemas.STRATEGIES``)."""
 
 
 class SchemaInfo(BaseModel):
@@ -252,8 +249,33 @@ class SchemaUpload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: SchemaTypeName = Field(description="Pulsar's schema type name.")
-    schema_: str = Field(alias="schema", description="The schema definition (for AVRO and JSON, an Avro record).")
+    schema_: str = Field(alias="schema", description="The schema definition (for AVRO and JSON, an Avro record); "
+                         "UTF-8 text of at most `--schema-max-size-bytes` bytes.")
     properties: dict[str, str] = Field(default_factory=dict, description="The schema's properties.")
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema_is_text(cls, value: str) -> str:
+        return _text(value)
+
+    @field_validator("properties")
+    @classmethod
+    def _properties_are_text(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, each in value.items():
+            _text(key)
+            _text(each)
+        return value
+
+
+def _text(value: str) -> str:
+    """``value`` when it is Unicode text: a JSON string may escape a lone surrogate
+    (``"\\udcff"``), which no UTF-8 can carry, so it is refused here, at the edge."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        lone = ascii(error.object[error.start:error.end])
+        raise ValueError(f"holds a lone surrogate {lone} at character {error.start}: not text") from None
+    return value
 
 
 class SchemaVersion(BaseModel):

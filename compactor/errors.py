@@ -9,7 +9,9 @@
         ├── CompactedLedgerMissingError      the published compacted ledger is gone
         ├── CompactionTimeoutError           a phase-one read took longer than its limit
         ├── SparkEngineError                 the Spark engine could not run (PySpark or
-        │                                    Java missing, a failed job, an unusable store)
+        │   │                                Java missing, a failed job, an unusable store)
+        │   └── SparkWorkerImportError       a Spark Python worker lacks a module compactd
+        │                                    needs (spark/shipping.py)
         ├── KeyMapLimitError (keymap.py)     a position does not fit the key map's packing
         └── MalformedEntryError (ValueError) entry bytes that are not a valid Pulsar message
             └── UndecodablePayloadError      metadata parsed, but the payload (batch body or

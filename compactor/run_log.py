@@ -49,6 +49,11 @@ def run_fields(topic: str, figures: RunFigures) -> dict[str, Any]:
 def log_run(topic: str, figures: RunFigures) -> None:
     """Log one line for a successful run of ``topic``."""
     fields = run_fields(topic, figures)
+    if figures.ledger_id == -1:  # nothing after the horizon (or all too young): no engine ran
+        log.info("compaction of %s: nothing new to compact after the horizon %s, the compacted view stands, "
+                 "%d entries read, %.3f s", topic, figures.horizon, fields["entries_read"], figures.duration_s,
+                 extra=fields)
+        return
     log.info(
         "compaction of %s: %s engine, %d entries read, %d keys kept, %d removed, %d bytes in, "
         "%d bytes out, %.3f s (throttled %.3f s)",

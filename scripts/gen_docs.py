@@ -10,15 +10,17 @@ What this writes:
 
 * ``deploy/compactd.toml``: every setting with its default and its one-line explanation
   (a setting whose default is "none" is commented out: TOML has no null);
-* ``README.md``, between ``<!-- generated:settings -->``, ``<!-- generated:commands -->``,
-  ``<!-- generated:routes -->`` and their ``<!-- /generated:… -->`` markers: a table of
-  the settings, of the commands and of the routes.
+* ``docs/reference/settings.md``, ``docs/reference/commands.md`` and
+  ``docs/reference/rest.md``, between ``<!-- generated:settings -->``,
+  ``<!-- generated:commands -->``, ``<!-- generated:routes -->`` (one in each) and their
+  ``<!-- /generated:… -->`` markers: a table of the settings, of the commands and of the
+  routes.
 
 ``tests/unit/test_docs_drift.py`` fails, listing what is missing where, when either file
 is out of date. Usage::
 
-    python scripts/gen_docs.py            # rewrite both files
-    python scripts/gen_docs.py --check    # exit 1 when either differs
+    .venv/bin/python scripts/gen_docs.py            # rewrite the files
+    .venv/bin/python scripts/gen_docs.py --check    # exit 1 when one differs
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ from api.cli import app as cli_app
 from api.config import SettingSpec, env_name, flag_name, setting_specs
 from api.http import create_app
 
-README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The page that holds each generated section.
+PAGES = {"settings": DOCS / "reference" / "settings.md", "commands": DOCS / "reference" / "commands.md",
+         "routes": DOCS / "reference" / "rest.md"}
 CONFIG_SAMPLE = ROOT / "deploy" / "compactd.toml"
 SECTIONS = ("settings", "commands", "routes")
 METHODS = ("GET", "PUT", "POST", "DELETE", "PATCH")
@@ -187,16 +192,14 @@ def _markers(section: str) -> tuple[str, str]:
     return f"<!-- generated:{section} -->", f"<!-- /generated:{section} -->"
 
 
-def readme_with_tables(text: str) -> str:
-    """``text`` (the README) with each generated section replaced by its current table."""
-    for section in SECTIONS:
-        begin, end = _markers(section)
-        pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.DOTALL)
-        if not pattern.search(text):
-            raise SystemExit(f"README.md has no {begin} … {end} section")
-        replacement = f"{begin}\n{GENERATORS[section]()}\n{end}"
-        text = pattern.sub(replacement.replace("\\", "\\\\"), text)
-    return text
+def page_with_table(text: str, section: str) -> str:
+    """``text`` (the section's page) with the generated section replaced by its current table."""
+    begin, end = _markers(section)
+    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.DOTALL)
+    if not pattern.search(text):
+        raise SystemExit(f"{PAGES[section].relative_to(ROOT)} has no {begin} … {end} section")
+    replacement = f"{begin}\n{GENERATORS[section]()}\n{end}"
+    return pattern.sub(replacement.replace("\\", "\\\\"), text)
 
 
 def generated_section(text: str, section: str) -> str | None:
@@ -208,7 +211,14 @@ def generated_section(text: str, section: str) -> str | None:
 
 def expected_files() -> Iterator[tuple[Path, str]]:
     yield CONFIG_SAMPLE, config_sample()
-    yield README, readme_with_tables(README.read_text(encoding="utf-8"))
+    for section, page in PAGES.items():
+        yield page, page_with_table(page.read_text(encoding="utf-8"), section)
+
+
+def documentation() -> dict[str, str]:
+    """Every page of the docs (README.md and docs/**/*.md), by path from the repository root."""
+    paths = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    return {str(path.relative_to(ROOT)): path.read_text(encoding="utf-8") for path in paths}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,17 @@ route runs or any body is read:
 * ``/metrics``, ``/docs`` and ``/openapi.json`` are then open to any authenticated role
   (metrics name topics, so they are not public; like Pulsar's
   ``authenticateMetricsEndpoint=true``);
+* a route declared with ``openapi_extra=topic_grant(*actions)`` is open, with
+  authorization on, to a role holding one of ``actions`` on the topic its path names
+  (``{domain}``, ``{tenant}``, ``{namespace}``, ``{topic}``; 403 otherwise) — as in Pulsar:
+  the lookup, the partitioned metadata and reading a schema need produce or consume,
+  uploading a schema produce. ``RouteGrants`` finds the route as the router will (the
+  first full match), so the grant a route declares is the one checked, before any body
+  is read;
 * every other route is an admin operation: with authorization on, super-users only (403
   otherwise). compactd has no tenant admins, so reading and changing grants, policies,
-  topics and compaction are all super-user operations.
+  topics and compaction (and deleting a schema: Pulsar's tenant-admin operation) are all
+  super-user operations.
 
 ``HostAllowListMiddleware`` (wrapped around the application by ``api.server``) refuses,
 with 403, a request whose ``Host`` header names no address the listener answers for, so
@@ -25,13 +33,26 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Iterable
+from typing import Any
 
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.broker.access import AccessControl, AuthenticationError, AuthorizationError
 from api.errors import reason_response
 
-__all__ = ["AUTHENTICATED_PATHS", "OPEN_PATHS", "AccessMiddleware", "HostAllowListMiddleware", "host_of"]
+__all__ = [
+    "AUTHENTICATED_PATHS",
+    "GRANT_KEY",
+    "OPEN_PATHS",
+    "AccessMiddleware",
+    "HostAllowListMiddleware",
+    "RouteGrants",
+    "host_of",
+    "topic_grant",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +60,39 @@ OPEN_PATHS = frozenset({"/admin/v2/brokers/health"})
 AUTHENTICATED_PATHS = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 LOOPBACK_NAME = "localhost"
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
+GRANT_KEY = "x-compactd-topic-grant"  # in a route's OpenAPI operation: the grants that admit a role
+
+
+def topic_grant(*actions: str) -> dict[str, Any]:
+    """A route's ``openapi_extra``: a role holding one of ``actions`` (produce, consume) on
+    the topic its path names may call it (documented in the OpenAPI operation too)."""
+    return {GRANT_KEY: list(actions)}
+
+
+class RouteGrants:
+    """Which grant admits a role to each route: ``routes`` (the application's, in the order
+    the router tries them) each matched as the router matches it, the first full match
+    deciding, before the request reaches the router."""
+
+    def __init__(self, routes: Iterable[BaseRoute]) -> None:
+        self._routes: list[tuple[Route, tuple[str, ...]]] = [
+            (Route(route.path, _never_called, methods=sorted(route.methods or ())),
+             tuple((route.openapi_extra or {}).get(GRANT_KEY, ())))
+            for route in routes if isinstance(route, APIRoute)]
+
+    def of(self, scope: Scope) -> tuple[str, tuple[str, ...]] | None:
+        """The topic and the actions that admit a request to the route it reaches, or None
+        when that route declares no ``topic_grant`` (an admin route) or none matches."""
+        for matcher, actions in self._routes:
+            match, child = matcher.matches(scope)
+            if match is not Match.FULL:
+                continue
+            if not actions:
+                return None
+            params = child["path_params"]
+            domain = params.get("domain", "persistent")
+            return f"{domain}://{params['tenant']}/{params['namespace']}/{params['topic']}", actions
+        return None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -48,12 +102,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+async def _never_called() -> None:  # RouteGrants only matches paths; the router calls the route
+    raise AssertionError("unreachable")
+
+
 class AccessMiddleware:
     """Authentication and admin authorization of every request; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, access: AccessControl) -> None:
+    def __init__(self, app: ASGIApp, access: AccessControl, routes: Iterable[BaseRoute] = ()) -> None:
         self.app = app
         self.access = access
+        self.grants = RouteGrants(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -67,7 +126,11 @@ class AccessMiddleware:
             return
         if scope["path"] not in AUTHENTICATED_PATHS:
             try:
-                self.access.check_admin(role)
+                grant = self.grants.of(scope)
+                if grant is None:
+                    self.access.check_admin(role)
+                else:
+                    self.access.check_topic(role, grant[0], *grant[1])
             except AuthorizationError as error:
                 log.info("refusing %s %s: %s", scope["method"], scope["path"], error)
                 await reason_response(403, str(error))(scope, receive, send)

@@ -11,8 +11,8 @@ answers; the real client reports ``pulsar.AuthenticationError``), the connection
 nothing was created, and one warning is logged naming the peer and the reason — never the
 token.
 
-Authorization (produce, consume) is checked where producers and subscriptions are made
-(``api.wire.producing`` and ``api.wire.connection`` call ``AccessControl.check_topic``).
+Authorization is checked by each command that names a topic, in its handler
+(``api.wire.connection.HANDLERS`` and ``api.wire.producing`` call ``AccessControl.check_topic``).
 """
 
 from __future__ import annotations

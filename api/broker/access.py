@@ -15,8 +15,11 @@ may do everything, as before.
 super-user (``--super-user-roles``) do everything; another role may produce to (consume
 from) a topic only with a ``produce`` (``consume``) grant on the topic or its namespace
 (``api.broker.grants``; listing a namespace's topics over the wire needs ``consume`` on
-the namespace), and may call no admin operation: compactd has no tenant admins, so
-the admin API is for super-users only. With authorization off, every authenticated role may
+the namespace). Looking a topic up — its lookup, partitioned metadata and schema — needs
+either (``LOOKUP_ACTIONS``, Pulsar's ``canLookup``); registering a schema needs
+``produce``. Each door checks its own commands (``api.wire.connection``, ``api.auth.rest``).
+No other admin operation is open to such a role: compactd has no tenant admins, so
+the rest of the admin API is for super-users only. With authorization off, every authenticated role may
 do everything (Pulsar's behaviour).
 """
 
@@ -34,12 +37,20 @@ from api.broker.topic_name import TopicName
 from api.config import Settings
 from ledger.database import Database
 
-__all__ = ["AccessControl", "AuthenticationError", "AuthorizationError", "Credentials", "exposure_warning"]
+__all__ = [
+    "LOOKUP_ACTIONS",
+    "AccessControl",
+    "AuthenticationError",
+    "AuthorizationError",
+    "Credentials",
+    "exposure_warning",
+]
 
 log = logging.getLogger(__name__)
 
 TOKEN_METHOD = "token"
 TLS_METHOD = "tls"
+LOOKUP_ACTIONS = ("produce", "consume")  # either grant lets a role look a topic up (Pulsar's canLookup)
 # A partition of a partitioned topic shares the partitioned topic's grants.
 _PARTITION_SUFFIX = re.compile(r"-partition-\d+$")
 
@@ -125,21 +136,22 @@ class AccessControl:
         if not self.is_super_user(role):
             raise AuthorizationError(f"role {role!r} is not authorized for admin operations (super-users only)")
 
-    def check_topic(self, role: str | None, topic: str, action: str) -> None:
-        """``AuthorizationError`` unless ``role`` may ``action`` (produce, consume) on ``topic``."""
-        self._check(role, _scopes(topic), action, topic)
+    def check_topic(self, role: str | None, topic: str, *actions: str) -> None:
+        """``AuthorizationError`` unless ``role`` holds one of ``actions`` (produce, consume)
+        on ``topic`` (its own grants, its partitioned topic's or its namespace's)."""
+        self._check(role, _scopes(topic), actions, topic)
 
     def check_namespace(self, role: str | None, namespace: str, action: str) -> None:
         """``AuthorizationError`` unless ``role`` holds ``action`` on ``namespace`` itself
         (listing a namespace's topics needs ``consume`` there, as in Pulsar)."""
-        self._check(role, (namespace,), action, namespace)
+        self._check(role, (namespace,), (action,), namespace)
 
-    def _check(self, role: str | None, scopes: tuple[str, ...], action: str, target: str) -> None:
+    def _check(self, role: str | None, scopes: tuple[str, ...], actions: tuple[str, ...], target: str) -> None:
         if self.is_super_user(role):
             return
-        if role is not None and self.grants is not None and action in self.grants.actions_of(role, scopes):
+        if role is not None and self.grants is not None and not self.grants.actions_of(role, scopes).isdisjoint(actions):
             return
-        refusal = AuthorizationError(f"role {role!r} is not authorized to {action} on {target}")
+        refusal = AuthorizationError(f"role {role!r} is not authorized to {' or '.join(actions)} on {target}")
         log.info("refusing: %s", refusal)
         raise refusal
 

@@ -26,6 +26,12 @@ big-endian (``version_bytes``). Rules, as Pulsar's registry keeps them:
   the latest (every live one under BACKWARD_TRANSITIVE and FULL_TRANSITIVE).
 * **Delete** (``delete``) marks every version deleted; the next schema starts a new line
   of versions after the last number, checked against nothing.
+* **Limits**, the same through both doors (a producer, a consumer, GET_OR_CREATE_SCHEMA,
+  the REST upload): a definition over ``max_size_bytes`` (``--schema-max-size-bytes``,
+  Pulsar's default maxMessageSize, the most its binary port carries) is refused, whatever
+  its type; an AVRO or JSON definition must be UTF-8 text, nested at most
+  ``SCHEMA_DEPTH_MAX`` deep, and a valid Avro schema (``api.broker.schema_compat``).
+  Every refusal is ``InvalidSchemaError`` (the wire's IncompatibleSchema, REST 400).
 
 Writes are the named transactions ``schemas.put`` and ``schemas.delete``.
 """
@@ -40,8 +46,14 @@ from typing import Any
 
 from api.broker.errors import BrokerError, TopicNotFoundError
 from api.broker.policies import PolicyStore
-from api.broker.schema_compat import InvalidDefinitionError, can_read, parse_definition
+from api.broker.schema_compat import (
+    InvalidDefinitionError,
+    can_read,
+    load_definition,
+    parse_definition,
+)
 from api.broker.topic_name import TopicName
+from api.schema_names import STRATEGIES
 from ledger.database import Database, TopicTable
 
 __all__ = [
@@ -78,11 +90,6 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 STRATEGY_POLICY = "schemaCompatibilityStrategy"
-STRATEGIES = (
-    "ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
-    "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE", "NONE",
-)
-"""Pulsar's ``SchemaCompatibilityStrategy`` names (NONE: no check, as ALWAYS_COMPATIBLE)."""
 
 TYPE_NAMES = {
     0: "NONE", 1: "STRING", 2: "JSON", 3: "PROTOBUF", 4: "AVRO", 5: "BOOLEAN", 6: "INT8",
@@ -127,8 +134,8 @@ class SchemaData:
         JSON (whitespace is irrelevant), the bytes otherwise."""
         if self.type in _AVRO_TYPES:
             try:
-                return json.loads(self.data)
-            except ValueError:
+                return load_definition(self.data)  # bounded: never a RecursionError
+            except InvalidDefinitionError:
                 return self.data
         return self.data
 
@@ -158,10 +165,12 @@ def version_bytes(version: int) -> bytes:
 class SchemaRegistry:
     """The schemas kept in ``database`` (see the module docstring)."""
 
-    def __init__(self, database: Database, policies: PolicyStore, default_strategy: str = "FULL") -> None:
+    def __init__(self, database: Database, policies: PolicyStore, default_strategy: str = "FULL", *,
+                 max_size_bytes: int) -> None:
         self.database = database
         self.policies = policies
         self.default_strategy = default_strategy
+        self.max_size_bytes = max_size_bytes
         database.register(COMPONENT, MIGRATIONS, topic_tables=(TopicTable("schemas", "topic"),))
 
     # -- reading ------------------------------------------------------------------------
@@ -185,7 +194,10 @@ class SchemaRegistry:
         return found[0]
 
     def registered(self, name: TopicName, schema: SchemaData) -> int | None:
-        """The live version of ``name``'s schema equal to ``schema``, or None (a read only)."""
+        """The live version of ``name``'s schema equal to ``schema``, or None (a read only;
+        None for one over the size limit, which ``put_if_absent`` refuses)."""
+        if len(schema.data) > self.max_size_bytes:
+            return None
         return _matching(self.versions(schema_base(name)), schema)
 
     def strategy_of(self, name: TopicName) -> str:
@@ -202,6 +214,7 @@ class SchemaRegistry:
     def put_if_absent(self, name: TopicName, schema: SchemaData) -> int:
         """The version of ``schema`` on ``name``, registered when new and allowed
         (``IncompatibleSchemaError``, ``InvalidSchemaError``)."""
+        self._check_size(schema)
         live = self.versions(schema_base(name))
         existing = _matching(live, schema)
         if existing is not None:
@@ -215,6 +228,7 @@ class SchemaRegistry:
     def check_consumer(self, name: TopicName, schema: SchemaData, *, in_use: bool) -> None:
         """Admit a consumer with ``schema`` on ``name`` (see the module docstring); ``in_use``:
         the topic has data, a producer or a consumer."""
+        self._check_size(schema)
         live = self.versions(schema_base(name))
         if not live:
             if in_use:
@@ -244,6 +258,12 @@ class SchemaRegistry:
         if not count:
             raise SchemaNotFoundError(f"Topic {base} has no schema to delete")
         return int(last)
+
+    def _check_size(self, schema: SchemaData) -> None:
+        if len(schema.data) > self.max_size_bytes:
+            raise InvalidSchemaError(
+                f"the {schema.type_name} schema definition of {len(schema.data)} bytes exceeds the limit of "
+                f"{self.max_size_bytes} bytes (--schema-max-size-bytes)")
 
     def _add(self, base: str, schema: SchemaData) -> int:
         with self.database.transaction("schemas.put", topic=base) as db:
@@ -291,10 +311,15 @@ def _check_pair(old: StoredSchema, schema: SchemaData, parsed: Any, *, reads_old
             f"{schema.type_name} schema is incompatible with version {old.version}, a {old.schema.type_name} schema")
     if parsed is None:
         return  # no checker for this type: Pulsar's default check passes
-    previous = parse_definition(old.schema.data)
-    if reads_old and not can_read(parsed, previous):
+    try:
+        previous = parse_definition(old.schema.data)
+        backward = not reads_old or can_read(parsed, previous)
+        forward = not reads_new or can_read(previous, parsed)
+    except InvalidDefinitionError as error:  # a stored version under older rules, or too costly a walk
+        raise InvalidSchemaError(f"Cannot check the schema against version {old.version}: {error}") from None
+    if not backward:
         raise IncompatibleSchemaError(
             f"the new schema cannot read data written with version {old.version} (backward compatibility)")
-    if reads_new and not can_read(previous, parsed):
+    if not forward:
         raise IncompatibleSchemaError(
             f"version {old.version} cannot read data written with the new schema (forward compatibility)")

@@ -111,7 +111,8 @@ class BrokerService:
                                    mark_delete_rate_limit=settings.managed_ledger_mark_delete_rate_limit)
         self.policies = PolicyStore(data_dir.database)
         self.access = AccessControl.of_broker(settings, data_dir.database)  # api.auth: who may do what
-        self.schemas = SchemaRegistry(data_dir.database, self.policies, settings.schema_compatibility_strategy)
+        self.schemas = SchemaRegistry(data_dir.database, self.policies, settings.schema_compatibility_strategy,
+                                      max_size_bytes=settings.schema_max_size_bytes)
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         self.topics: dict[str, Topic] = {}
         self.deleting: set[str] = set()  # topics deleted off the loop right now (Admin.delete_topic_off_loop)

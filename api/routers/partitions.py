@@ -21,6 +21,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import StrictInt
 
+from api.auth.rest import topic_grant
+from api.broker.access import LOOKUP_ACTIONS
 from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName
 from api.routers.common import (
@@ -60,7 +62,7 @@ async def create_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
 
 
 @router.get(
-    PARTITIONS_PATH, summary="Partitioned topic metadata",
+    PARTITIONS_PATH, summary="Partitioned topic metadata", openapi_extra=topic_grant(*LOOKUP_ACTIONS),
     responses={200: {"description": "`{\"partitions\": N}`; 0 for a topic that is not partitioned."},
                **errors(404, 412, c404="The namespace does not exist.")},
 )

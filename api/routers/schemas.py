@@ -27,6 +27,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Response
 from fastapi.responses import JSONResponse
 
+from api.auth.rest import topic_grant
+from api.broker.access import LOOKUP_ACTIONS
 from api.broker.off_loop import write_off_loop
 from api.broker.schemas import (
     STRATEGY_POLICY,
@@ -81,6 +83,7 @@ def _info(stored: StoredSchema) -> SchemaInfo:
 
 
 @router.get(SCHEMA_PATH, response_model=SchemaInfo, tags=["schemas"], summary="Get the latest schema",
+            openapi_extra=topic_grant(*LOOKUP_ACTIONS),
             responses={200: {"description": "The latest live version."}, **errors(404, 412, c404=_C404)})
 async def get_schema(registry: Registry, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> SchemaInfo:
     """The latest version of the topic's schema."""
@@ -88,6 +91,7 @@ async def get_schema(registry: Registry, tenant: Tenant, namespace: Namespace, t
 
 
 @router.get(SCHEMA_PATH + "/{version}", response_model=SchemaInfo, tags=["schemas"],
+            openapi_extra=topic_grant(*LOOKUP_ACTIONS),
             summary="Get one version of the schema",
             responses={200: {"description": "That version."}, **errors(400, 404, 412, c404=_C404)})
 async def get_schema_version(registry: Registry, tenant: Tenant, namespace: Namespace, topic: TopicPart,
@@ -98,6 +102,7 @@ async def get_schema_version(registry: Registry, tenant: Tenant, namespace: Name
 
 
 @router.post(SCHEMA_PATH, response_model=SchemaVersion, tags=["schemas"], summary="Upload a schema",
+             openapi_extra=topic_grant("produce"),
              responses={200: {"description": "The version registered, or the existing equal one."},
                         **errors(400, 409, 412, c409="The topic's compatibility strategy refuses the schema.",
                                  c400="Malformed body, or an AVRO/JSON definition that is not an Avro schema.")})

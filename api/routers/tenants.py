@@ -25,6 +25,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Request, Response
 from pydantic import BaseModel, Field
 
+from api.auth.rest import topic_grant
+from api.broker.access import LOOKUP_ACTIONS
 from api.broker.advertised import broker_service_url, web_service_url
 from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName
@@ -118,6 +120,7 @@ async def delete_namespace(admin: AdminDependency, tenant: Tenant, namespace: Na
 
 
 @router.get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", tags=["lookup"],
+            openapi_extra=topic_grant(*LOOKUP_ACTIONS),
             summary="Look a topic up over HTTP",
             responses={200: {"description": "`brokerUrl`: the Pulsar URL of the broker serving the topic."},
                        **errors(404, 405, 412, c404="The namespace does not exist.",

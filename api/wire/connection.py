@@ -6,7 +6,8 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
 * CONNECT must come first; anything else before it closes the connection. With
   authentication on, CONNECT must prove a role (``api.auth.wire.admit``: a token, or a
   trusted client certificate's CN) or is answered ERROR AuthenticationError and closed;
-  PRODUCER, SUBSCRIBE and GET_TOPICS_OF_NAMESPACE check the role's grants (``api.broker.access``).
+  every command that names a topic checks the role's grant on it (``HANDLERS``,
+  ``api.broker.access``); a refusal is AuthorizationError in that command's own answer.
 * Every command that carries a request id gets an answer; what compactd does not support
   answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
 * PRODUCER, SEND and CLOSE_PRODUCER are ``api.wire.producing`` (ProducerBusy, receipts in
@@ -46,6 +47,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from api.auth.wire import admit
+from api.broker.access import LOOKUP_ACTIONS, AuthorizationError
 from api.broker.advertised import broker_service_url
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
@@ -90,7 +92,7 @@ if TYPE_CHECKING:
     from api.broker.service import BrokerService
     from api.broker.topic import Topic
 
-__all__ = ["KEEPALIVE_INTERVAL_S", "ServerConnection"]
+__all__ = ["HANDLERS", "KEEPALIVE_INTERVAL_S", "ServerConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,22 @@ class WireConsumer(Consumer):
         self.connection.consumers.pop(self.consumer_id, None)
 
 
+# The commands a client may send, each to its handler (a method of ``ServerConnection``).
+# Those that name a topic check the role's grant there (``AccessControl.check_topic``):
+# PARTITIONED_METADATA, LOOKUP and GET_SCHEMA need produce or consume, PRODUCER and
+# GET_OR_CREATE_SCHEMA produce, SUBSCRIBE consume, GET_TOPICS_OF_NAMESPACE consume on the
+# namespace; the rest act on a producer or consumer this connection made, under that grant.
+HANDLERS: dict[int, str] = {
+    T.CONNECT: "_connect", T.PARTITIONED_METADATA: "_partitioned_metadata", T.LOOKUP: "_lookup",
+    T.PRODUCER: "_producer", T.SEND: "_send", T.SUBSCRIBE: "_subscribe", T.FLOW: "_flow", T.ACK: "_ack",
+    T.REDELIVER_UNACKNOWLEDGED_MESSAGES: "_redeliver", T.SEEK: "_seek",
+    T.GET_LAST_MESSAGE_ID: "_get_last_message_id", T.UNSUBSCRIBE: "_unsubscribe",
+    T.CLOSE_PRODUCER: "_close_producer", T.CLOSE_CONSUMER: "_close_consumer", T.PING: "_ping", T.PONG: "_pong",
+    T.GET_TOPICS_OF_NAMESPACE: "_topics_of_namespace", T.GET_SCHEMA: "_get_schema",
+    T.GET_OR_CREATE_SCHEMA: "_get_or_create_schema",
+}
+
+
 class ServerConnection(ProducerHandlers, asyncio.Protocol):
     """The protocol object of one TCP connection; its producer side is ``ProducerHandlers``."""
 
@@ -191,17 +209,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self._partial_timer: asyncio.TimerHandle | None = None
         self._connect_timer: asyncio.TimerHandle | None = None
         self._handlers: dict[int, Callable[[pb.BaseCommand, Frame], None]] = {
-            T.CONNECT: self._connect, T.PARTITIONED_METADATA: self._partitioned_metadata,
-            T.LOOKUP: self._lookup, T.PRODUCER: self._producer, T.SEND: self._send,
-            T.SUBSCRIBE: self._subscribe, T.FLOW: self._flow, T.ACK: self._ack,
-            T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._redeliver, T.SEEK: self._seek,
-            T.GET_LAST_MESSAGE_ID: self._get_last_message_id, T.UNSUBSCRIBE: self._unsubscribe,
-            T.CLOSE_PRODUCER: self._close_producer, T.CLOSE_CONSUMER: self._close_consumer,
-            T.PING: self._ping, T.PONG: lambda command, frame: None,
-            T.GET_TOPICS_OF_NAMESPACE: self._topics_of_namespace,
-            T.GET_SCHEMA: lambda command, frame: self.write(get_schema_response(self.broker, command.getSchema)),
-            T.GET_OR_CREATE_SCHEMA: lambda command, frame: get_or_create_schema(self, frame),  # api.wire.preparing
-        }
+            command_type: getattr(self, name) for command_type, name in HANDLERS.items()}
 
     # -- transport ----------------------------------------------------------------------
 
@@ -451,6 +459,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         request = command.partitionMetadata
         try:
             name = self.broker.topic_name(request.topic)
+            self.broker.access.check_topic(self.role, request.topic, *LOOKUP_ACTIONS)  # api.auth: grants
         except BrokerError as error:
             self._partitioned_metadata_failed(request.request_id, error)
             return
@@ -469,6 +478,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         request = command.lookupTopic
         try:
             self.broker.topic_name(request.topic)
+            self.broker.access.check_topic(self.role, request.topic, *LOOKUP_ACTIONS)  # api.auth: grants
         except BrokerError as error:
             self._lookup_failed(request.request_id, error)
             return
@@ -493,6 +503,27 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def _ping(self, command: pb.BaseCommand, frame: Frame) -> None:
         self.write(pb.BaseCommand(type=T.PONG, pong=pb.CommandPong()))
+
+    def _pong(self, command: pb.BaseCommand, frame: Frame) -> None:
+        pass  # any data received counts as the client's being alive
+
+    # -- schemas (api.wire.schema_commands) ------------------------------------------------
+
+    def _get_schema(self, command: pb.BaseCommand, frame: Frame) -> None:
+        try:
+            self.broker.access.check_topic(self.role, command.getSchema.topic, *LOOKUP_ACTIONS)  # api.auth: grants
+        except AuthorizationError as error:
+            self.write(refused_response(command, error))
+            return
+        self.write(get_schema_response(self.broker, command.getSchema))
+
+    def _get_or_create_schema(self, command: pb.BaseCommand, frame: Frame) -> None:
+        try:  # before anything is registered
+            self.broker.access.check_topic(self.role, command.getOrCreateSchema.topic, "produce")  # api.auth: grants
+        except AuthorizationError as error:
+            self.write(refused_response(command, error))
+            return
+        get_or_create_schema(self, frame)  # api.wire.preparing: registered off the loop
 
     # -- consumers ----------------------------------------------------------------------
 

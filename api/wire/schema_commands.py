@@ -115,7 +115,8 @@ def _failed(response: pb.CommandGetSchemaResponse | pb.CommandGetOrCreateSchemaR
 
 
 def refused_response(command: pb.BaseCommand, error: BrokerError) -> pb.BaseCommand:
-    """The response to a GET_SCHEMA or GET_OR_CREATE_SCHEMA that ``frame_problem`` refused."""
+    """The response to a GET_SCHEMA or GET_OR_CREATE_SCHEMA refused before it ran (by
+    ``frame_problem``, or for want of the role's grant): ``error``'s code in its own response."""
     if command.type == T.GET_SCHEMA:
         schema_response = pb.CommandGetSchemaResponse(request_id=command.getSchema.request_id)
         _failed(schema_response, error)

@@ -7,7 +7,7 @@
     df = (spark.read.format("compactd")
           .option("dataDir", "/var/lib/compactd").option("topic", "my-table")
           .option("readCompacted", "true")        # default "false": the raw topic
-          .option("includeOpenLedger", "false")   # default: sealed ledgers only
+          .option("includeOpenLedger", "true")    # default: the open ledger's confirmed entries too
           .load())
 
 gives one row per message (``compactor.spark.rows.MESSAGE_SCHEMA_DDL``: key, value,
@@ -26,8 +26,9 @@ parallel. Options:
   original ids), then the raw ledgers after the horizon; ``"false"`` (default) reads the
   raw ledgers. A replaced view's ledgers stay readable for the broker's grace period
   (``compacted_ledger_grace_period_s``), so a scan planned before a publish reads whole.
-* ``includeOpenLedger``: ``"true"`` also reads the open (current) ledger up to its last
-  confirmed entry at planning time; default ``"false"``: sealed ledgers only, which never
+* ``includeOpenLedger``: ``"true"`` (default) also reads the open (current) ledger up to
+  its last confirmed entry at planning time, as a reader created then would see it (a live
+  topic often has only an open ledger); ``"false"``: sealed ledgers only, which never
   change under a running broker.
 
 ``spark.readStream.format("compactd")`` reads the same rows as a stream (the compacted
@@ -79,8 +80,8 @@ def full_topic_name(topic: str) -> str:
     raise CompactorError(f"topic {topic!r} is neither a short name nor tenant/namespace/topic")
 
 
-def _flag(options: Any, name: str) -> bool:
-    value = str(options.get(name, "false")).strip().lower()
+def _flag(options: Any, name: str, default: str = "false") -> bool:
+    value = str(options.get(name, default)).strip().lower()
     if value not in TRUE_WORDS:
         raise CompactorError(f"option {name}: {value!r} is not true or false")
     return TRUE_WORDS[value]
@@ -191,7 +192,7 @@ class _MessageReader(DataSourceReader):
         self.data_dir = os.path.abspath(data_dir)
         self.topic = full_topic_name(topic)
         self.read_compacted = _flag(lowered, "readcompacted")
-        self.include_open_ledger = _flag(lowered, "includeopenledger")
+        self.include_open_ledger = _flag(lowered, "includeopenledger", "true")
 
     def partitions(self) -> Sequence[InputPartition]:
         ranges = plan_ranges(self.data_dir, self.topic, read_compacted=self.read_compacted,

@@ -28,7 +28,7 @@ from scripts import gen_docs
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DEFAULTS = Settings()
-JAVA_VERSIONS = ("17", "21")  # what PySpark 4 runs on (README, Spark)
+JAVA_VERSIONS = ("17", "21")  # what PySpark 4 runs on (docs/guide/spark.md)
 
 
 # -- the Dockerfile ---------------------------------------------------------------------------

@@ -1,20 +1,21 @@
 """The docs cannot drift from the code (issue 16 point 7).
 
 The code is read by introspection (``scripts/gen_docs.py``: ``Settings``, the typer app's
-command tree, the FastAPI application's OpenAPI paths); the docs are ``README.md`` and
+command tree, the FastAPI application's OpenAPI paths); the docs are ``README.md``, the
+pages under ``docs/`` (the generated tables are in ``docs/reference/``) and
 ``deploy/compactd.toml``. Each test lists exactly what is missing where, in both
 directions:
 
 * ``test_every_setting_is_in_the_sample_config_with_its_default_and_nothing_else`` —
   a setting missing from ``deploy/compactd.toml``, a key there that no setting has, a
   value that is not the default (the data dir is the deployments' ``/var/lib/compactd``);
-* ``test_every_setting_is_in_the_readme_and_every_flag_it_names_exists`` — the settings
-  table, and every ``--flag`` the README names alone in code;
-* ``test_every_command_is_in_the_readme_and_every_command_it_shows_exists`` — every
-  command path; every ``compactd …`` the README shows resolves to a command, with options
+* ``test_every_setting_is_in_the_docs_and_every_flag_they_name_exists`` — the settings
+  table, and every ``--flag`` the docs name alone in code;
+* ``test_every_command_is_in_the_docs_and_every_command_they_show_exists`` — every
+  command path; every ``compactd …`` the docs show resolves to a command, with options
   that command has;
-* ``test_every_route_is_in_the_readme_and_every_route_it_shows_exists`` — every method and
-  path; every ``METHOD /path`` and ``curl`` URL the README shows is served;
+* ``test_every_route_is_in_the_docs_and_every_route_they_show_exists`` — every method and
+  path; every ``METHOD /path`` and ``curl`` URL the docs show is served;
 * ``test_the_generated_parts_of_the_docs_are_up_to_date`` — help texts and defaults too.
 
 The fix for most failures: ``python scripts/gen_docs.py`` (then review the diff).
@@ -41,8 +42,13 @@ ROUTE_MENTION = re.compile(r"\b(GET|PUT|POST|DELETE|PATCH)\s+(/[^\s`]*)")
 CURL = re.compile(r"\bcurl\b([^\n]*?)https?://[^/\s]+(/[^\s'\"`]*)")
 
 
-def _readme() -> str:
-    return gen_docs.README.read_text(encoding="utf-8")
+def _docs() -> dict[str, str]:
+    """Every page (README.md and docs/), by path."""
+    return gen_docs.documentation()
+
+
+def _settings_page() -> str:
+    return gen_docs.PAGES["settings"].read_text(encoding="utf-8")
 
 
 def _code_texts(text: str) -> Iterator[str]:
@@ -81,16 +87,18 @@ def test_every_setting_is_in_the_sample_config_with_its_default_and_nothing_else
     assert differing == [], _report(differing)
 
 
-def test_every_setting_is_in_the_readme_and_every_flag_it_names_exists() -> None:
-    table = gen_docs.generated_section(_readme(), "settings")
-    assert table is not None, "README.md has no <!-- generated:settings --> section; " + FIX
+def test_every_setting_is_in_the_docs_and_every_flag_they_name_exists() -> None:
+    page = str(gen_docs.PAGES["settings"].relative_to(gen_docs.ROOT))
+    table = gen_docs.generated_section(_settings_page(), "settings")
+    assert table is not None, f"{page} has no <!-- generated:settings --> section; " + FIX
     code = {flag_name(spec.key) for spec in setting_specs()}
     documented = set(re.findall(r"^\| `(--[a-z0-9-]+)` \|", table, re.MULTILINE))
-    problems = [f"README.md's settings table lacks {flag}" for flag in sorted(code - documented)]
-    problems += [f"README.md's settings table has {flag}, which is no setting" for flag in sorted(documented - code)]
+    problems = [f"{page}'s settings table lacks {flag}" for flag in sorted(code - documented)]
+    problems += [f"{page}'s settings table has {flag}, which is no setting" for flag in sorted(documented - code)]
     known = code | gen_docs.option_names() | {"--help"}
-    named = {text for text in _code_texts(_readme()) if re.fullmatch(r"--[a-z0-9-]+", text)}
-    problems += [f"README.md names `{flag}`, which no setting or command option has" for flag in sorted(named - known)]
+    for name, text in _docs().items():
+        named = {code_text for code_text in _code_texts(text) if re.fullmatch(r"--[a-z0-9-]+", code_text)}
+        problems += [f"{name} names `{flag}`, which no setting or command option has" for flag in sorted(named - known)]
     assert problems == [], _report(problems)
 
 
@@ -147,16 +155,16 @@ def _command_mentions(text: str) -> Iterator[list[str]]:
             yield tokens
 
 
-def test_every_command_is_in_the_readme_and_every_command_it_shows_exists() -> None:
-    readme = _readme()
+def test_every_command_is_in_the_docs_and_every_command_they_show_exists() -> None:
     mentioned: set[str] = set()
     problems: list[str] = []
-    for tokens in _command_mentions(readme):
-        path, problem = _resolve(tokens)
-        mentioned.add(path)
-        if problem is not None:
-            problems.append(f"README.md shows `compactd {' '.join(tokens)}`, but `compactd {path}` {problem}")
-    problems += [f"README.md does not mention the command `compactd {path}`"
+    for name, text in _docs().items():
+        for tokens in _command_mentions(text):
+            path, problem = _resolve(tokens)
+            mentioned.add(path)
+            if problem is not None:
+                problems.append(f"{name} shows `compactd {' '.join(tokens)}`, but `compactd {path}` {problem}")
+    problems += [f"the docs do not mention the command `compactd {path}`"
                  for path in sorted(set(gen_docs.command_paths()) - mentioned)]
     assert problems == [], _report(problems)
 
@@ -182,16 +190,16 @@ def _route_mentions(text: str) -> Iterator[tuple[str, str]]:
             yield (method.group(1) if method else "GET"), match.group(2)
 
 
-def test_every_route_is_in_the_readme_and_every_route_it_shows_exists() -> None:
-    readme = _readme()
+def test_every_route_is_in_the_docs_and_every_route_they_show_exists() -> None:
     app = create_app()
     routes = set(gen_docs.routes())
     builtin = {("GET", route.path) for route in app.routes  # /docs, /redoc, /openapi.json: outside the schema
                if not getattr(route, "include_in_schema", True) and "GET" in (getattr(route, "methods", None) or ())}
-    mentions = set(_route_mentions(readme))
-    problems = [f"README.md does not mention `{method} {path}`" for method, path in sorted(routes - mentions)]
-    problems += [f"README.md shows `{method} {path}`, which compactd does not serve"
-                 for method, path in sorted(mentions) if not _served(method, path, routes | builtin)]
+    mentions = {(name, *mention) for name, text in _docs().items() for mention in _route_mentions(text)}
+    problems = [f"the docs do not mention `{method} {path}`"
+                for method, path in sorted(routes - {(method, path) for _, method, path in mentions})]
+    problems += [f"{name} shows `{method} {path}`, which compactd does not serve"
+                 for name, method, path in sorted(mentions) if not _served(method, path, routes | builtin)]
     assert problems == [], _report(problems)
 
 

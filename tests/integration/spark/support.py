@@ -10,6 +10,8 @@ through the local stores, as the rows ``compactor.spark.rows.MESSAGE_SCHEMA_DDL`
 from __future__ import annotations
 
 import os
+import site
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,7 @@ class TopicDir:
         self.data_dir.close()
 
 
-def local_messages(topic_dir: TopicDir, *, read_compacted: bool, include_open_ledger: bool = False) -> list[Row]:
+def local_messages(topic_dir: TopicDir, *, read_compacted: bool, include_open_ledger: bool = True) -> list[Row]:
     """The rows the data source must give, read through the local stores (module docstring)."""
     ledger = topic_dir.ledger
     entries: list[CompactedEntry] = []
@@ -175,3 +177,33 @@ def published_compacted_ledger(path: Path) -> tuple[Position, list[bytes]]:
         return snapshot.horizon, entries
     finally:
         store.shutdown()
+
+
+COMPACTD_NAMES = frozenset({"ledger", "cursor", "compactor", "api", "bench"})
+
+
+def bare_interpreter(directory: Path, *, hidden: Iterable[str] = ()) -> Path:
+    """A Python interpreter that sees every installed package but compactd and ``hidden``.
+
+    The same Python started with ``-S`` (no site processing, so no ``.pth`` file, hence no
+    editable install of compactd), a ``PYTHONPATH`` of only a directory of links to the
+    site-packages entries other than compactd's packages, install hooks and ``hidden``
+    (top-level names), started in an empty directory and ignoring the ``PYTHONPATH`` Spark
+    hands it (``python -m`` puts the working directory on ``sys.path``).
+    """
+    hide = COMPACTD_NAMES | set(hidden)
+    visible = directory / "site"
+    visible.mkdir(parents=True)
+    for packages in site.getsitepackages():
+        for entry in sorted(os.listdir(packages)):
+            name = entry.split(".")[0].split("-")[0]
+            concealed = (entry in hide or name in hide or entry.startswith(("__editable__", "compactd"))
+                         or entry.endswith(".pth"))
+            if not concealed and not (visible / entry).exists():
+                (visible / entry).symlink_to(os.path.join(packages, entry))
+    (directory / "cwd").mkdir()
+    script = directory / "bare-python"
+    script.write_text(f'#!/bin/sh\ncd "{directory / "cwd"}" || exit 1\n'
+                      f'PYTHONPATH="{visible}" exec "{sys.executable}" -S "$@"\n')
+    script.chmod(0o755)
+    return script

@@ -323,19 +323,22 @@ def test_the_data_source_gives_what_the_local_reader_sees(engine: SparkEngine, p
             topic_dir.close()
 
 
-def test_one_partition_per_ledger_and_the_open_tail_on_request(engine: SparkEngine, tmp_path: Path) -> None:
+def test_one_partition_per_ledger_the_open_tail_by_default_and_sealed_only_on_request(
+    engine: SparkEngine, tmp_path: Path,
+) -> None:
     spark = engine.session()
     topic_dir = TopicDir(tmp_path / "data", entries_per_ledger=4)
     try:
         topic_dir.append(_message(f"k{index % 5}", b"%d" % index) for index in range(14))  # 3 sealed + 2 open
         read = spark.read.format("compactd").option("dataDir", str(tmp_path / "data")).option("topic", "spark-topic")
-        sealed = read.load()
-        assert sealed.rdd.getNumPartitions() == 3
-        assert spark_rows(sealed) == local_messages(topic_dir, read_compacted=False)
-        assert sealed.count() == 12
-        with_tail = read.option("includeOpenLedger", "true").load()
+        with_tail = read.load()
         assert with_tail.rdd.getNumPartitions() == 4
-        assert spark_rows(with_tail) == local_messages(topic_dir, read_compacted=False, include_open_ledger=True)
+        assert spark_rows(with_tail) == local_messages(topic_dir, read_compacted=False)
+        assert with_tail.count() == 14
+        sealed = read.option("includeOpenLedger", "false").load()
+        assert sealed.rdd.getNumPartitions() == 3
+        assert spark_rows(sealed) == local_messages(topic_dir, read_compacted=False, include_open_ledger=False)
+        assert sealed.count() == 12
 
         topic_dir.compact(Compactor())
         compacted = read.option("readCompacted", "true").load()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import site
 import struct
 import subprocess
 import sys
@@ -33,30 +32,12 @@ from google.protobuf.internal import api_implementation
 
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
-from tests.integration.spark.support import TOPIC, TopicDir
+from tests.integration.spark.support import TOPIC, TopicDir, bare_interpreter
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 RUN_TIMEOUT_S = 240  # a JVM and two jobs on a loaded 2-core machine
 REPO = Path(__file__).resolve().parents[3]
-COMPACTD_NAMES = {"ledger", "cursor", "compactor", "api", "bench"}
-
-
-def _bare_interpreter(directory: Path) -> Path:
-    """A ``PYSPARK_PYTHON`` that sees every installed package but compactd (module docstring)."""
-    visible = directory / "site"
-    visible.mkdir()
-    for packages in site.getsitepackages():
-        for entry in sorted(os.listdir(packages)):
-            hidden = entry in COMPACTD_NAMES or entry.startswith(("__editable__", "compactd")) or entry.endswith(".pth")
-            if not hidden and not (visible / entry).exists():
-                (visible / entry).symlink_to(os.path.join(packages, entry))
-    (directory / "cwd").mkdir()
-    script = directory / "bare-python"
-    script.write_text(f'#!/bin/sh\ncd "{directory / "cwd"}" || exit 1\n'
-                      f'PYTHONPATH="{visible}" exec "{sys.executable}" -S "$@"\n')
-    script.chmod(0o755)
-    return script
 
 
 def _entry(key: str | None, value: bytes, *, b64: bool = False) -> bytes:
@@ -78,7 +59,7 @@ def _raw_key_entry(raw_key: bytes, value: bytes) -> bytes:
 def test_register_ships_compactd_to_workers_that_cannot_import_it_and_keys_keep_their_bytes(
     tmp_path: Path,
 ) -> None:
-    bare = _bare_interpreter(tmp_path)
+    bare = bare_interpreter(tmp_path)
     probe = subprocess.run([str(bare), "-c", "import pyarrow, pyspark, numpy, google.protobuf\nimport compactor"],
                            capture_output=True, timeout=60, check=False)
     assert b"No module named 'compactor'" in probe.stderr, probe.stderr

@@ -6,7 +6,8 @@ in PRODUCER_SUCCESS and in every message; the same schema reuses its version; a 
 schema raises ``IncompatibleSchema`` at once; partitions share their base topic's
 registry; the compacted view keeps each message's version, so typed read-compacted readers
 and TableViews decode it; versions survive a restart; an Avro consumer never waits out a
-GET_SCHEMA.
+GET_SCHEMA. Hostile schemas (deep, huge, not text, ...) over GET_OR_CREATE_SCHEMA and
+PRODUCER get a protocol refusal on a connection that stays open.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from api.wire.frames import make_command
 from compactor.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.helpers import RECEIVE_MS, read_available, unique_topic
 from tests.integration.wire.test_robustness import _Raw
+
+T = pb.BaseCommand
 
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("fastavro")  # pulsar.schema.AvroSchema needs it
@@ -260,3 +263,70 @@ def test_schema_requests_always_get_their_own_response_on_the_wire(broker: Any) 
         assert raw.request(make_command(pb.CommandPing())).type == pb.BaseCommand.PONG
     finally:
         raw.close()
+
+
+# -- hostile schemas on the wire: a protocol refusal, never a closed connection ----------------
+
+
+def _schema(kind: int, data: bytes) -> pb.Schema:
+    return pb.Schema(name="s", schema_data=data, type=kind)  # type: ignore[arg-type]
+
+
+def test_a_schema_over_the_size_limit_is_refused_on_the_wire_as_over_rest(broker: Any) -> None:
+    """--schema-max-size-bytes (5 MiB) holds on the Pulsar port too: a larger definition
+    still fits a frame, and is refused as a protocol error; the connection stays."""
+    topic = unique_topic("schema-huge")
+    huge = json.dumps({"type": "record", "name": "R", "doc": "x" * (5 * 1024 * 1024), "fields": []}).encode()
+    raw = _Raw(broker.port)
+    try:
+        refused = raw.request(make_command(pb.CommandGetOrCreateSchema(
+            request_id=1, topic=topic, schema=_schema(pb.Schema.Avro, huge))))
+        assert refused.getOrCreateSchemaResponse.error_code == pb.IncompatibleSchema
+        assert "5242880" in refused.getOrCreateSchemaResponse.error_message
+        producer = raw.request(make_command(pb.CommandProducer(
+            topic=topic, producer_id=1, request_id=2, schema=_schema(pb.Schema.Avro, huge))))
+        assert (producer.type, producer.error.error) == (T.ERROR, pb.IncompatibleSchema)
+        assert raw.request(make_command(pb.CommandPing())).type == T.PONG
+    finally:
+        raw.close()
+
+
+@pytest.mark.slow
+def test_no_generated_schema_closes_the_connection_or_harms_the_broker(broker: Any, client: Any) -> None:
+    """Property: GET_OR_CREATE_SCHEMA and PRODUCER with any definition (valid or hostile,
+    ``hostile_definitions``) get their answer, a success or a protocol error, on a
+    connection that stays open; afterwards the real client still registers a schema."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.unit.api.test_rest_schemas import hostile_definitions
+
+    raw = _Raw(broker.port)
+    ids = iter(range(1, 10**6))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(kind=st.sampled_from([pb.Schema.Avro, pb.Schema.Json, pb.Schema.String]), data=hostile_definitions())
+    def one(kind: int, data: bytes) -> None:
+        topic = unique_topic("schema-hostile")
+        request_id = next(ids)
+        created = raw.request(make_command(pb.CommandGetOrCreateSchema(
+            request_id=request_id, topic=topic, schema=_schema(kind, data))))
+        answer = created.getOrCreateSchemaResponse
+        assert answer.request_id == request_id
+        assert answer.HasField("error_code") != answer.HasField("schema_version")
+        producer_id = next(ids)
+        produced = raw.request(make_command(pb.CommandProducer(
+            topic=unique_topic("schema-hostile"), producer_id=producer_id, request_id=producer_id,
+            schema=_schema(kind, data))))
+        assert produced.type in (T.PRODUCER_SUCCESS, T.ERROR), produced
+        if produced.type == T.ERROR:
+            assert produced.error.error == pb.IncompatibleSchema, produced
+
+    try:
+        one()
+        assert raw.request(make_command(pb.CommandPing())).type == T.PONG
+    finally:
+        raw.close()
+    topic = unique_topic("schema-after")
+    client.create_producer(topic, schema=JsonSchema(Reading)).send(Reading(sensor="a", value=1))
+    assert _versions(broker, topic) == [0]

@@ -57,6 +57,17 @@ def test_the_run_line_carries_the_figures(caplog: pytest.LogCaptureFixture) -> N
         "bytes_out": 300, "throttled_s": 0.25, "io_bytes": 2300, "horizon": "3:9"}
 
 
+def test_a_run_with_nothing_new_says_the_view_stands_and_names_no_engine(caplog: pytest.LogCaptureFixture) -> None:
+    figures = RunFigures(ledger_id=-1, duration_s=0.004, horizon="3:9")
+    with caplog.at_level(logging.INFO, logger="compactor.run"):
+        log_run("persistent://public/default/t", figures)
+    [record] = caplog.records
+    assert record.getMessage() == (
+        "compaction of persistent://public/default/t: nothing new to compact after the horizon 3:9, "
+        "the compacted view stands, 0 entries read, 0.004 s")
+    assert "engine," not in record.getMessage()
+
+
 def test_logging_to_stderr_sets_level_and_format_then_puts_back_what_was_there(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -34,7 +34,7 @@ from tests.serve_process import ServeProcess
 
 TOPIC = "persistent://public/default/offline"
 PROCESS_TIMEOUT_S = 120
-SUMMARY_FIELDS = {"topic", "status", "ledgerId", "removedEvents", "entriesRead", "messagesRead",
+SUMMARY_FIELDS = {"topic", "status", "compacted", "ledgerId", "viewLedgers", "removedEvents", "entriesRead", "messagesRead",
                   "entriesWritten", "bytesWritten", "durationMs"}
 
 
@@ -112,7 +112,8 @@ def test_compact_topic_prints_one_json_line_and_publishes_the_view(tmp_path: Pat
     figures = json.loads(lines[0])
     assert set(figures) == SUMMARY_FIELDS
     assert figures["topic"] == TOPIC and figures["status"] == "SUCCESS"
-    assert figures["ledgerId"] >= 0
+    assert figures["ledgerId"] >= 0 and figures["compacted"] is True
+    assert figures["viewLedgers"] == [figures["ledgerId"]]
     assert figures["entriesRead"] == figures["messagesRead"] == len(MESSAGES)
     # Kept: k0 = v6, k2 = v8; the key-less message and every k1 are dropped (Pulsar's defaults).
     assert figures["entriesWritten"] == 2 and figures["removedEvents"] == len(MESSAGES) - 2
@@ -123,12 +124,16 @@ def test_compact_topic_prints_one_json_line_and_publishes_the_view(tmp_path: Pat
 def test_a_second_run_with_nothing_new_succeeds_and_keeps_the_view(tmp_path: Path) -> None:
     data = tmp_path / "data"
     _write_topic(data, TOPIC, MESSAGES)
-    assert _compact(data, "--topic", TOPIC).exit_code == 0
+    first = _compact(data, "--topic", TOPIC)
+    assert first.exit_code == 0, first.output
 
     result = _compact(data, "--topic", TOPIC)
 
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ledgerId"] == -1  # nothing after the horizon
+    again = json.loads(result.stdout)
+    assert again["compacted"] is False and again["entriesRead"] == 0  # nothing after the horizon
+    assert again["ledgerId"] == json.loads(first.stdout)["ledgerId"]  # the view that stands, not -1
+    assert again["viewLedgers"] == json.loads(first.stdout)["viewLedgers"]
     assert _compacted_view(data, TOPIC) == [("k0", b"v6", False), ("k2", b"v8", False)]
 
 
@@ -267,10 +272,13 @@ def test_summary_names_pulsar_style_fields() -> None:
     figures = RunFigures(ledger_id=7, removed_events=3, entries_read=5, messages_read=6,
                          entries_written=2, bytes_written=99, duration_s=1.2345)
 
-    assert summary(TOPIC, figures) == {
-        "topic": TOPIC, "status": "SUCCESS", "ledgerId": 7, "removedEvents": 3, "entriesRead": 5,
-        "messagesRead": 6, "entriesWritten": 2, "bytesWritten": 99, "durationMs": 1234,
+    assert summary(TOPIC, figures, (7, 8)) == {
+        "topic": TOPIC, "status": "SUCCESS", "compacted": True, "ledgerId": 7, "viewLedgers": [7, 8],
+        "removedEvents": 3, "entriesRead": 5, "messagesRead": 6, "entriesWritten": 2, "bytesWritten": 99,
+        "durationMs": 1234,
     }
+    nothing_new = summary(TOPIC, RunFigures(), (4, 5))
+    assert nothing_new["compacted"] is False and nothing_new["ledgerId"] == 4 and nothing_new["viewLedgers"] == [4, 5]
 
 
 def test_the_console_script_runs_offline_compaction(tmp_path: Path) -> None:
@@ -367,7 +375,8 @@ def test_the_minimum_lag_policy_holds_young_messages_back_offline_too(tmp_path: 
     held_back = _compact(data, "--topic", TOPIC)
 
     assert held_back.exit_code == 0, held_back.output
-    assert json.loads(held_back.stdout)["ledgerId"] == -1  # every message is a minute old: younger than an hour
+    held = json.loads(held_back.stdout)  # every message is a minute old: younger than an hour
+    assert held["compacted"] is False and held["ledgerId"] == -1 and held["viewLedgers"] == []  # no view yet
     data_dir = DataDir.open(str(data))
     try:
         PolicyStore(data_dir.database).set_policy(TOPIC, "minCompactionLagMs", 1_000)  # the topic's wins

@@ -145,8 +145,8 @@ def test_the_systemd_unit_raises_the_descriptor_limit() -> None:
     assert limit.isdigit() and int(limit) >= 65536, limit  # connections + ledger files + SQLite
 
 
-def test_the_readme_warns_about_the_table_view_stack_overflow() -> None:
-    text = " ".join((ROOT / "README.md").read_text().split())
+def test_the_docs_warn_about_the_table_view_stack_overflow() -> None:
+    text = " ".join((ROOT / "docs" / "guide" / "clients.md").read_text().split())
     assert "TableView overflows the stack on topics of about 100 k keys" in text
     assert "ulimit -s" in text
 

@@ -29,10 +29,12 @@ from api.broker.schemas import (
     version_bytes,
 )
 from api.broker.topic_name import TopicName
+from api.config import Settings
 from ledger.database import Database
 
 JSON, AVRO, STRING = 2, 4, 1
 TOPIC = TopicName.parse("persistent://public/default/orders")
+SIZE_MAX = Settings().schema_max_size_bytes
 
 
 def definition(*fields: dict[str, Any]) -> bytes:
@@ -56,7 +58,7 @@ def database(tmp_path: Path) -> Iterator[Database]:
 
 @pytest.fixture
 def registry(database: Database) -> SchemaRegistry:
-    return SchemaRegistry(database, PolicyStore(database))
+    return SchemaRegistry(database, PolicyStore(database), max_size_bytes=SIZE_MAX)
 
 
 def test_versions_start_at_zero_and_an_equal_schema_reuses_its_version(registry: SchemaRegistry) -> None:
@@ -144,11 +146,11 @@ def test_a_deleted_schema_is_not_served_and_numbering_goes_on(registry: SchemaRe
 def test_versions_survive_reopening_the_database(tmp_path: Path) -> None:
     path = str(tmp_path / "metadata.db")
     first = Database(path)
-    SchemaRegistry(first, PolicyStore(first)).put_if_absent(TOPIC, V0)
+    SchemaRegistry(first, PolicyStore(first), max_size_bytes=SIZE_MAX).put_if_absent(TOPIC, V0)
     first.close()
     again = Database(path)
     try:
-        registry = SchemaRegistry(again, PolicyStore(again))
+        registry = SchemaRegistry(again, PolicyStore(again), max_size_bytes=SIZE_MAX)
         assert registry.get(TOPIC).schema == V0
         assert registry.put_if_absent(TOPIC, V0) == 0
     finally:
