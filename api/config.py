@@ -187,8 +187,9 @@ class Settings:
         "and new producers are refused, for this long before the next try.", minimum=0)
     managed_ledger_mark_delete_rate_limit: float = _setting(
         MARK_DELETE_RATE_LIMIT, "Times a second a subscription's acknowledgements are persisted, at most "
-        "(written in the background; a crash redelivers what was acknowledged since the last persist); "
-        "0 writes every acknowledgement at once, in the background too.", minimum=0)
+        "(in the background; an ack receipt is sent once applied, and a crash redelivers what was "
+        "acknowledged in the last 1/rate s); 0 writes each acknowledgement at once and sends its ack "
+        "receipt only once it is durable.", minimum=0)
     # Far under the usual limit of 1,024 descriptors a process, which connections and SQLite share.
     max_open_ledger_files: int = _setting(
         MAX_OPEN_FILES_DEFAULT, "Ledger files kept open while idle; more are closed (least recently used first) "

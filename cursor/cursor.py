@@ -409,6 +409,17 @@ class ManagedCursor:
             position = Position(following.ledger_id, run[1])
 
     @property
+    def writes_acks_at_once(self) -> bool:
+        """A durable cursor whose acknowledgements are written without waiting for the
+        persist schedule: not ``deferred``, or its store has no rate limit (0). Then
+        ``when_written()`` right after an acknowledgement resolves once it is committed
+        (the broker's ack receipt waits for it); otherwise an acknowledgement waits for the
+        next scheduled write, up to ``1 / mark_delete_rate_limit`` seconds."""
+        if self.store is None or not self.durable:
+            return False
+        return not self.deferred or self.store.mark_delete_rate_limit == 0
+
+    @property
     def _persists_later(self) -> bool:
         """Changes are queued for the store's thread (see "Deferred persistence")."""
         return self.deferred and self.store is not None

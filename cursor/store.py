@@ -28,8 +28,11 @@ at most that many persists a second per cursor; the first record after a quiet s
 written at once), every cursor due at the same time in **one transaction**. So a cursor
 acknowledged thousands of times a second costs one commit per interval, and nothing waits
 for it: the caller's in-memory cursor is what dispatch reads. What a crash (kill -9) can
-lose is what was queued and not yet written: at most one interval of acknowledgements
-(plus the commit in flight), which are delivered again (at-least-once).
+lose is what was queued and not yet written: the changes made since the start of the
+cursor's last committed write, at most one interval plus two commits (the one before the
+interval and the one in flight) old, which are delivered again (at-least-once). With no
+rate limit (0) each queued record is due at once; ``when_written`` then tells the caller
+when its acknowledgement is committed (the broker's ack receipt waits for it).
 
 The order of writes is the order of saves: a write takes the queued records and commits
 them under one lock (``_write_lock``), so a persisted state never goes back to an older
@@ -37,8 +40,8 @@ one; ``save`` and ``delete`` drop what is queued for their cursor in the same lo
 queued record never brings a deleted cursor back). ``flush`` writes what is queued now
 (a cursor's, a topic's, or all: closing a topic, a clean shutdown); ``discard`` forgets a
 topic's queue (the topic is being deleted); ``close`` flushes everything and stops the
-thread. A failed background write is logged and retried one interval later; the queued
-record stays the cursor's newest, which ``load`` returns.
+thread. A failed background write is logged and retried one interval later (at least
+``WRITE_RETRY_MIN_S``); the queued record stays the cursor's newest, which ``load`` returns.
 
 **Waiting for a write, off the caller's thread.** ``when_written(topic, name)`` makes what is
 queued for a cursor due now and returns a future that resolves once it is committed (at
@@ -76,6 +79,9 @@ COMPONENT = "cursor"
 # Pulsar's managedLedgerDefaultMarkDeleteRateLimit: persists a second per cursor of the
 # records queued with ``save_later``; 0 writes each at once (every acknowledgement a commit).
 MARK_DELETE_RATE_LIMIT = 1.0
+# A failed background write is retried one interval later, and never sooner than this
+# (with no rate limit the interval is 0: a failing disk must not spin the thread).
+WRITE_RETRY_MIN_S = 0.1
 MIGRATIONS: tuple[str, ...] = (
     # 1: durable cursors with their properties.
     """
@@ -371,7 +377,7 @@ class CursorStore:
                             self._write_rows(db, record)
             except BaseException as error:
                 with self._state:
-                    retry_at = self._clock() + self._interval_s
+                    retry_at = self._clock() + max(self._interval_s, WRITE_RETRY_MIN_S)
                     for key, queued in taken:
                         if key not in self._queued:
                             self._queued[key], self._due[key] = queued, retry_at
@@ -432,7 +438,8 @@ class CursorStore:
                 self._failed_with = None
             except Exception as error:  # noqa: BLE001 - the thread must live on; the records stay queued
                 if str(error) != self._failed_with:
-                    log.error("persisting cursors failed, retrying in %.3g s: %s", self._interval_s, error)
+                    log.error("persisting cursors failed, retrying in %.3g s: %s",
+                              max(self._interval_s, WRITE_RETRY_MIN_S), error)
                 self._failed_with = str(error)
 
     # -- reading ----------------------------------------------------------------------

@@ -63,7 +63,7 @@ from api.wire.codec import (
     server_error,
     to_message_id,
 )
-from api.wire.durable import answer_when_written, detach
+from api.wire.durable import answer_ack, answer_when_written, detach
 from api.wire.frames import (
     FRAME_BYTES_MAX,
     MESSAGE_BYTES_MAX,
@@ -573,9 +573,15 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
             consumer.subscription.acknowledge_message_ids(
                 [(from_message_id(m), m.ack_set) for m in ack.message_id],
                 cumulative=ack.ack_type == pb.CommandAck.Cumulative)
-        if ack.HasField("request_id"):
-            response = pb.CommandAckResponse(consumer_id=ack.consumer_id, request_id=ack.request_id)
-            self.write(pb.BaseCommand(type=T.ACK_RESPONSE, ackResponse=response))
+        if ack.HasField("request_id"):  # the receipt: once durable with no rate limit, else now
+            cursor = consumer.subscription.cursor if consumer is not None and consumer.subscription else None
+            answer_ack(self._loop, self, cursor, ack.consumer_id, ack.request_id)
+
+    def _ack_response(self, consumer_id: int, request_id: int, error: BaseException | None = None) -> None:
+        response = pb.CommandAckResponse(consumer_id=consumer_id, request_id=request_id)
+        if error is not None:
+            response.error, response.message = server_error("MetadataError"), str(error)
+        self.write(pb.BaseCommand(type=T.ACK_RESPONSE, ackResponse=response))
 
     def _redeliver(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.redeliverUnacknowledgedMessages

@@ -197,10 +197,17 @@ def test_admin_topic_verbs_move_subscriptions_as_asked(serve: ServeProcess, clie
     assert consumer.receive(int(WAIT_S * 1000)).data() == b"v0"  # reset to the start: v0 comes first
     admin(serve, "topics", "unload", topic)
     producer.send(b"after-unload", partition_key="k9")  # the client reconnects to the reloaded topic
-    received = [consumer.receive(int(WAIT_S * 1000)).data()]  # what was not acknowledged comes again,
-    while received[-1] != b"after-unload":  # then the new message, on the reloaded topic
-        assert len(received) < 7, received
+    # The client learns of the unload (CLOSE_CONSUMER) on its own thread: until it reconnects,
+    # receive() may still hand out what it prefetched on the old connection (v1, v2, … in
+    # order); then what was not acknowledged comes again from v0, then the new message.
+    everything = [b"v1", b"v2", b"v3", b"v4", b"v0", b"v1", b"v2", b"v3", b"v4", b"after-unload"]
+    received = [consumer.receive(int(WAIT_S * 1000)).data()]
+    while received[-1] != b"after-unload":
+        assert len(received) < len(everything), received
         received.append(consumer.receive(int(WAIT_S * 1000)).data())
+    prefetched = len(received) - 6
+    assert received[prefetched:] == [b"v0", b"v1", b"v2", b"v3", b"v4", b"after-unload"], received
+    assert received[:prefetched] == everything[:prefetched], received  # before the reconnect: the old queue
     assert get_json(serve, rest(topic) + "/stats")["msgInCounter"] == 1  # counted since the reload
     producer.close()
     consumer.close()
