@@ -176,12 +176,12 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_stop_on_signals(stop))
         budget = fd_budget(settings.max_open_ledger_files)  # ledger files never take the broker's own
+        data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync),
+                                max_open_files=budget.ledger_files)  # a locked data dir stops here, unlogged
+        stack.callback(data_dir.close)
         log.info("file descriptors: %d; ledger files keep at most %d open, Pulsar connections %d, "
                  "admin connections %d", budget.limit, budget.ledger_files, budget.pulsar_connections,
                  budget.http_connections)
-        data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync),
-                                max_open_files=budget.ledger_files)
-        stack.callback(data_dir.close)
         log.info("compactd starting on data dir %s", data_dir.path, extra={"event": "start", "data_dir": data_dir.path})
         collect_orphans(data_dir)
         broker = broker_factory(data_dir, settings)

@@ -74,8 +74,9 @@ if point.startswith("writing-"):
             self.written += len(data)
             return super().write(data)
 
-    def write_table(table, where, **options):
-        with Torn(where, "wb") as sink:
+    def write_table(table, where, **options):  # a path, or the open file write_index made
+        opened = hasattr(where, "fileno")
+        with Torn(where.fileno() if opened else where, "wb", closefd=not opened) as sink:
             real_write_table(table, sink, **options)
 
     pq.write_table = write_table
