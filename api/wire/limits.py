@@ -10,8 +10,8 @@
   cannot grow the broker without limit. A connection whose next bytes would take the sum
   over the budget is closed (its frame is lost; the client reconnects and resends) and
   its bytes are given back, as they are when any connection closes.
-* ``Connections``: the open connections of one listener with the ``WireLimits`` and the
-  ``PartialFrameBudget`` they share; each ``ServerConnection`` is handed it, adds itself
+* ``Connections``: the open connections of one listener with the ``WireLimits``, the
+  ``PartialFrameBudget`` and the ``ChunkDoor`` (``api.wire.chunk_door``) they share; each ``ServerConnection`` is handed it, adds itself
   when it is made and leaves when it is lost, and the listener closes them all at stop.
   The broker core (``api.broker.service``) knows none of this.
 """
@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from api.wire.chunk_door import ChunkDoor
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -84,6 +87,9 @@ class Connections:
     def __init__(self, limits: WireLimits) -> None:
         self.limits = limits
         self.partial_frames = PartialFrameBudget(limits.partial_frames_budget_bytes)
+        from api.wire.chunk_door import ChunkDoor  # api.config imports this module first
+
+        self.chunks: ChunkDoor = ChunkDoor()
         self._open: set[Connection] = set()
 
     def add(self, connection: Connection) -> None:
