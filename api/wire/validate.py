@@ -22,7 +22,8 @@ creates nothing. The rules:
 * **A SEND's entry decodes** as every reader will decode it: its ``MessageMetadata``
   parses, its producer name is text, its sequence ids fit, and its times
   (``publish_time``, ``event_time``, ``deliver_at_time``, each slot's ``event_time``)
-  lie in ``0..TIME_MS_MAX``; unless it is encrypted or one chunk of a chunked message
+  lie in ``0..TIME_MS_MAX``, its strings (and each slot's key and properties) are
+  valid UTF-8 (the real client's ``partition_key()`` raises on others); unless it is encrypted or one chunk of a chunked message
   (neither can be opened alone), its payload decompresses to ``uncompressed_size`` bytes
   and a batch splits into ``num_messages_in_batch`` slots, each slot's sequence id and
   event time fitting too. What makes an entry a chunk is the real client's test
@@ -237,8 +238,9 @@ def entry_problem(entry: bytes) -> BrokerError | None:
     except MalformedEntryError as error:
         return NotAllowedError(f"the message does not decode: {error}")
     metadata = parsed.metadata
-    if not isinstance(metadata.producer_name, str):
-        return NotAllowedError(f"producer_name {metadata.producer_name!r} is not valid UTF-8")
+    problem = _metadata_text_problem(metadata)
+    if problem is not None:
+        return problem
     for name in ("sequence_id", "highest_sequence_id"):
         if getattr(metadata, name) > SIGNED_64_MAX:
             return NotAllowedError(f"message {name} {getattr(metadata, name)} is above {SIGNED_64_MAX}")
@@ -256,6 +258,18 @@ def entry_problem(entry: bytes) -> BrokerError | None:
             _check_slots(body, metadata.num_messages_in_batch)
     except MalformedEntryError as error:  # UndecodablePayloadError is one
         return NotAllowedError(f"the message payload does not decode: {error}")
+    return None
+
+
+def _metadata_text_problem(metadata: pb.MessageMetadata) -> BrokerError | None:
+    """The first string of ``metadata`` that is not valid UTF-8 (the real client's
+    ``partition_key()`` and ``properties()`` raise on one), as the error; None when all are text."""
+    for name in ("producer_name", "partition_key", "uuid", "replicated_from", "encryption_algo"):
+        value = getattr(metadata, name)
+        if not isinstance(value, str):
+            return NotAllowedError(f"message {name} {value!r} is not valid UTF-8")
+    if len(metadata.properties) or len(metadata.replicate_to) or len(metadata.encryption_keys):
+        return message_problem(metadata)
     return None
 
 
@@ -292,12 +306,17 @@ def _check_slots(body: bytes, count: int) -> None:
             if not _slot_values_fit(single):
                 raise UndecodablePayloadError(
                     f"slot {batch_index}: sequence_id {single.sequence_id} or event_time {single.event_time}"
-                    f" is out of range")
+                    f" is out of range, or a key or property is not valid UTF-8")
 
 
 def _slot_values_fit(single: pb.SingleMessageMetadata) -> bool:
-    """A slot's integers fit what they feed (see the module docstring)."""
-    return single.sequence_id <= SIGNED_64_MAX and single.event_time <= TIME_MS_MAX
+    """A slot's integers fit what they feed and its strings are text (see the module docstring)."""
+    if single.sequence_id > SIGNED_64_MAX or single.event_time > TIME_MS_MAX:
+        return False
+    if not isinstance(single.partition_key, str):
+        return False
+    return not len(single.properties) or all(
+        isinstance(pair.key, str) and isinstance(pair.value, str) for pair in single.properties)
 
 
 def _slots_fit(body: bytes, count: int) -> bool:
