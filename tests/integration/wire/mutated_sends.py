@@ -193,7 +193,7 @@ def _mutate_slot(rng: random.Random, body: bytes, count: int) -> bytes:
         slots.append((single, body[position + 4 + size:end]))
         position = end
     index = rng.randrange(count)
-    single, value = slots[index]
+    single = slots[index][0]
     pieces = []
     for number, (each, each_value) in enumerate(slots):
         raw = each.SerializeToString()
