@@ -28,6 +28,7 @@ stored chunks before it stay an incomplete message, which readers discard. One
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import crc32c
@@ -74,11 +75,12 @@ class ChunkDoor:
         self._open_max = open_max
         self._budget_bytes = budget_bytes
         self._held_bytes = 0
-        self._messages: OrderedDict[tuple[str, str], _Message] = OrderedDict()
+        self._messages: OrderedDict[tuple[Hashable, str], _Message] = OrderedDict()
 
-    def problem(self, topic: str, entry: bytes) -> BrokerError | None:
+    def problem(self, topic: Hashable, entry: bytes) -> BrokerError | None:
         """Why the chunk in ``entry`` (already passed ``api.wire.validate``) must not be
-        stored on ``topic``, or None, in which case it is counted as stored."""
+        stored on ``topic`` (its name, any hashable), or None, in which case it is counted
+        as stored."""
         try:
             metadata, header_size, _ = parse_header(entry)
         except MalformedEntryError as error:
@@ -136,7 +138,7 @@ class ChunkDoor:
             return NotAllowedError(f"the chunked message does not decode: {error}")
         return None
 
-    def _remember(self, key: tuple[str, str], message: _Message) -> _Message:
+    def _remember(self, key: tuple[Hashable, str], message: _Message) -> _Message:
         old = self._messages.pop(key, None)
         if old is not None and old.body is not None:
             self._held_bytes -= len(old.body)
