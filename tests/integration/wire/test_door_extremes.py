@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from api.config import Settings
 from api.wire.frames import Frame, FrameDecoder, encode_command, make_command
+from compactor.engine import EngineName
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.backup import take_backup
 from tests.integration.conftest import BrokerHarness
@@ -213,17 +214,17 @@ def test_an_extreme_value_is_refused_or_every_path_takes_it(shared_broker: tuple
         _touch_every_path(broker, client, topic, base)
 
 
-@pytest.mark.slow
-def test_the_spark_engine_compacts_every_extreme_the_door_stores(tmp_path: Path) -> None:
-    """Every SEND case of ``CASES`` on one topic; what is stored is compacted by the
-    Spark engine (local[1]), then again after one more message, and read back raw and
-    read-compacted."""
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.slow)])
+def test_every_extreme_the_door_stores_is_compacted_by_each_engine(tmp_path: Path, engine: EngineName) -> None:
+    """Every SEND case of ``CASES`` on one topic; what is stored is compacted by
+    ``engine`` (Spark on local[1]), then again after one more message, and read back raw
+    and read-compacted."""
     broker = BrokerHarness(tmp_path / "data", dataclasses.replace(
-        Settings(), compaction_engine="spark", spark_master="local[1]"))
+        Settings(), compaction_engine=engine, spark_master="local[1]"))
     client = pulsar.Client(broker.url, operation_timeout_seconds=10,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
-        topic = unique_topic("extreme-spark")
+        topic = unique_topic(f"extreme-{engine}")
         raw = _Raw(broker.port)
         try:
             success = raw.request(make_command(pb.CommandProducer(topic=topic, producer_id=1, request_id=1)))
@@ -233,11 +234,11 @@ def test_the_spark_engine_compacts_every_extreme_the_door_stores(tmp_path: Path)
         finally:
             raw.close()
         assert T.SEND_RECEIPT in answers and T.SEND_ERROR in answers
-        assert broker.compact(topic).engine == "spark"
+        assert broker.compact(topic).engine == engine
         producer = client.create_producer(topic)
         producer.send(b"later", partition_key="k0")
         producer.close()
-        assert broker.compact(topic).engine == "spark"  # a later run reads the stored values again
+        assert broker.compact(topic).engine == engine  # a later run reads the stored values again
         assert _read_everything(client, topic) > 0
     finally:
         client.close()
