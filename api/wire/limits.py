@@ -10,8 +10,8 @@
   cannot grow the broker without limit. A connection whose next bytes would take the sum
   over the budget is closed (its frame is lost; the client reconnects and resends) and
   its bytes are given back, as they are when any connection closes.
-* ``Connections``: the open connections of one listener with the ``WireLimits`` and the
-  ``PartialFrameBudget`` they share; each ``ServerConnection`` is handed it, adds itself
+* ``Connections``: the open connections of one listener with the ``WireLimits``, the
+  ``PartialFrameBudget`` and the ``ChunkDoor`` (``api.wire.chunk_door``) they share; each ``ServerConnection`` is handed it, adds itself
   when it is made and leaves when it is lost, and the listener closes them all at stop.
   At most ``max_connections`` are open (``api.fd_budget``: their descriptors are shared
   out from ``RLIMIT_NOFILE``): one more makes room by closing the oldest connection that
@@ -24,7 +24,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from api.wire.chunk_door import ChunkDoor
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -94,6 +97,9 @@ class Connections:
         self.limits = limits
         self.max_connections = max_connections
         self.partial_frames = PartialFrameBudget(limits.partial_frames_budget_bytes)
+        from api.wire.chunk_door import ChunkDoor  # api.config imports this module first
+
+        self.chunks: ChunkDoor = ChunkDoor()
         self._open: dict[Connection, None] = {}  # in the order they were made
         self._full = False  # at the cap since the last warning
 

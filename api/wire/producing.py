@@ -7,6 +7,8 @@ supplies the transport, the loop and the answers. Rules it keeps:
   another connection first checks that connection's liveness (a PING answered within
   ``LIVENESS_TIMEOUT_S``, as Pulsar 3 does); a live holder gets the newcomer refused with
   ProducerBusy, a dead or closing one gives the name up.
+* The chunks of a chunked message are checked together (``api.wire.chunk_door``) before
+  one is stored; a refused one answers SEND_ERROR as ``api.wire.validate``'s refusals do.
 * SEND receipts go back in send order per producer, each only once the entry is durable;
   a checksum mismatch answers SEND_ERROR ``ChecksumError`` and stores nothing; a failed
   append answers SEND_ERROR ``PersistenceError``, and so does every later send of that
@@ -31,6 +33,7 @@ from api.broker.access_mode import AccessMode, Grant
 from api.broker.dedup import ProducerSession
 from api.broker.errors import BrokerError, ProducerBusyError
 from api.broker.topic_stats import RateCounter, connected_since
+from api.wire.chunk_door import may_be_chunk
 from api.wire.codec import U64_MAX, server_error, to_message_id
 from api.wire.frames import Frame
 from api.wire.outbox import Outbox
@@ -43,6 +46,7 @@ from ledger.position import Position
 if TYPE_CHECKING:
     from api.broker.service import BrokerService
     from api.broker.topic import Topic
+    from api.wire.limits import Connections
 
 __all__ = ["LIVENESS_TIMEOUT_S", "ProducerHandlers", "SendCompletions", "WireProducer"]
 
@@ -149,6 +153,7 @@ class ProducerHandlers:
 
     # supplied by the connection
     broker: BrokerService
+    connections: Connections
     producers: dict[int, WireProducer]
     creating_producers: Creations
     service_url: str
@@ -257,6 +262,12 @@ class ProducerHandlers:
         if not frame.checksum_ok:
             self._send_error(send.producer_id, send.sequence_id, "ChecksumError", "checksum mismatch")
             return
+        if may_be_chunk(frame.entry):
+            problem = self.connections.chunks.problem(producer.topic.name, frame.entry)
+            if problem is not None:
+                log.info("refusing SEND: %s", problem)
+                self._send_error(send.producer_id, send.sequence_id, "ChecksumError", str(problem))
+                return
         highest = max(send.sequence_id, send.highest_sequence_id) if send.HasField("highest_sequence_id") else send.sequence_id
         if producer.session.failed:  # an earlier send failed: the client re-sends in order
             future: Future[Position] = Future()

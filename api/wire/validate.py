@@ -16,13 +16,23 @@ creates nothing. The rules:
   broker persists or shows (subscription, producer, consumer) have no control character;
   a subscription name is not empty.
 * **Integers fit what they feed.** Sequence ids (``uint64`` on the wire) feed signed
-  64-bit state, so they are below 2**63; so is a seek's publish time. A message id's
-  ``ledgerId``/``entryId`` are below 2**63 or the -1 sentinel (2**64 - 1).
+  64-bit state (SQLite INTEGER, int64 columns), so they are below 2**63; so are a seek's
+  publish time and a producer's ``topic_epoch`` (the next grant adds one to it). A
+  message id's ``ledgerId``/``entryId`` are below 2**63 or the -1 sentinel (2**64 - 1).
 * **A SEND's entry decodes** as every reader will decode it: its ``MessageMetadata``
-  parses, its producer name is text and its sequence ids fit; unless it is encrypted or
-  one chunk of a chunked message (neither can be opened alone), its payload decompresses
-  to ``uncompressed_size`` bytes and a batch splits into ``num_messages_in_batch`` slots.
-  A SEND whose checksum failed is not looked at (it is refused as damaged already).
+  parses, its producer name is text, its sequence ids fit, and its times
+  (``publish_time``, ``event_time``, ``deliver_at_time``, each slot's ``event_time``)
+  lie in ``0..TIME_MS_MAX``, its strings (and each slot's key and properties) are
+  valid UTF-8 (the real client's ``partition_key()`` raises on others); unless it is encrypted or one chunk of a chunked message
+  (neither can be opened alone), its payload decompresses to ``uncompressed_size`` bytes
+  and a batch splits into ``num_messages_in_batch`` slots, each slot's sequence id and
+  event time fitting too. What makes an entry a chunk is the real client's test
+  (``num_chunks_from_msg`` > 1); a chunk carries a ``uuid``, no ``num_messages_in_batch``
+  (the client would split its undecoded bytes as a batch), ``0 <= chunk_id <
+  num_chunks_from_msg <= CHUNKS_MAX`` and a payload of at most ``total_chunk_msg_size
+  <= CHUNKED_MESSAGE_BYTES_MAX`` bytes. How the chunks of one message fit together is
+  ``api.wire.chunk_door``'s. A SEND whose checksum failed is not looked at (it is
+  refused as damaged already).
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ from google.protobuf.message import Message as ProtobufMessage
 from api.broker.errors import BrokerError, InvalidTopicNameError, NotAllowedError
 from api.broker.topic_name import TopicName, parse_namespace
 from api.wire.frames import Frame
-from compactor.errors import MalformedEntryError
+from compactor.compression import UNCOMPRESSED_BYTES_MAX
+from compactor.errors import MalformedEntryError, UndecodablePayloadError
 from compactor.message import (
     check_slot_count,
     decoded_payload,
@@ -51,10 +62,20 @@ from compactor.message import (
 )
 from compactor.proto import pulsar_api_pb2 as pb
 
-__all__ = ["SIGNED_64_MAX", "entry_problem", "frame_problem"]
+__all__ = ["CHUNKED_MESSAGE_BYTES_MAX", "CHUNKS_MAX", "SIGNED_64_MAX", "TIME_MS_MAX", "entry_problem",
+           "frame_problem"]
 
 SIGNED_64_MAX = (1 << 63) - 1
 """Largest value a wire ``uint64`` may carry into signed 64-bit broker state."""
+TIME_MS_MAX = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z, the last millisecond Python's ``datetime`` represents; a
+stored time (ms since the epoch) above it fails whatever formats or compares it as a date."""
+CHUNKS_MAX = 100_000
+"""Most chunks of one chunked message: the real client reserves room for each chunk's id
+when the first chunk comes (5 MiB chunks of a 64 MiB message are 13)."""
+CHUNKED_MESSAGE_BYTES_MAX = UNCOMPRESSED_BYTES_MAX
+"""Largest ``total_chunk_msg_size``: the real client allocates that much at the first
+chunk, and the broker decodes the whole at the last (``api.wire.chunk_door``)."""
 _U64_MAX = (1 << 64) - 1  # the -1 sentinel of a message id
 _U32 = struct.Struct(">I")
 _T = pb.BaseCommand
@@ -63,6 +84,7 @@ _SIGNED_FIELDS = {
     (pb.CommandSend.DESCRIPTOR.full_name, "sequence_id"),
     (pb.CommandSend.DESCRIPTOR.full_name, "highest_sequence_id"),
     (pb.CommandSeek.DESCRIPTOR.full_name, "message_publish_time"),
+    (pb.CommandProducer.DESCRIPTOR.full_name, "topic_epoch"),
 }
 """``uint64`` fields whose value the broker keeps as a signed 64-bit integer."""
 
@@ -216,19 +238,55 @@ def entry_problem(entry: bytes) -> BrokerError | None:
     except MalformedEntryError as error:
         return NotAllowedError(f"the message does not decode: {error}")
     metadata = parsed.metadata
-    if not isinstance(metadata.producer_name, str):
-        return NotAllowedError(f"producer_name {metadata.producer_name!r} is not valid UTF-8")
+    problem = _metadata_text_problem(metadata)
+    if problem is not None:
+        return problem
     for name in ("sequence_id", "highest_sequence_id"):
         if getattr(metadata, name) > SIGNED_64_MAX:
             return NotAllowedError(f"message {name} {getattr(metadata, name)} is above {SIGNED_64_MAX}")
-    if is_encrypted(metadata) or metadata.HasField("num_chunks_from_msg") or metadata.HasField("uuid"):
-        return None  # sealed, or one piece of a payload: nothing to open here
+    for name in ("publish_time", "event_time", "deliver_at_time"):
+        value = getattr(metadata, name)
+        if not 0 <= value <= TIME_MS_MAX:
+            return NotAllowedError(f"message {name} {value} is outside 0..{TIME_MS_MAX} (ms)")
+    if metadata.num_chunks_from_msg > 1:
+        return _chunk_problem(metadata, len(parsed.payload))
+    if is_encrypted(metadata):
+        return None  # sealed: nothing to open here
     try:
         body = decoded_payload(parsed)
         if is_batch(metadata):
             _check_slots(body, metadata.num_messages_in_batch)
     except MalformedEntryError as error:  # UndecodablePayloadError is one
         return NotAllowedError(f"the message payload does not decode: {error}")
+    return None
+
+
+def _metadata_text_problem(metadata: pb.MessageMetadata) -> BrokerError | None:
+    """The first string of ``metadata`` that is not valid UTF-8 (the real client's
+    ``partition_key()`` and ``properties()`` raise on one), as the error; None when all are text."""
+    for name in ("producer_name", "partition_key", "uuid", "replicated_from", "encryption_algo"):
+        value = getattr(metadata, name)
+        if not isinstance(value, str):
+            return NotAllowedError(f"message {name} {value!r} is not valid UTF-8")
+    if len(metadata.properties) or len(metadata.replicate_to) or len(metadata.encryption_keys):
+        return message_problem(metadata)
+    return None
+
+
+def _chunk_problem(metadata: pb.MessageMetadata, payload_bytes: int) -> BrokerError | None:
+    """Why one chunk (``num_chunks_from_msg`` > 1) must be refused on its own, or None."""
+    chunks, chunk_id, total = metadata.num_chunks_from_msg, metadata.chunk_id, metadata.total_chunk_msg_size
+    if is_batch(metadata):
+        return NotAllowedError("a chunk of a chunked message cannot be a batch")
+    if not metadata.uuid:
+        return NotAllowedError("a chunk of a chunked message has no uuid")
+    if chunks > CHUNKS_MAX:
+        return NotAllowedError(f"num_chunks_from_msg {chunks} is above {CHUNKS_MAX}")
+    if not 0 <= chunk_id < chunks:
+        return NotAllowedError(f"chunk_id {chunk_id} is outside 0..{chunks - 1}")
+    if not payload_bytes <= total <= CHUNKED_MESSAGE_BYTES_MAX:
+        return NotAllowedError(f"total_chunk_msg_size {total} is outside {payload_bytes}..{CHUNKED_MESSAGE_BYTES_MAX}"
+                               f" (the chunk holds {payload_bytes} bytes)")
     return None
 
 
@@ -245,6 +303,20 @@ def _check_slots(body: bytes, count: int) -> None:
         position = 0
         for batch_index in range(count):
             position = read_slot(body, position, batch_index, single)
+            if not _slot_values_fit(single):
+                raise UndecodablePayloadError(
+                    f"slot {batch_index}: sequence_id {single.sequence_id} or event_time {single.event_time}"
+                    f" is out of range, or a key or property is not valid UTF-8")
+
+
+def _slot_values_fit(single: pb.SingleMessageMetadata) -> bool:
+    """A slot's integers fit what they feed and its strings are text (see the module docstring)."""
+    if single.sequence_id > SIGNED_64_MAX or single.event_time > TIME_MS_MAX:
+        return False
+    if not isinstance(single.partition_key, str):
+        return False
+    return not len(single.properties) or all(
+        isinstance(pair.key, str) and isinstance(pair.value, str) for pair in single.properties)
 
 
 def _slots_fit(body: bytes, count: int) -> bool:
@@ -278,7 +350,7 @@ def _walked_slots_fit(body: bytes, count: int, position: int = 0) -> bool:
                 return False
             parse(view[start:end])  # type: ignore[arg-type]  # upb reads any buffer
             payload_size: int = single.payload_size
-            if not initialized() or payload_size < 0:
+            if not initialized() or payload_size < 0 or not _slot_values_fit(single):
                 return False
             position = end + payload_size
             if position > size:
@@ -306,10 +378,12 @@ _ALIKE_RUNS_MAX = 4
 """Runs of alike slots looked for in one batch before the rest is walked."""
 _ALIKE_HEAD_BYTES_MAX = 64
 """Slots whose size field and metadata are longer than this are walked."""
-_VARYING_FIELDS = frozenset({5, 8})
+_VARYING_FIELDS = {5: 6, 8: 9}
 """``SingleMessageMetadata`` fields that may differ from slot to slot, all ``uint64``
-varints (event_time, sequence_id): any varint value of a given length parses as every other."""
-_VARINT_BYTES_MAX = 9  # below the 10-byte varints whose last byte may overflow 64 bits
+varints (event_time, sequence_id): any varint value of a given length parses as every
+other. Each with the longest varint that may vary, in bytes: any 9-byte value is below
+2**63 (``SIGNED_64_MAX``), any 6-byte one below 2**42 ms (year 2109, below
+``TIME_MS_MAX``); a longer one must be the same in every slot (its value is checked once)."""
 _HIGH_BYTE = re.compile(b"[\x80-\xff]")
 _LOW_BYTE = re.compile(b"[\x00-\x7f]")
 _MORE, _LAST = 1, 2  # a varint byte that has a successor / that ends the varint
@@ -339,7 +413,7 @@ def _alike_run(body: bytes, start: int, count: int) -> tuple[int, int]:
     except (DecodeError, UnicodeDecodeError):
         return 0, 0
     payload_size: int = single.payload_size
-    if not single.IsInitialized() or payload_size < 0:
+    if not single.IsInitialized() or payload_size < 0 or not _slot_values_fit(single):
         return 0, 0
     stride = head + payload_size
     kinds = _varying_bytes(body, start + 4, start + head)
@@ -379,7 +453,7 @@ def _varying_bytes(body: bytes, start: int, end: int) -> dict[int, int] | None:
                 return None
             varint_end += 1
             if wire_type == 0:
-                if tag >> 3 in _VARYING_FIELDS and varint_end - position <= _VARINT_BYTES_MAX:
+                if varint_end - position <= _VARYING_FIELDS.get(tag >> 3, 0):
                     kinds.update(dict.fromkeys(range(position, varint_end - 1), _MORE))
                     kinds[varint_end - 1] = _LAST
                 position = varint_end

@@ -24,12 +24,15 @@ from compactor.proto import pulsar_api_pb2 as pb
 
 
 def _read_slot_verdict(body: bytes, count: int) -> bool:
-    """The reference: does every one of ``count`` slots of ``body`` read?"""
+    """The reference: does every one of ``count`` slots of ``body`` read, its values
+    fitting (``validate._slot_values_fit``: sequence id, event time, text)?"""
     try:
         check_slot_count(body, count)
         single, position = pb.SingleMessageMetadata(), 0
         for batch_index in range(count):
             position = read_slot(body, position, batch_index, single)
+            if not validate._slot_values_fit(single):
+                return False
     except MalformedEntryError:
         return False
     return True
@@ -48,7 +51,8 @@ def _check_slots_verdict(body: bytes, count: int) -> bool:
 def alike_bodies(draw: st.DrawFn) -> tuple[bytes, int, int, bool]:
     """A batch body of slots laid out alike (one value size; sequence ids and event times
     counting up, possibly across a varint length), its slot count, its stride, and
-    whether every sequence id is below 2**63 (a 10-byte varint is never let vary)."""
+    whether every sequence id is below 2**63 and every event time below 2**42 (longer
+    varints are never let vary: ``validate._VARYING_FIELDS``)."""
     count = draw(st.integers(1, 40))
     value_size = draw(st.integers(0, 30))
     first_sequence_id = draw(st.one_of(st.none(), st.integers(0, 1 << 20), st.integers(0, (1 << 64) - count)))
@@ -68,7 +72,8 @@ def alike_bodies(draw: st.DrawFn) -> tuple[bytes, int, int, bool]:
             single.properties.add(key=name, value=value)
         body += encode_slot(single, bytes([index % 256]) * value_size)
     first_size = struct.unpack_from(">I", body)[0]
-    below = first_sequence_id is None or first_sequence_id + count <= 1 << 63
+    below = (first_sequence_id is None or first_sequence_id + count <= 1 << 63) and (
+        event_time is None or event_time + count * 7 < 1 << 42)
     return bytes(body), count, 4 + first_size + value_size, below
 
 
@@ -101,10 +106,10 @@ def test_the_column_check_never_accepts_what_read_slot_refuses(
 def test_an_intact_alike_batch_takes_the_column_check(batch: tuple[bytes, int, int, bool]) -> None:
     """Slots of one value size whose sequence ids keep one varint length are accepted
     without the walk (the short path is the one producers of fixed-size values hit)."""
-    body, count, stride, below_2_63 = batch
+    body, count, stride, varying_fits = batch
     assert _read_slot_verdict(body, count)
     head = 4 + struct.unpack_from(">I", body)[0]
-    if len(body) == count * stride and head <= validate._ALIKE_HEAD_BYTES_MAX and below_2_63:  # no varint grew
+    if len(body) == count * stride and head <= validate._ALIKE_HEAD_BYTES_MAX and varying_fits:  # no varint grew
         assert validate._alike_slots_fit(body, count)
 
 
