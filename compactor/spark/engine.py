@@ -46,7 +46,6 @@ Errors from PySpark and py4j leave as ``SparkEngineError``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -217,13 +216,16 @@ class SparkEngine:
 
     def __init__(
         self, master: str, *, config: dict[str, str] | None = None, piece_entries: int | None = None,
-        group_entries: int = GROUP_ENTRIES_MAX,
+        group_entries: int = GROUP_ENTRIES_MAX, filesystem: Any = None,
     ) -> None:
         """An engine on the Spark ``master`` URL (the ``spark_master`` setting, whose default
         is ``CompactionConfig``'s); ``config``: more Spark settings of the session;
         ``piece_entries`` (default: ``piece_entries()``) and ``group_entries`` size the
-        pieces and groups (tests make them small)."""
+        pieces and groups (tests make them small); ``filesystem``: the ``pyarrow.fs.FileSystem``
+        the executors read the key indexes from (None: the local one)."""
         self.master = master
+        self.filesystem = filesystem
+        self.last_run: dict[str, float] = {}  # the last run's timings (seconds) and indexes built
         self.config = dict(config or {})
         self.piece_entries = piece_entries
         self.group_entries = group_entries
@@ -247,6 +249,7 @@ class SparkEngine:
             raise
         except Exception as error:  # py4j and PySpark errors cross the boundary as ours
             raise SparkEngineError(f"spark rewrite failed: {type(error).__name__}: {error}", retriable=True) from error
+        self.last_run = {}
         pieces = split_ranges(request.ranges, self.piece_entries or piece_entries(request.ranges, cores))
         groups = plan_groups(pieces, cores, self.group_entries)
         ids = ledgers.reserve_ids(len(groups))
@@ -274,7 +277,28 @@ class SparkEngine:
 
     def _rewrite(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> list[GroupReport]:
         """The Spark job (``_job``) run: the groups' reports."""
-        return [GroupReport(*row) for row in self._job(request, specs).collect()]
+        job = self._job(request, specs)
+        started = time.monotonic()
+        reports = [GroupReport(*row) for row in job.collect()]
+        self.last_run["phase_two_s"] = time.monotonic() - started
+        return reports
+
+    def _index_missing(self, request: RewriteInput) -> None:
+        """Index, on the executors and in parallel, the input's ledgers that have no key
+        index file yet (a task per ledger; an open ledger is skipped); the indexes are
+        kept for the next runs. A damaged index is found, and rebuilt, by the phase-one
+        task that reads it."""
+        from compactor.spark.index_scan import ensure_ledger_index, ledger_ids_without_index
+
+        compacted = {whole.ledger_id: whole.compacted for whole in request.ranges}
+        missing = ledger_ids_without_index(request.ledgers_root, sorted(compacted), self.filesystem)
+        self.last_run["indexes_built"] = len(missing)
+        if not missing:
+            return
+        root = request.ledgers_root
+        built = (self.session().sparkContext.parallelize(missing, len(missing))
+                 .map(lambda ledger_id: ensure_ledger_index(root, ledger_id, compacted[ledger_id])).collect())
+        log.debug("spark rewrite: indexed %d ledgers on the executors (%s rows)", len(missing), built)
 
     def _job(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
         """The Spark job as a DataFrame of reports: phase one (run at once), the decision
@@ -288,12 +312,17 @@ class SparkEngine:
         # the executors (a local checkpoint: far cheaper than a cache; an executor lost
         # before the end fails the run, which the next run redoes; Spark's context cleaner
         # drops the blocks once the run is over).
-        aggregated = _aggregate(spark, request, specs).coalesce(max(1, partitions)).localCheckpoint(eager=True)
+        started = time.monotonic()
+        self._index_missing(request)
+        indexed = time.monotonic()
+        aggregated = (_aggregate(spark, request, specs, self.filesystem).coalesce(max(1, partitions))
+                      .localCheckpoint(eager=True))
+        self.last_run.update(index_build_s=indexed - started, phase_one_s=time.monotonic() - started)
         decisions = _decisions(aggregated, request.retain_null_key)
         keys = partition_keys(len(specs))
         slot = F.element_at(F.array(*[F.lit(key) for key in keys]), F.col("grp") + 1).cast("int")
         job = RewriteJob(request.ledgers_root, dict(request.metadata), int(time.time() * 1000),
-                         request.retain_null_key, request.keep_tombstones_since_ms)
+                         request.retain_null_key, request.keep_tombstones_since_ms, self.filesystem)
         task = _task(job, {spec.index: spec for spec in specs})
         return (decisions.withColumn("slot", slot).repartition(len(specs), "slot")
                 .groupBy("slot", "grp").applyInArrow(task, REPORT_SCHEMA_DDL))
@@ -328,18 +357,37 @@ def _report_row(report: GroupReport) -> tuple[int, ...]:
             report.opaque_entries)
 
 
-def _aggregate(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
+def phase_one_reader(ledgers_root: str, pieces: Sequence[tuple[LedgerRange, int]],
+                     keep_tombstones_since_ms: int | None, filesystem: Any = None) -> Callable[[Any], Any]:
+    """The function ``mapInArrow`` runs on the executors over the pieces' numbers: each
+    piece's phase-one rows from its ledger's key index (``compactor.spark.index_scan``)."""
+    def read(batches: Any) -> Any:
+        from compactor.spark import index_scan
+
+        columns = index_scan.PHASE_ONE_COLUMNS + (() if keep_tombstones_since_ms is None else ("publish_time",))
+        for batch in batches:
+            for number in batch.column(0).to_pylist():
+                piece, group = pieces[number]
+                index = index_scan.PieceIndex(ledgers_root, piece, columns, filesystem)
+                try:
+                    yield from index_scan.phase_one_batches(index, group, keep_tombstones_since_ms)
+                finally:
+                    index.close()
+
+    return read
+
+
+def _aggregate(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], filesystem: Any = None) -> Any:
     """Phase one's one pass over the stream: the rows grouped by ``kind`` (0: keyed, by key
     hash, with the key's ``latest``; 1: chunks, by uuid hash, with their sorted
     ``chunks``; 2: figures, by group, summed)."""
     from pyspark.sql import functions as F
 
-    ranges = [[p.ledger_id, p.first_entry_id, p.last_entry_id, p.compacted, spec.index]
-              for spec in specs for p in spec.pieces]
-    cutoff = request.keep_tombstones_since_ms
-    frame = (spark.read.format("compactd-phase-one").option("ledgersRoot", request.ledgers_root)
-             .option("ranges", json.dumps(ranges))
-             .option("keepTombstonesSinceMs", "" if cutoff is None else str(cutoff)).load())
+    from compactor.spark.rows import PHASE_ONE_SCHEMA_DDL
+
+    pieces = [(piece, spec.index) for spec in specs for piece in spec.pieces]
+    read = phase_one_reader(request.ledgers_root, pieces, request.keep_tombstones_since_ms, filesystem)
+    frame = spark.range(0, len(pieces), 1, numPartitions=len(pieces)).mapInArrow(read, PHASE_ONE_SCHEMA_DDL)
     is_key, is_chunk = F.col("hash_high").isNotNull(), F.col("uuid_high").isNotNull()
     kind = F.when(is_key, 0).when(is_chunk, 1).otherwise(2)
     first_key = F.when(is_key, F.col("hash_high")).when(is_chunk, F.col("uuid_high")).otherwise(F.col("grp"))

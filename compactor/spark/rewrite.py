@@ -201,6 +201,7 @@ class RewriteJob:
     created_at_ms: int
     retain_null_key: bool
     keep_tombstones_since_ms: int | None
+    filesystem: Any = None  # a pyarrow.fs.FileSystem the key indexes are read from (None: the local one)
 
 
 def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupReport:
@@ -209,7 +210,7 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
     write its sealed compacted ledger and report (see the module docstring)."""
     import pyarrow.compute as pc
 
-    from compactor.spark.rows import open_store, read_range  # PyArrow, on the executor only
+    from compactor.spark import index_scan  # PyArrow, on the executor only
 
     def rows(kind: int) -> Any:
         return decisions.filter(pc.equal(decisions.column("kind"), kind))
@@ -217,25 +218,29 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
     def column(table: Any, name: str) -> npt.NDArray[np.int64]:
         return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.int64)
 
-    kept = rows(DECISION_RETAINED)
-    retained = PackedSlots(column(kept, "ledger_id"), column(kept, "entry_id"), column(kept, "batch_index"))
-    chunks = rows(DECISION_DROPPED_CHUNK)
-    dropped = set(zip(column(chunks, "ledger_id").tolist(), column(chunks, "entry_id").tolist(), strict=True))
+    kept, chunks = rows(DECISION_RETAINED), rows(DECISION_DROPPED_CHUNK)
+    group = index_scan.GroupDecisions((column(kept, "ledger_id"), column(kept, "entry_id"), column(kept, "batch_index")),
+                                      (column(chunks, "ledger_id"), column(chunks, "entry_id")))
+    del kept, chunks
     figures_rows = rows(DECISION_FIGURES)
     figures = [int(pc.sum(figures_rows.column(name)).as_py() or 0) for name in FIGURES]
-    store = open_store(job.ledgers_root)
-    try:
-        stream = (Entry(kept.position, kept.data) for piece in spec.pieces for kept in read_range(store, piece))
-        survivors = group_phase_two(stream, retained, dropped, retain_null_key=job.retain_null_key,
-                                    keep_tombstones_since_ms=job.keep_tombstones_since_ms)
-        counted = _Counted(survivors, spec.index)
-        written = write_sealed_ledger(job.ledgers_root, spec.ledger_id, job.metadata, counted.encoded(),
-                                      created_at_ms=job.created_at_ms)
-    finally:
-        store.shutdown()
+    columns = index_scan.PHASE_TWO_COLUMNS + (() if job.keep_tombstones_since_ms is None else ("publish_time",))
+
+    def survivors() -> Iterator[CompactedEntry]:
+        for piece in spec.pieces:
+            index = index_scan.PieceIndex(job.ledgers_root, piece, columns, job.filesystem)
+            try:
+                yield from index_scan.survivors(index, group, retain_null_key=job.retain_null_key,
+                                                keep_tombstones_since_ms=job.keep_tombstones_since_ms)
+            finally:
+                index.close()
+
+    counted = _Counted(survivors(), spec.index)
+    written = write_sealed_ledger(job.ledgers_root, spec.ledger_id, job.metadata, counted.encoded(),
+                                  created_at_ms=job.created_at_ms)
     _fault_point(spec.index, "written")
     return GroupReport(spec.index, spec.ledger_id, written.entries, written.size_bytes, counted.messages,
-                       len(retained), *figures)
+                       len(group), *figures)
 
 
 class _Counted:
