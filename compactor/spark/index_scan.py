@@ -57,19 +57,23 @@ from compactor.key_index import (
 )
 from compactor.keymap import key_hash
 from compactor.scan import scan_entry
-from compactor.spark.rows import PHASE_ONE_SCHEMA, open_store, read_range
+from compactor.spark.rows import open_store, read_range
 from compactor.view import decode_compacted_entry
 from ledger.position import Position
 from ledger.storage.sealed_file import SealedFile
 
 __all__ = [
     "PHASE_ONE_COLUMNS",
+    "PHASE_ONE_ROWS_DDL",
     "PHASE_TWO_COLUMNS",
     "GroupDecisions",
     "PieceIndex",
+    "chunk_batches",
     "ensure_ledger_index",
+    "figures",
     "index_file",
-    "phase_one_batches",
+    "keyed_batches",
+    "ledger_ids_without_index",
     "survivors",
 ]
 
@@ -81,10 +85,10 @@ ROWS_PER_BATCH_MAX = 65_536
 # Entries with a survivor read at once in phase two.
 READ_BATCH_ENTRIES_MAX = 1000
 # The index columns each phase reads (``publish_time`` too where tombstones may be young).
-PHASE_ONE_COLUMNS = ("flags", "hash_high", "hash_low", "ledger_id", "entry_id", "batch_index", "entry_bytes",
+PHASE_ONE_COLUMNS = ("flags", "hash_high", "hash_low", "entry_offset", "stored_bytes")
+CHUNK_COLUMNS = ("flags", "entry_offset", "stored_bytes")
+PHASE_TWO_COLUMNS = ("flags", "ledger_id", "entry_id", "batch_index", "batch_size", "slot_end", "entry_bytes",
                      "entry_offset", "stored_bytes")
-PHASE_TWO_COLUMNS = ("flags", "ledger_id", "entry_id", "batch_index", "batch_size", "slot_end", "entry_offset",
-                     "stored_bytes")
 _NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _ENTRY_BITS, _BATCH_BITS = 30, 14  # a packed position: ledger ordinal, entry id, batch index + 1
@@ -149,51 +153,81 @@ class PieceIndex:
             self._store = None
 
 
+PHASE_ONE_ROWS_DDL = "h1 bigint, h2 bigint, v bigint"
+"""A phase-one row: a key's (or a chunk's uuid's) 128-bit hash as two signed halves, and
+``v``: the row's place in the stream, ``seq`` (``piece << 32 | row``: the piece's number in
+the run, the row's number among the piece's index rows), shifted left by two, with two
+flag bits: a keyed row's ``chunk_end`` (bit 1: the last chunk of a chunked message) and
+``deletes`` (bit 0: a tombstone that is not young); a chunk row's ``last`` (bit 1) and
+``keyless`` (bit 0). The greatest ``v`` of a key is its latest update."""
+PHASE_ONE_ROWS = pa.schema([("h1", pa.int64()), ("h2", pa.int64()), ("v", pa.int64())])
+ROW_BITS = 32  # a seq's row part
+FLAG_BITS = 2  # v's flag bits
+
+
 def _signed(column: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
     return np.ascontiguousarray(column).view(np.int64) if column.dtype == np.uint64 else column.astype(np.int64)
 
 
-def phase_one_batches(index: PieceIndex, group: int, keep_tombstones_since_ms: int | None) -> Iterator[pa.RecordBatch]:
-    """Phase one's rows of the piece ``index`` of group ``group`` (module docstring)."""
+def _v(piece: int, at: npt.NDArray[np.intp], high_flag: Any, low_flag: Any) -> npt.NDArray[np.int64]:
+    seq = (np.int64(piece) << np.int64(ROW_BITS)) | at.astype(np.int64)
+    return (seq << np.int64(FLAG_BITS)) | (np.asarray(high_flag, np.int64) << 1) | np.asarray(low_flag, np.int64)
+
+
+def _batches(h1: Any, h2: Any, v: Any) -> Iterator[pa.RecordBatch]:
+    batch = pa.RecordBatch.from_arrays([pa.array(h1), pa.array(h2), pa.array(v)], schema=PHASE_ONE_ROWS)
+    for start in range(0, len(v), ROWS_PER_BATCH_MAX):
+        yield batch.slice(start, ROWS_PER_BATCH_MAX)
+
+
+def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int | None) -> Iterator[pa.RecordBatch]:
+    """Phase one's keyed rows of the piece ``index`` (``PHASE_ONE_ROWS``): each key's last
+    row in the piece (a key updated twice in a piece loses its first update here already,
+    as Spark's aggregation would), a keyed last chunk included."""
     rows = index.rows
     flags = rows["flags"]
     chunk = (flags & FLAG_CHUNK) != 0
-    keyed = np.flatnonzero(((flags & _NOT_A_VALUE) == 0) & ~chunk)
-    deletes = (flags[keyed] & FLAG_TOMBSTONE) != 0
+    valued = (flags & _NOT_A_VALUE) == 0
+    at = np.flatnonzero(valued & ~chunk)
+    deletes = (flags[at] & FLAG_TOMBSTONE) != 0
     if keep_tombstones_since_ms is not None:
-        deletes &= rows["publish_time"][keyed] < keep_tombstones_since_ms
-    count = len(keyed)
-    keyed_batch = _keyed_rows(group, rows, keyed, deletes, pa.nulls(count, pa.int64()), pa.nulls(count, pa.int64()),
-                              pa.nulls(count, pa.bool_()), pa.nulls(count, pa.bool_()))
-    for start in range(0, count, ROWS_PER_BATCH_MAX):
-        yield keyed_batch.slice(start, ROWS_PER_BATCH_MAX)
-    if np.any(chunk):
-        yield from _chunk_rows(index, group, np.flatnonzero(chunk))
-    yield _figures_row(group, rows)
+        deletes &= rows["publish_time"][at] < keep_tombstones_since_ms
+    ends = np.flatnonzero(valued & chunk)
+    if len(ends):  # a keyed chunk: only a last chunk is a value (compactor.chunks)
+        ends = ends[_chunk_scans(index, ends)[1]]
+        at = np.concatenate([at, ends])
+        deletes = np.concatenate([deletes, np.zeros(len(ends), bool)])
+        order = np.argsort(at, kind="stable")
+        at, deletes = at[order], deletes[order]
+        chunk_end = chunk[at]
+    else:
+        chunk_end = np.zeros(len(at), bool)
+    h1, h2 = _signed(rows["hash_high"][at]), _signed(rows["hash_low"][at])
+    order = np.lexsort((h2, h1))  # stable: a key's rows in stream order, its last one last
+    h1, h2 = h1[order], h2[order]
+    last = np.ones(len(order), bool)
+    last[:-1] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
+    kept = order[last]
+    yield from _batches(h1[last], h2[last], _v(piece, at[kept], chunk_end[kept], deletes[kept]))
 
 
-def _keyed_rows(group: int, rows: Rows, at: npt.NDArray[np.intp], deletes: Any, uuid_high: Any, uuid_low: Any,
-                chunk_last: Any, keyless: Any, *, hashed: bool = True) -> pa.RecordBatch:
-    count = len(at)
-    nulls = pa.nulls(count, pa.int64())
-    hash_high = _signed(rows["hash_high"][at]) if hashed else nulls
-    hash_low = _signed(rows["hash_low"][at]) if hashed else nulls
-    columns = [pa.array(np.full(count, group, np.int32)), pa.array(hash_high), pa.array(hash_low),
-               pa.array(_signed(rows["ledger_id"][at])), pa.array(_signed(rows["entry_id"][at])),
-               pa.array(rows["batch_index"][at].astype(np.int32)), deletes,
-               uuid_high, uuid_low, chunk_last, keyless, *[nulls] * 5]
-    return pa.RecordBatch.from_arrays([column if isinstance(column, pa.Array) else pa.array(column)
-                                       for column in columns], schema=PHASE_ONE_SCHEMA)
+def chunk_batches(index: PieceIndex, piece: int) -> Iterator[pa.RecordBatch]:
+    """Phase one's chunk rows of the piece ``index``: one per chunk, hashed by its uuid
+    (``PHASE_ONE_ROWS``); each chunk's entry is read and scanned for it."""
+    at = np.flatnonzero((index.rows["flags"] & FLAG_CHUNK) != 0)
+    if not len(at):
+        return
+    uuids, last = _chunk_scans(index, at)
+    keyless = (index.rows["flags"][at] & FLAG_KEYLESS) != 0
+    yield from _batches(_signed(uuids[0]), _signed(uuids[1]), _v(piece, at, last, keyless))
 
 
-def _chunk_rows(index: PieceIndex, group: int, at: npt.NDArray[np.intp]) -> Iterator[pa.RecordBatch]:
-    """The chunk rows (and the keyed rows of last chunks) of the chunks at rows ``at``:
-    each chunk's entry is read and scanned for its uuid (``compactor.chunks``)."""
-    rows = index.rows
-    for first in range(0, len(at), READ_BATCH_ENTRIES_MAX):
-        part = at[first:first + READ_BATCH_ENTRIES_MAX]
-        highs, lows, lasts = [], [], []
-        for data in index.read(rows["stored"][part].tolist()):
+def _chunk_scans(index: PieceIndex, at: npt.NDArray[np.intp]) -> tuple[tuple[npt.NDArray[np.uint64], ...], Mask]:
+    """The uuid hashes (high, low) of the chunks at rows ``at``, and which are last chunks."""
+    highs, lows, lasts = [], [], []
+    stored = index.rows["stored"][at].tolist()
+    for first in range(0, len(stored), READ_BATCH_ENTRIES_MAX):
+        for data in index.read(stored[first:first + READ_BATCH_ENTRIES_MAX]):
             if index.piece.compacted:
                 data = decode_compacted_entry(data).data
             scan = scan_entry(data)
@@ -203,95 +237,67 @@ def _chunk_rows(index: PieceIndex, group: int, at: npt.NDArray[np.intp]) -> Iter
             highs.append(high)
             lows.append(low)
             lasts.append(scan.chunk.is_last)
-        last = np.array(lasts, dtype=bool)
-        keyless = (rows["flags"][part] & FLAG_KEYLESS) != 0
-        yield _keyed_rows(group, rows, part, pa.nulls(len(part), pa.bool_()),
-                          pa.array(_signed(np.array(highs, np.uint64))), pa.array(_signed(np.array(lows, np.uint64))),
-                          pa.array(last), pa.array(keyless), hashed=False)
-        ends = part[last & ~keyless]  # a keyed last chunk is its key's value, at batch index -1
-        if len(ends):
-            yield _keyed_rows(group, rows, ends, np.zeros(len(ends), bool), pa.nulls(len(ends), pa.int64()),
-                              pa.nulls(len(ends), pa.int64()), pa.array(np.ones(len(ends), bool)),
-                              pa.nulls(len(ends), pa.bool_()))
+    return (np.array(highs, np.uint64), np.array(lows, np.uint64)), np.array(lasts, dtype=bool)
 
 
-def _figures_row(group: int, rows: Rows) -> pa.RecordBatch:
-    """The piece's figures: entries, messages, entry bytes, markers, opaque entries."""
+def figures(rows: Rows) -> list[int]:
+    """A piece's phase-one figures (``rewrite.FIGURES``): entries, messages, entry bytes,
+    markers, opaque entries."""
     flags = rows["flags"]
     starts = entry_starts(rows["stored"])
-    figures = [len(starts), int(np.count_nonzero((flags & _NOT_A_MESSAGE) == 0)),
-               int(rows["entry_bytes"][starts].astype(np.int64).sum()),
-               int(np.count_nonzero(flags & FLAG_MARKER)), int(np.count_nonzero(flags & FLAG_OPAQUE))]
-    values = [group, *[None] * 10, *figures]
-    return pa.RecordBatch.from_arrays([pa.array([value], field.type) for value, field in zip(values, PHASE_ONE_SCHEMA,
-                                                                                             strict=True)],
-                                      schema=PHASE_ONE_SCHEMA)
+    return [len(starts), int(np.count_nonzero((flags & _NOT_A_MESSAGE) == 0)),
+            int(rows["entry_bytes"][starts].astype(np.int64).sum()),
+            int(np.count_nonzero(flags & FLAG_MARKER)), int(np.count_nonzero(flags & FLAG_OPAQUE))]
 
 
 class GroupDecisions:
-    """A group's share of phase one's decisions: the retained positions ``(ledger_id,
-    entry_id, batch_index)`` and the dropped chunks' entries ``(ledger_id, entry_id)``,
-    each packed (ledger ordinal, entry id, batch index) into one sorted ``uint64`` array."""
+    """A group's share of phase one's decisions, as stream places (``seq``, see
+    ``PHASE_ONE_ROWS_DDL``), sorted, 8 bytes each: the retained rows (some key's latest)
+    and the dropped chunks (dropped with their chunked message)."""
 
-    def __init__(self, retained: tuple[npt.NDArray[Any], ...], dropped: tuple[npt.NDArray[Any], ...]) -> None:
-        self._ledgers = np.unique(np.concatenate([np.asarray(retained[0], np.int64), np.asarray(dropped[0], np.int64)]))
-        self._retained = np.sort(self._pack(*retained)[1])
-        self._dropped = np.sort(self._pack(dropped[0], dropped[1], np.full(len(dropped[0]), -1))[1])
+    def __init__(self, retained: npt.NDArray[np.int64], dropped: npt.NDArray[np.int64]) -> None:
+        self._retained = np.sort(np.asarray(retained, np.int64))
+        self._dropped = np.sort(np.asarray(dropped, np.int64))
 
     def __len__(self) -> int:
-        """Retained positions (the group's live keys)."""
+        """Retained rows (the group's live keys)."""
         return len(self._retained)
 
-    def _pack(self, ledger_ids: Any, entry_ids: Any, batch_indexes: Any) -> tuple[Mask, npt.NDArray[np.uint64]]:
-        ledger_ids = np.asarray(ledger_ids, np.int64)
-        entry_ids = np.asarray(entry_ids, np.int64)
-        batch_indexes = np.asarray(batch_indexes, np.int64)
-        if len(entry_ids) and (entry_ids.max() >= 1 << _ENTRY_BITS or batch_indexes.max() >= (1 << _BATCH_BITS) - 1):
-            raise CompactorError("a position's entry id or batch index is beyond what a group's decisions pack")
-        ordinal = np.searchsorted(self._ledgers, ledger_ids)
-        known = np.zeros(len(ledger_ids), dtype=bool)
-        inside = ordinal < len(self._ledgers)
-        known[inside] = self._ledgers[ordinal[inside]] == ledger_ids[inside]
-        packed = ((ordinal.astype(np.uint64) << np.uint64(_ENTRY_BITS + _BATCH_BITS))
-                  | (entry_ids.astype(np.uint64) << np.uint64(_BATCH_BITS))) + (batch_indexes + 1).astype(np.uint64)
-        return known, packed
-
     @staticmethod
-    def _member(known: Mask, packed: npt.NDArray[np.uint64], sorted_packed: npt.NDArray[np.uint64]) -> Mask:
-        if not len(sorted_packed):
-            return np.zeros(len(packed), dtype=bool)
-        at = np.minimum(np.searchsorted(sorted_packed, packed), len(sorted_packed) - 1)
-        return known & (sorted_packed[at] == packed)
+    def _rows(places: npt.NDArray[np.int64], piece: int, count: int) -> Mask:
+        first, last = np.searchsorted(places, [np.int64(piece) << np.int64(ROW_BITS),
+                                               np.int64(piece + 1) << np.int64(ROW_BITS)])
+        mask = np.zeros(count, dtype=bool)
+        mask[(places[first:last] & np.int64((1 << ROW_BITS) - 1)).astype(np.intp)] = True
+        return mask
 
-    def retained(self, rows: Rows, at: npt.NDArray[np.intp]) -> Mask:
-        """Which of the rows ``at`` are retained positions."""
-        known, packed = self._pack(rows["ledger_id"][at], rows["entry_id"][at], rows["batch_index"][at])
-        return self._member(known, packed, self._retained)
+    def retained(self, piece: int, count: int) -> Mask:
+        """Which of piece ``piece``'s ``count`` rows are retained."""
+        return self._rows(self._retained, piece, count)
 
-    def dropped(self, rows: Rows, at: npt.NDArray[np.intp]) -> Mask:
-        """Which of the rows ``at`` (chunks) are dropped with their chunked message."""
-        known, packed = self._pack(rows["ledger_id"][at], rows["entry_id"][at], np.full(len(at), -1))
-        return self._member(known, packed, self._dropped)
+    def dropped(self, piece: int, count: int) -> Mask:
+        """Which of piece ``piece``'s ``count`` rows are chunks dropped with their message."""
+        return self._rows(self._dropped, piece, count)
 
 
-def survivors(index: PieceIndex, decisions: GroupDecisions, *, retain_null_key: bool,
+def survivors(index: PieceIndex, piece: int, decisions: GroupDecisions, *, retain_null_key: bool,
               keep_tombstones_since_ms: int | None) -> Iterator[CompactedEntry]:
-    """Phase two of the piece ``index``: its surviving entries, in order (module docstring)."""
+    """Phase two of the piece ``index``, number ``piece`` of the run: its surviving entries,
+    in order (module docstring)."""
     rows = index.rows
     flags = rows["flags"]
-    keep = (flags & FLAG_OPAQUE) != 0  # undecodable entries survive whole
-    chunk = np.flatnonzero((flags & FLAG_CHUNK) != 0)
-    keep[chunk] = ~decisions.dropped(rows, chunk)
+    count = len(flags)
+    chunk = (flags & FLAG_CHUNK) != 0
     message = (flags & (_NOT_A_MESSAGE | FLAG_CHUNK)) == 0
     keyless = (flags & FLAG_KEYLESS) != 0
+    old = (flags & FLAG_TOMBSTONE) != 0
+    if keep_tombstones_since_ms is not None:
+        old &= rows["publish_time"] < keep_tombstones_since_ms
+    keep = (flags & FLAG_OPAQUE) != 0  # undecodable entries survive whole
+    keep |= chunk & ~decisions.dropped(piece, count)
     if retain_null_key:
         keep |= message & keyless
-    keyed = np.flatnonzero(message & ~keyless)
-    alive = decisions.retained(rows, keyed)
-    old = (flags[keyed] & FLAG_TOMBSTONE) != 0
-    if keep_tombstones_since_ms is not None:
-        old &= rows["publish_time"][keyed] < keep_tombstones_since_ms
-    keep[keyed] = alive & ~old
+    keep |= message & ~keyless & ~old & decisions.retained(piece, count)
     yield from _entries(index, keep)
 
 

@@ -1,9 +1,10 @@
 """The Spark engine's executor work over key indexes (``compactor.spark.index_scan``), no Spark.
 
-* Phase one: a piece's rows read from its ledger's key index are the rows the parsing
-  reader gives (``compactor.spark.rows.phase_one_batches``), row for row, over generated
-  streams of every entry kind (chunks included), in sealed and open ledgers, cut into
-  pieces anywhere, with tombstone retention or without.
+* Phase one: the keyed rows read from the pieces' key indexes, folded by key to their
+  greatest ``v`` (as Spark's aggregation does), keep exactly the live keys of
+  ``compactor.algorithm.phase_one``, at its positions, over generated streams of every
+  entry kind (chunks included), in sealed and open ledgers, cut into pieces anywhere,
+  with tombstone retention or without.
 * Phase two: groups rewritten from the indexes, given their share of phase one's
   decisions, concatenate to ``compactor.algorithm.phase_two``'s entries byte for byte.
 * The index: a missing one is built by the first read and written (temporary file,
@@ -16,7 +17,6 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from compactor import key_index
 from compactor.algorithm import phase_one, phase_two
 from compactor.engine import LedgerRange
-from compactor.spark import index_scan, rows
+from compactor.keymap import key_hash
+from compactor.spark import index_scan
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 from ledger.storage import FileLedgerStore, SyncPolicy
@@ -75,9 +76,19 @@ def _range(piece: list[Entry]) -> LedgerRange:
     return LedgerRange(piece[0].position.ledger_id, piece[0].position.entry_id, piece[-1].position.entry_id)
 
 
-def _rows(batches: Any) -> Counter[tuple[Any, ...]]:
-    table = pa.Table.from_batches(list(batches), schema=rows.PHASE_ONE_SCHEMA)
-    return Counter(tuple(row.values()) for row in table.to_pylist())
+def _latest(places: dict[tuple[int, int], int], batches: Any) -> None:
+    """Fold keyed rows into ``places`` (key hash: greatest ``v``), as Spark's max does."""
+    for row in pa.Table.from_batches(list(batches), schema=index_scan.PHASE_ONE_ROWS).to_pylist():
+        key = (row["h1"], row["h2"])
+        places[key] = max(places.get(key, row["v"]), row["v"])
+
+
+def _seqs(index: index_scan.PieceIndex, piece: int, wanted: Any) -> list[int]:
+    """The stream places of the piece's rows for which ``wanted(ledger, entry, batch, flags)``."""
+    rows = index.rows
+    return [(piece << index_scan.ROW_BITS) | at for at in range(len(rows["flags"]))
+            if wanted(int(rows["ledger_id"][at]), int(rows["entry_id"][at]), int(rows["batch_index"][at]),
+                      int(rows["flags"][at]))]
 
 
 def _columns(cutoff: int | None, columns: tuple[str, ...]) -> tuple[str, ...]:
@@ -88,7 +99,7 @@ def _columns(cutoff: int | None, columns: tuple[str, ...]) -> tuple[str, ...]:
 @given(stream=streams(max_size=40), ledger_cuts=st.lists(st.integers(0, 40), max_size=2),
        piece_cuts=st.lists(st.integers(0, 40), max_size=3), seal_last=st.booleans(), retain_null_key=st.booleans(),
        cutoff=CUTOFFS)
-def test_the_index_gives_the_parsers_phase_one_rows_and_the_local_phase_two_byte_for_byte(
+def test_phase_one_from_the_index_keeps_the_local_keys_and_phase_two_writes_the_local_entries_byte_for_byte(
     stream: list[StreamEntry], ledger_cuts: list[int], piece_cuts: list[int], seal_last: bool,
     retain_null_key: bool, cutoff: int | None,
 ) -> None:
@@ -97,29 +108,32 @@ def test_the_index_gives_the_parsers_phase_one_rows_and_the_local_phase_two_byte
         result = phase_one(entries, keep_tombstones_since_ms=cutoff)
         expected = list(phase_two(entries, result, retain_null_key=retain_null_key, keep_tombstones_since_ms=cutoff))
         retained, dropped = decisions(entries, result, retain_null_key)
-        rewritten = []
-        for group, piece in enumerate(_pieces(entries, piece_cuts)):
-            whole = _range(piece)
+        pieces = [_range(piece) for piece in _pieces(entries, piece_cuts)]
+
+        latest: dict[tuple[int, int], int] = {}
+        for number, whole in enumerate(pieces):  # phase one as the executors and Spark's max do it
             index = index_scan.PieceIndex(root, whole, _columns(cutoff, index_scan.PHASE_ONE_COLUMNS))
             try:
-                from_index = _rows(index_scan.phase_one_batches(index, group, cutoff))
+                _latest(latest, index_scan.keyed_batches(index, number, cutoff))
             finally:
                 index.close()
-            assert from_index == _rows(rows.phase_one_batches(root, whole, group, cutoff))
+        live = sorted(v >> index_scan.FLAG_BITS for v in latest.values() if not v & 1)
+        assert len(live) == len(retained)  # the local phase one's live keys
 
-            mine = {(entry.position.ledger_id, entry.position.entry_id) for entry in piece}
-            slots = sorted(slot for slot in retained if slot[:2] in mine)
-            ats = sorted(at for at in dropped if at in mine)
-            share = index_scan.GroupDecisions(
-                tuple(np.array([slot[field] for slot in slots], np.int64) for field in range(3)),
-                tuple(np.array([at[field] for at in ats], np.int64) for field in range(2)))
-            assert len(share) == len(slots)
+        rewritten, expected_live, expected_dropped = [], [], []
+        for number, whole in enumerate(pieces):
             index = index_scan.PieceIndex(root, whole, _columns(cutoff, index_scan.PHASE_TWO_COLUMNS))
             try:
-                rewritten.extend(index_scan.survivors(index, share, retain_null_key=retain_null_key,
+                expected_live += _seqs(index, number, lambda ledger, entry, batch, flags: (
+                    (ledger, entry, batch) in retained))
+                expected_dropped += _seqs(index, number, lambda ledger, entry, batch, flags: (
+                    bool(flags & key_index.FLAG_CHUNK) and (ledger, entry) in dropped))
+                share = index_scan.GroupDecisions(np.array(live, np.int64), np.array(expected_dropped, np.int64))
+                rewritten.extend(index_scan.survivors(index, number, share, retain_null_key=retain_null_key,
                                                       keep_tombstones_since_ms=cutoff))
             finally:
                 index.close()
+        assert live == sorted(expected_live)  # the same positions, as stream places
         assert rewritten == expected
 
 
@@ -137,12 +151,23 @@ def _sealed_ledger(root: Path, count: int = 50) -> LedgerRange:
     return LedgerRange(ledger_id, 0, count - 1)
 
 
-def _phase_one(root: Path, whole: LedgerRange, filesystem: Any = None) -> Counter[tuple[Any, ...]]:
+def _phase_one(root: Path, whole: LedgerRange, filesystem: Any = None) -> dict[tuple[int, int], int]:
     index = index_scan.PieceIndex(str(root), whole, index_scan.PHASE_ONE_COLUMNS, filesystem)
+    latest: dict[tuple[int, int], int] = {}
     try:
-        return _rows(index_scan.phase_one_batches(index, 0, None))
+        _latest(latest, index_scan.keyed_batches(index, 0, None))
     finally:
         index.close()
+    return latest
+
+
+def _keys(whole: LedgerRange) -> dict[tuple[int, int], int]:
+    """Each of the 7 keys' latest row (``_sealed_ledger``: one row an entry)."""
+    def signed(value: int) -> int:
+        return value - (1 << 64) if value >= 1 << 63 else value
+
+    return {tuple(signed(half) for half in key_hash(f"k{key}")): (entry << index_scan.FLAG_BITS)  # type: ignore[misc]
+            for key, entry in ((number % 7, number) for number in range(whole.last_entry_id + 1))}
 
 
 def test_a_missing_index_is_built_once_and_kept_and_a_damaged_one_is_rebuilt(tmp_path: Path) -> None:
@@ -152,7 +177,7 @@ def test_a_missing_index_is_built_once_and_kept_and_a_damaged_one_is_rebuilt(tmp
     assert index_scan.ensure_ledger_index(str(tmp_path), whole.ledger_id, False) == 50
     assert os.path.exists(path) and not [name for name in os.listdir(tmp_path) if key_index.TEMP_SUFFIX in name]
     assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id], pafs.LocalFileSystem()) == []
-    expected = _rows(rows.phase_one_batches(str(tmp_path), whole, 0, None))
+    expected = _keys(whole)
 
     with mock.patch.object(key_index, "build_index", side_effect=AssertionError("parsed")):
         assert _phase_one(tmp_path, whole) == expected  # read from the index: nothing parsed
@@ -220,7 +245,7 @@ def test_indexes_are_read_through_the_file_system_given(tmp_path: Path) -> None:
     index_scan.ensure_ledger_index(str(tmp_path), whole.ledger_id, False)
     handler = _Counting()
     filesystem = pafs.PyFileSystem(handler)
-    assert _phase_one(tmp_path, whole, filesystem) == _rows(rows.phase_one_batches(str(tmp_path), whole, 0, None))
+    assert _phase_one(tmp_path, whole, filesystem) == _keys(whole)
     assert handler.opened == [index_scan.index_file(str(tmp_path), whole.ledger_id)]
     assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id, whole.ledger_id + 1], filesystem) \
         == [whole.ledger_id + 1]
