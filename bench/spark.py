@@ -95,7 +95,8 @@ def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
     written_s = time.perf_counter() - started
     indexed = 0
     if spec["index"]:
-        store = FileLedgerStore(data_dir.ledgers.root, sync=SyncPolicy.NONE, read_only=True)
+        store = FileLedgerStore(os.path.join(os.path.abspath(spec["dir"]), "ledgers"), sync=SyncPolicy.NONE,
+                                read_only=True)
         try:
             for record in records:
                 if not record.is_open:

@@ -366,7 +366,7 @@ def phase_one_reader(ledgers_root: str, pieces: Sequence[LedgerRange], keep_tomb
         from compactor.spark import index_scan
 
         if chunks:
-            columns = index_scan.CHUNK_COLUMNS
+            columns: tuple[str, ...] = index_scan.CHUNK_COLUMNS
         else:
             columns = index_scan.PHASE_ONE_COLUMNS + (() if keep_tombstones_since_ms is None else ("publish_time",))
         for batch in batches:
