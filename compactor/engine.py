@@ -33,10 +33,22 @@ local engine's extra rounds *without* costing the broker more memory than the bu
 
 The estimate is what the runner has for free: the previous compacted view's entries plus
 the raw entries after the horizon (a key written twice is counted twice, a batch once).
+
+With the Spark master known (``spark_master``, the runner passes its setting), ``auto``
+also moves a run to Spark where the cluster is *faster*, by the measured speeds
+(``bench.spark``, docs/benchmarks.md): the local engine reads ``LOCAL_ENTRIES_PER_S``, a
+Spark core ``SPARK_ENTRIES_PER_S_PER_CORE``, and a Spark run costs ``SPARK_RUN_OVERHEAD_S``
+more (its jobs' scheduling, whatever the input). With ``cores`` cores (``spark_cores``:
+``local[N]`` is N, ``local[*]`` this machine's CPUs, a cluster ``SPARK_CLUSTER_CORES``),
+Spark wins when ``cores * SPARK_ENTRIES_PER_S_PER_CORE > LOCAL_ENTRIES_PER_S`` and the
+input reaches ``spark_break_even_entries(cores)``, where the two predicted times cross.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -46,7 +58,11 @@ from ledger.position import Position
 
 __all__ = [
     "KEY_MAP_BYTES_PER_KEY",
+    "LOCAL_ENTRIES_PER_S",
+    "SPARK_CLUSTER_CORES",
     "SPARK_DRIVER_BYTES_PER_KEY",
+    "SPARK_ENTRIES_PER_S_PER_CORE",
+    "SPARK_RUN_OVERHEAD_S",
     "EngineName",
     "LedgerRange",
     "OutputLedgers",
@@ -55,6 +71,8 @@ __all__ = [
     "RewriteResult",
     "choose_engine",
     "raw_ranges",
+    "spark_break_even_entries",
+    "spark_cores",
 ]
 
 EngineName = Literal["auto", "local", "spark"]
@@ -64,6 +82,34 @@ KEY_MAP_BYTES_PER_KEY = 24
 # What the Spark engine (compactor.spark.engine) costs the driver per live key: nothing,
 # the keys stay in Spark's shuffle (the former engine collected them: 77 bytes a key).
 SPARK_DRIVER_BYTES_PER_KEY = 0
+# Measured speeds (bench.spark, batches of 100 messages, both engines reading key indexes;
+# docs/benchmarks.md): input entries a second of the local engine, and of one Spark core;
+# what a Spark run costs more, whatever its size; the cores assumed of a cluster master.
+LOCAL_ENTRIES_PER_S = 13_500
+SPARK_ENTRIES_PER_S_PER_CORE = 5_800
+SPARK_RUN_OVERHEAD_S = 2.0
+SPARK_CLUSTER_CORES = 16
+_LOCAL_MASTER = re.compile(r"local(?:\[(\d+|\*)(?:,\d+)?\])?$")
+
+
+def spark_cores(master: str) -> int:
+    """The cores a Spark ``master`` URL gives: ``local`` 1, ``local[N]`` N, ``local[*]``
+    this machine's CPUs, any other (a cluster) ``SPARK_CLUSTER_CORES``."""
+    match = _LOCAL_MASTER.match(master.strip())
+    if match is None:
+        return SPARK_CLUSTER_CORES
+    if match.group(1) is None:
+        return 1
+    return os.cpu_count() or 1 if match.group(1) == "*" else int(match.group(1))
+
+
+def spark_break_even_entries(cores: int) -> float:
+    """The input (entries) from which a Spark run on ``cores`` cores is predicted faster
+    than a local one; infinite when those cores together are slower than the local engine."""
+    spark_rate = cores * SPARK_ENTRIES_PER_S_PER_CORE
+    if spark_rate <= LOCAL_ENTRIES_PER_S:
+        return math.inf
+    return SPARK_RUN_OVERHEAD_S / (1 / LOCAL_ENTRIES_PER_S - 1 / spark_rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,15 +203,17 @@ class RewriteEngine(Protocol):
 
 def choose_engine(
     engine: EngineName, *, estimated_keys: int, memory_budget_bytes: int, spark_available: bool,
-    driver_bytes_per_key: int = SPARK_DRIVER_BYTES_PER_KEY,
+    driver_bytes_per_key: int = SPARK_DRIVER_BYTES_PER_KEY, spark_master: str | None = None,
 ) -> Literal["local", "spark"]:
     """The engine of one run (see the module docstring); ``driver_bytes_per_key`` is what
-    the Spark engine at hand brings back to the driver per key."""
+    the Spark engine at hand brings back to the driver per key; ``spark_master``: the
+    master it would run on (None: unknown, only the memory rule applies)."""
     if engine != "auto":
         return engine
     rounds = estimated_keys * KEY_MAP_BYTES_PER_KEY > memory_budget_bytes
     driver_fits = estimated_keys * driver_bytes_per_key <= memory_budget_bytes
-    return "spark" if spark_available and rounds and driver_fits else "local"
+    faster = spark_master is not None and estimated_keys >= spark_break_even_entries(spark_cores(spark_master))
+    return "spark" if spark_available and driver_fits and (rounds or faster) else "local"
 
 
 def raw_ranges(ledgers: Sequence[LedgerRecord], horizon: Position, stop: Position) -> list[LedgerRange]:

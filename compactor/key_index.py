@@ -252,9 +252,12 @@ def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
         os.close(directory)
 
 
-def read_index(path: str, ledger: IndexedLedger, columns: Sequence[str] | None = None) -> KeyIndex | None:
+def read_index(
+    path: str, ledger: IndexedLedger, columns: Sequence[str] | None = None, filesystem: Any = None,
+) -> KeyIndex | None:
     """The index at ``path`` if it describes ``ledger`` exactly; None when there is no file.
     ``columns``: only those (and ``stored``), each checked; None: all of them.
+    ``filesystem``: a ``pyarrow.fs.FileSystem`` to read ``path`` from (None: the local one).
 
     Raises ``CorruptIndexError`` when the file does not read back whole (a damaged page, a
     checksum that does not match, a column missing) or describes another ledger or another
@@ -265,7 +268,8 @@ def read_index(path: str, ledger: IndexedLedger, columns: Sequence[str] | None =
 
     wanted = [name for name, _ in _COLUMNS if columns is None or name == "stored" or name in columns]
     try:
-        with pq.ParquetFile(path, page_checksum_verification=True) as parquet:  # (read_table imports pandas)
+        source = path if filesystem is None else filesystem.open_input_file(path)
+        with pq.ParquetFile(source, page_checksum_verification=True) as parquet:  # (read_table imports pandas)
             table = parquet.read(columns=wanted, use_threads=False, use_pandas_metadata=False)  # a run takes one core
         metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
     except FileNotFoundError:
@@ -349,19 +353,20 @@ def ledger_path(root: str, ledger_id: int) -> str:
 
 def sealed_index(
     sealed: SealedFile, *, compacted: bool, write: bool = True, charge: Callable[[int], object] = lambda size: None,
-    columns: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None, filesystem: Any = None,
 ) -> KeyIndex:
-    """``ensure_index`` of a sealed ledger, its file already open; ``columns`` as for
-    ``read_index`` (an index built now has them all)."""
+    """``ensure_index`` of a sealed ledger, its file already open; ``columns`` and
+    ``filesystem`` as for ``read_index`` (an index built now has every column, and is
+    written to the local file system)."""
     ledger = IndexedLedger(sealed.ledger_id, sealed.entries, sealed.size_bytes)
     path = index_path(sealed.path)
     try:
-        index = read_index(path, ledger, columns)
+        index = read_index(path, ledger, columns, filesystem)
     except CorruptIndexError as error:
         log.warning("%s; parsing the ledger and writing it again", error)
         index = None
     if index is not None:
-        charge(os.path.getsize(path))
+        charge(os.path.getsize(path) if filesystem is None else filesystem.get_file_info(path).size)
         return index
     offsets, lengths = sealed.walk()
     index = build_index(_sealed_entries(sealed, offsets, lengths, compacted, charge), (offsets, lengths))

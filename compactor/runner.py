@@ -368,6 +368,7 @@ class Compactor:
         return choose_engine(
             self.config.engine, estimated_keys=estimated_keys, memory_budget_bytes=self.config.memory_budget_bytes,
             spark_available=_spark_installed(), driver_bytes_per_key=driver_bytes_per_key,
+            spark_master=self.config.spark_master,
         )
 
     def _spark(self) -> RewriteEngine:

@@ -46,7 +46,6 @@ Errors from PySpark and py4j leave as ``SparkEngineError``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -63,7 +62,6 @@ from compactor.spark.rewrite import (
     DECISION_DROPPED_CHUNK,
     DECISION_FIGURES,
     DECISION_RETAINED,
-    FIGURES,
     REPORT_SCHEMA_DDL,
     GroupReport,
     GroupSpec,
@@ -217,13 +215,16 @@ class SparkEngine:
 
     def __init__(
         self, master: str, *, config: dict[str, str] | None = None, piece_entries: int | None = None,
-        group_entries: int = GROUP_ENTRIES_MAX,
+        group_entries: int = GROUP_ENTRIES_MAX, filesystem: Any = None,
     ) -> None:
         """An engine on the Spark ``master`` URL (the ``spark_master`` setting, whose default
         is ``CompactionConfig``'s); ``config``: more Spark settings of the session;
         ``piece_entries`` (default: ``piece_entries()``) and ``group_entries`` size the
-        pieces and groups (tests make them small)."""
+        pieces and groups (tests make them small); ``filesystem``: the ``pyarrow.fs.FileSystem``
+        the executors read the key indexes from (None: the local one)."""
         self.master = master
+        self.filesystem = filesystem
+        self.last_run: dict[str, float] = {}  # the last run's timings (seconds) and indexes built
         self.config = dict(config or {})
         self.piece_entries = piece_entries
         self.group_entries = group_entries
@@ -247,10 +248,13 @@ class SparkEngine:
             raise
         except Exception as error:  # py4j and PySpark errors cross the boundary as ours
             raise SparkEngineError(f"spark rewrite failed: {type(error).__name__}: {error}", retriable=True) from error
+        self.last_run = {}
         pieces = split_ranges(request.ranges, self.piece_entries or piece_entries(request.ranges, cores))
         groups = plan_groups(pieces, cores, self.group_entries)
         ids = ledgers.reserve_ids(len(groups))
-        specs = [GroupSpec(index, group, ledger_id) for index, (group, ledger_id) in enumerate(zip(groups, ids, strict=True))]
+        firsts = [sum(len(group) for group in groups[:index]) for index in range(len(groups))]
+        specs = [GroupSpec(index, group, ledger_id, first) for index, (group, ledger_id, first)
+                 in enumerate(zip(groups, ids, firsts, strict=True))]
         try:
             try:
                 with _settled_on_failure(self.session(), f"{APP_NAME}-rewrite-{ids[0]}"):
@@ -274,7 +278,28 @@ class SparkEngine:
 
     def _rewrite(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> list[GroupReport]:
         """The Spark job (``_job``) run: the groups' reports."""
-        return [GroupReport(*row) for row in self._job(request, specs).collect()]
+        job = self._job(request, specs)
+        started = time.monotonic()
+        reports = [GroupReport(*row) for row in job.collect()]
+        self.last_run["phase_two_s"] = time.monotonic() - started
+        return reports
+
+    def _index_missing(self, request: RewriteInput) -> None:
+        """Index, on the executors and in parallel, the input's ledgers that have no key
+        index file yet (a task per ledger; an open ledger is skipped); the indexes are
+        kept for the next runs. A damaged index is found, and rebuilt, by the phase-one
+        task that reads it."""
+        from compactor.spark.index_scan import ensure_ledger_index, ledger_ids_without_index
+
+        compacted = {whole.ledger_id: whole.compacted for whole in request.ranges}
+        missing = ledger_ids_without_index(request.ledgers_root, sorted(compacted), self.filesystem)
+        self.last_run["indexes_built"] = len(missing)
+        if not missing:
+            return
+        root = request.ledgers_root
+        built = (self.session().sparkContext.parallelize(missing, len(missing))
+                 .map(lambda ledger_id: ensure_ledger_index(root, ledger_id, compacted[ledger_id])).collect())
+        log.debug("spark rewrite: indexed %d ledgers on the executors (%s rows)", len(missing), built)
 
     def _job(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
         """The Spark job as a DataFrame of reports: phase one (run at once), the decision
@@ -288,12 +313,16 @@ class SparkEngine:
         # the executors (a local checkpoint: far cheaper than a cache; an executor lost
         # before the end fails the run, which the next run redoes; Spark's context cleaner
         # drops the blocks once the run is over).
-        aggregated = _aggregate(spark, request, specs).coalesce(max(1, partitions)).localCheckpoint(eager=True)
-        decisions = _decisions(aggregated, request.retain_null_key)
+        started = time.monotonic()
+        self._index_missing(request)
+        indexed = time.monotonic()
+        latest = _latest(spark, request, specs, self.filesystem).coalesce(max(1, partitions)).localCheckpoint(eager=True)
+        self.last_run.update(index_build_s=indexed - started, phase_one_s=time.monotonic() - started)
+        decisions = _decisions(spark, latest, request, specs, self.filesystem)
         keys = partition_keys(len(specs))
         slot = F.element_at(F.array(*[F.lit(key) for key in keys]), F.col("grp") + 1).cast("int")
         job = RewriteJob(request.ledgers_root, dict(request.metadata), int(time.time() * 1000),
-                         request.retain_null_key, request.keep_tombstones_since_ms)
+                         request.retain_null_key, request.keep_tombstones_since_ms, self.filesystem)
         task = _task(job, {spec.index: spec for spec in specs})
         return (decisions.withColumn("slot", slot).repartition(len(specs), "slot")
                 .groupBy("slot", "grp").applyInArrow(task, REPORT_SCHEMA_DDL))
@@ -328,76 +357,104 @@ def _report_row(report: GroupReport) -> tuple[int, ...]:
             report.opaque_entries)
 
 
-def _aggregate(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
-    """Phase one's one pass over the stream: the rows grouped by ``kind`` (0: keyed, by key
-    hash, with the key's ``latest``; 1: chunks, by uuid hash, with their sorted
-    ``chunks``; 2: figures, by group, summed)."""
+def phase_one_reader(ledgers_root: str, pieces: Sequence[LedgerRange], keep_tombstones_since_ms: int | None,
+                     filesystem: Any = None, *, chunks: bool = False) -> Callable[[Any], Any]:
+    """The function ``mapInArrow`` runs on the executors over the pieces' numbers: each
+    piece's phase-one keyed rows (``chunks``: its chunk rows) from its ledger's key index
+    (``compactor.spark.index_scan``)."""
+    def read(batches: Any) -> Any:
+        from compactor.spark import index_scan
+
+        if chunks:
+            columns: tuple[str, ...] = index_scan.CHUNK_COLUMNS
+        else:
+            columns = index_scan.PHASE_ONE_COLUMNS + (() if keep_tombstones_since_ms is None else ("publish_time",))
+        for batch in batches:
+            for number in batch.column(0).to_pylist():
+                index = index_scan.PieceIndex(ledgers_root, pieces[number], columns, filesystem)
+                try:
+                    if chunks:
+                        yield from index_scan.chunk_batches(index, number)
+                    else:
+                        yield from index_scan.keyed_batches(index, number, keep_tombstones_since_ms)
+                finally:
+                    index.close()
+
+    return read
+
+
+def _pieces_frame(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], filesystem: Any,
+                  chunks: bool) -> Any:
+    """Phase one's rows (``index_scan.PHASE_ONE_ROWS_DDL``) of every piece: one partition a piece."""
+    from compactor.spark.index_scan import PHASE_ONE_ROWS_DDL
+
+    pieces = [piece for spec in specs for piece in spec.pieces]
+    read = phase_one_reader(request.ledgers_root, pieces, request.keep_tombstones_since_ms, filesystem, chunks=chunks)
+    return spark.range(0, len(pieces), 1, numPartitions=len(pieces)).mapInArrow(read, PHASE_ONE_ROWS_DDL)
+
+
+def _latest(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], filesystem: Any = None) -> Any:
+    """Phase one's aggregation: each live key's latest ``v`` (its greatest, unless that
+    deletes the key), in Spark's hash aggregate over plain longs."""
     from pyspark.sql import functions as F
 
-    ranges = [[p.ledger_id, p.first_entry_id, p.last_entry_id, p.compacted, spec.index]
-              for spec in specs for p in spec.pieces]
-    cutoff = request.keep_tombstones_since_ms
-    frame = (spark.read.format("compactd-phase-one").option("ledgersRoot", request.ledgers_root)
-             .option("ranges", json.dumps(ranges))
-             .option("keepTombstonesSinceMs", "" if cutoff is None else str(cutoff)).load())
-    is_key, is_chunk = F.col("hash_high").isNotNull(), F.col("uuid_high").isNotNull()
-    kind = F.when(is_key, 0).when(is_chunk, 1).otherwise(2)
-    first_key = F.when(is_key, F.col("hash_high")).when(is_chunk, F.col("uuid_high")).otherwise(F.col("grp"))
-    second_key = F.when(is_key, F.col("hash_low")).when(is_chunk, F.col("uuid_low")).otherwise(F.lit(0))
-    latest = F.max(F.when(is_key, F.struct("ledger_id", "entry_id", "batch_index", "deletes", "grp",
-                                           F.coalesce("chunk_last", F.lit(False)).alias("chunk")))).alias("latest")
-    chunks = F.collect_list(F.when(is_chunk, F.struct("ledger_id", "entry_id", "chunk_last", "keyless", "grp")))
-    sums = [F.sum(name).alias(name) for name in FIGURES]
-    return (frame.withColumn("kind", kind).groupBy("kind", first_key.alias("k1"), second_key.alias("k2"))
-            .agg(latest, F.array_sort(chunks).alias("chunks"), *sums))
+    keyed = _pieces_frame(spark, request, specs, filesystem, chunks=False)
+    return keyed.groupBy("h1", "h2").agg(F.max("v").alias("v")).where(F.col("v").bitwiseAND(1) == 0).select("v")
 
 
-def _decisions(aggregated: Any, retain_null_key: bool) -> Any:
-    """The decision rows ``(grp, kind, ledger_id, entry_id, batch_index, *FIGURES)`` of
-    every group, from phase one's ``aggregated`` rows (see the module docstring)."""
+def _group_of(specs: Sequence[GroupSpec], seq: Any) -> Any:
+    """The group of the piece of the stream place ``seq`` (groups are contiguous runs of
+    pieces: the count of groups starting at or before it, less one)."""
     from pyspark.sql import functions as F
 
-    live = aggregated.where((F.col("kind") == 0) & ~F.col("latest.deletes")).select("latest.*")
-    figures = aggregated.where(F.col("kind") == 2).select(
-        F.col("k1").cast("int").alias("grp"), F.lit(DECISION_FIGURES).alias("kind"),
-        *[F.lit(None).cast(t).alias(n) for n, t in (("ledger_id", "bigint"), ("entry_id", "bigint"),
-                                                     ("batch_index", "int"))], *FIGURES)
-    return _rows(live, DECISION_RETAINED).unionByName(
-        _rows(_dropped_chunks(aggregated, live, retain_null_key), DECISION_DROPPED_CHUNK)).unionByName(figures)
+    from compactor.spark.index_scan import ROW_BITS
+
+    piece = F.shiftright(seq, ROW_BITS)
+    starts = F.array(*[F.lit(spec.first_piece).cast("bigint") for spec in specs])
+    return (F.size(F.filter(starts, lambda start: start <= piece)) - 1).cast("int")
 
 
-def _rows(frame: Any, kind: int) -> Any:
-    """``frame``'s ``grp, ledger_id, entry_id, batch_index`` as decision rows of ``kind``."""
+def _decisions(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec],
+               filesystem: Any = None) -> Any:
+    """The decision rows ``(grp, kind, seq)`` of every group: the retained places, the
+    dropped chunks, and one presence row per group (so that every group's task runs)."""
     from pyspark.sql import functions as F
 
-    return frame.select(F.col("grp").cast("int").alias("grp"), F.lit(kind).alias("kind"), "ledger_id", "entry_id",
-                        F.col("batch_index").cast("int").alias("batch_index"),
-                        *[F.lit(None).cast("bigint").alias(name) for name in FIGURES])
+    from compactor.spark.index_scan import FLAG_BITS
+
+    retained = latest.select(F.shiftright("v", FLAG_BITS).alias("seq"), F.lit(DECISION_RETAINED).alias("kind"))
+    dropped = _dropped_chunks(spark, latest, request, specs, filesystem).select(
+        "seq", F.lit(DECISION_DROPPED_CHUNK).alias("kind"))
+    placed = retained.unionByName(dropped).select(_group_of(specs, F.col("seq")).alias("grp"), "kind", "seq")
+    present = spark.createDataFrame([(spec.index, DECISION_FIGURES, None) for spec in specs],
+                                    "grp int, kind int, seq bigint")
+    return placed.unionByName(present)
 
 
-def _dropped_chunks(aggregated: Any, live: Any, retain_null_key: bool) -> Any:
-    """The chunks dropped with their chunked message (``compactor.chunks``): each chunk's
-    instance completes at the first last chunk of its uuid at or after it; a completed
-    keyed instance survives iff that last chunk is its key's latest (in ``live``), a
-    key-less one iff ``retain_null_key``; a pending one always does."""
+def _dropped_chunks(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec],
+                    filesystem: Any) -> Any:
+    """The chunks dropped with their chunked message (``compactor.chunks``), as ``seq``:
+    each chunk's instance completes at the first last chunk of its uuid at or after it (a
+    window over the uuid's chunks, in stream order); a completed keyed instance survives
+    iff that last chunk is its key's latest (in ``latest``), a key-less one iff
+    ``retain_null_key``; a pending one always does."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    def completion(chunk: Any) -> Any:
-        at_or_after = F.filter("chunks", lambda other: other["chunk_last"] & (
-            (other["ledger_id"] > chunk["ledger_id"])
-            | ((other["ledger_id"] == chunk["ledger_id"]) & (other["entry_id"] >= chunk["entry_id"]))))
-        return F.struct(chunk.alias("chunk"), F.try_element_at(at_or_after, F.lit(1)).alias("end"))
+    from compactor.spark.index_scan import FLAG_BITS
 
-    every = (aggregated.where(F.col("kind") == 1).select(F.explode(F.transform("chunks", completion)).alias("c"))
-             .where(F.col("c.end").isNotNull())
-             .select("c.chunk.grp", "c.chunk.ledger_id", "c.chunk.entry_id", F.lit(-1).alias("batch_index"),
-                     F.col("c.end.ledger_id").alias("end_ledger"), F.col("c.end.entry_id").alias("end_entry"),
-                     F.col("c.end.keyless").alias("keyless")))
-    keyless = every.where(F.col("keyless") & F.lit(not retain_null_key))
-    retained_ends = live.where(F.col("chunk")).select(F.col("ledger_id").alias("end_ledger"),
-                                                      F.col("entry_id").alias("end_entry"))
-    keyed = every.where(~F.col("keyless")).hint("merge").join(retained_ends, ["end_ledger", "end_entry"], "left_anti")
-    return keyless.unionByName(keyed)
+    chunks = _pieces_frame(spark, request, specs, filesystem, chunks=True)
+    following = Window.partitionBy("h1", "h2").orderBy("v").rowsBetween(Window.currentRow, Window.unboundedFollowing)
+    is_last = F.shiftright("v", 1).bitwiseAND(1) == 1
+    every = (chunks.withColumn("end", F.min(F.when(is_last, F.col("v"))).over(following))
+             .where(F.col("end").isNotNull())
+             .select(F.shiftright("v", FLAG_BITS).alias("seq"), F.shiftright("end", FLAG_BITS).alias("end_seq"),
+                     (F.col("end").bitwiseAND(1) == 1).alias("keyless")))
+    keyless = every.where(F.col("keyless") & F.lit(not request.retain_null_key))
+    retained_ends = latest.where(F.shiftright("v", 1).bitwiseAND(1) == 1).select(
+        F.shiftright("v", FLAG_BITS).alias("end_seq"))
+    keyed = every.where(~F.col("keyless")).hint("merge").join(retained_ends, ["end_seq"], "left_anti")
+    return keyless.select("seq").unionByName(keyed.select("seq"))
 
 
 def _delete(ledgers: OutputLedgers, ids: Sequence[int]) -> None:

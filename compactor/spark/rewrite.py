@@ -97,11 +97,14 @@ class GroupSpec:
         index: the group's place in the stream (0, 1, ...).
         pieces: its pieces, contiguous, in stream order.
         ledger_id: the id reserved for its compacted ledger.
+        first_piece: the number of its first piece in the run (the pieces of all groups
+            numbered in stream order): phase one's stream places name pieces by it.
     """
 
     index: int
     pieces: tuple[LedgerRange, ...]
     ledger_id: int
+    first_piece: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,41 +204,42 @@ class RewriteJob:
     created_at_ms: int
     retain_null_key: bool
     keep_tombstones_since_ms: int | None
+    filesystem: Any = None  # a pyarrow.fs.FileSystem the key indexes are read from (None: the local one)
 
 
 def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupReport:
     """Rewrite the group ``spec`` given its decision rows (a ``pyarrow.Table`` with the
-    columns ``kind``, ``ledger_id``, ``entry_id``, ``batch_index`` and the ``FIGURES``):
-    write its sealed compacted ledger and report (see the module docstring)."""
+    columns ``kind`` and ``seq``, a stream place of ``compactor.spark.index_scan``): write
+    its sealed compacted ledger and report (see the module docstring)."""
     import pyarrow.compute as pc
 
-    from compactor.spark.rows import open_store, read_range  # PyArrow, on the executor only
+    from compactor.spark import index_scan  # PyArrow, on the executor only
 
-    def rows(kind: int) -> Any:
-        return decisions.filter(pc.equal(decisions.column("kind"), kind))
+    def places(kind: int) -> npt.NDArray[np.int64]:
+        chosen = decisions.filter(pc.equal(decisions.column("kind"), kind)).column("seq")
+        return np.asarray(chosen.to_numpy(zero_copy_only=False), dtype=np.int64)
 
-    def column(table: Any, name: str) -> npt.NDArray[np.int64]:
-        return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.int64)
+    group = index_scan.GroupDecisions(places(DECISION_RETAINED), places(DECISION_DROPPED_CHUNK))
+    figures = [0] * len(FIGURES)
+    columns = index_scan.PHASE_TWO_COLUMNS + (() if job.keep_tombstones_since_ms is None else ("publish_time",))
 
-    kept = rows(DECISION_RETAINED)
-    retained = PackedSlots(column(kept, "ledger_id"), column(kept, "entry_id"), column(kept, "batch_index"))
-    chunks = rows(DECISION_DROPPED_CHUNK)
-    dropped = set(zip(column(chunks, "ledger_id").tolist(), column(chunks, "entry_id").tolist(), strict=True))
-    figures_rows = rows(DECISION_FIGURES)
-    figures = [int(pc.sum(figures_rows.column(name)).as_py() or 0) for name in FIGURES]
-    store = open_store(job.ledgers_root)
-    try:
-        stream = (Entry(kept.position, kept.data) for piece in spec.pieces for kept in read_range(store, piece))
-        survivors = group_phase_two(stream, retained, dropped, retain_null_key=job.retain_null_key,
-                                    keep_tombstones_since_ms=job.keep_tombstones_since_ms)
-        counted = _Counted(survivors, spec.index)
-        written = write_sealed_ledger(job.ledgers_root, spec.ledger_id, job.metadata, counted.encoded(),
-                                      created_at_ms=job.created_at_ms)
-    finally:
-        store.shutdown()
+    def survivors() -> Iterator[CompactedEntry]:
+        for number, piece in enumerate(spec.pieces, spec.first_piece):
+            index = index_scan.PieceIndex(job.ledgers_root, piece, columns, job.filesystem)
+            try:
+                for at, figure in enumerate(index_scan.figures(index.rows)):
+                    figures[at] += figure
+                yield from index_scan.survivors(index, number, group, retain_null_key=job.retain_null_key,
+                                                keep_tombstones_since_ms=job.keep_tombstones_since_ms)
+            finally:
+                index.close()
+
+    counted = _Counted(survivors(), spec.index)
+    written = write_sealed_ledger(job.ledgers_root, spec.ledger_id, job.metadata, counted.encoded(),
+                                  created_at_ms=job.created_at_ms)
     _fault_point(spec.index, "written")
     return GroupReport(spec.index, spec.ledger_id, written.entries, written.size_bytes, counted.messages,
-                       len(retained), *figures)
+                       len(group), *figures)
 
 
 class _Counted:

@@ -8,6 +8,8 @@ loads no PySpark.
 
 from __future__ import annotations
 
+import math
+import os
 import subprocess
 import sys
 
@@ -19,10 +21,16 @@ from compactor.algorithm import PhaseOneResult, phase_one, phase_two
 from compactor.chunks import ChunkedMessages
 from compactor.engine import (
     KEY_MAP_BYTES_PER_KEY,
+    LOCAL_ENTRIES_PER_S,
+    SPARK_CLUSTER_CORES,
     SPARK_DRIVER_BYTES_PER_KEY,
+    SPARK_ENTRIES_PER_S_PER_CORE,
+    SPARK_RUN_OVERHEAD_S,
     LedgerRange,
     choose_engine,
     raw_ranges,
+    spark_break_even_entries,
+    spark_cores,
 )
 from compactor.keymap import KeyMap, KeyMapLimitError, PositionPacker
 from ledger.metadata import LedgerRecord
@@ -139,3 +147,36 @@ def test_spark_partitions_cut_ranges_so_that_every_core_gets_work() -> None:
     assert split_ranges(ranges, 4) == [
         LedgerRange(1, 0, 3, True), LedgerRange(1, 4, 7, True), LedgerRange(1, 8, 9, True),
         LedgerRange(4, 3, 6), LedgerRange(4, 7, 10), LedgerRange(4, 11, 12)]
+
+
+def test_spark_cores_of_a_master_url() -> None:
+    assert [spark_cores(master) for master in ("local", "local[1]", "local[4]", "local[16,3]", " local[2] ")] == \
+        [1, 1, 4, 16, 2]
+    assert spark_cores("local[*]") == (os.cpu_count() or 1)
+    assert spark_cores("spark://host:7077") == SPARK_CLUSTER_CORES
+
+
+def test_auto_goes_to_spark_where_the_cluster_is_measured_faster_and_stays_local_below() -> None:
+    roomy = 10**15  # one local round always does: only speed decides
+    for master in ("local[1]", "local[2]", "local[4]", "local[16]", "spark://host:7077"):
+        cores = spark_cores(master)
+        threshold = spark_break_even_entries(cores)
+
+        def chosen(entries: int, master: str = master) -> str:
+            return choose_engine("auto", estimated_keys=entries, memory_budget_bytes=roomy, spark_available=True,
+                                 spark_master=master)
+
+        if cores * SPARK_ENTRIES_PER_S_PER_CORE <= LOCAL_ENTRIES_PER_S:  # slower however large: never
+            assert threshold == math.inf and chosen(10**12) == "local", master
+            continue
+        # the rule is where the predicted times cross
+        at = math.ceil(threshold)
+        local_s = at / LOCAL_ENTRIES_PER_S
+        spark_s = SPARK_RUN_OVERHEAD_S + at / (cores * SPARK_ENTRIES_PER_S_PER_CORE)
+        assert spark_s <= local_s * 1.0001, master
+        assert chosen(at) == "spark" and chosen(at - 1 if at > 1 else 0) == "local", master
+        assert chosen(10) == "local", master
+        assert choose_engine("auto", estimated_keys=at, memory_budget_bytes=roomy, spark_available=False,
+                             spark_master=master) == "local"
+    # with the measured figures, one core of Spark is slower than the local engine
+    assert spark_break_even_entries(1) == math.inf

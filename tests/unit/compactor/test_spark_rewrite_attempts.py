@@ -20,7 +20,6 @@ from compactor.proto import pulsar_api_pb2 as pb
 from compactor.spark.rewrite import (
     DECISION_FIGURES,
     DECISION_RETAINED,
-    FIGURES,
     GroupReport,
     GroupSpec,
     RewriteJob,
@@ -55,12 +54,11 @@ def _group(root: Path) -> tuple[RewriteJob, GroupSpec, pa.Table, list[bytes]]:
     finally:
         store.shutdown()
     kept = range(6, 9)
-    rows = [{"kind": DECISION_RETAINED, "ledger_id": ledger_id, "entry_id": entry_id, "batch_index": -1,
-             **dict.fromkeys(FIGURES)} for entry_id in kept]
-    rows.append({"kind": DECISION_FIGURES, "ledger_id": None, "entry_id": None, "batch_index": None,
-                 "entries": 9, "messages": 9, "entry_bytes": sum(map(len, data)), "markers": 0, "opaque_entries": 0})
-    schema = pa.schema([("kind", pa.int32()), ("ledger_id", pa.int64()), ("entry_id", pa.int64()),
-                        ("batch_index", pa.int32()), *[(name, pa.int64()) for name in FIGURES]])
+    # each key's last update retained: piece 0's index rows 6..8 (one row an entry); the
+    # group's presence row
+    rows = [{"kind": DECISION_RETAINED, "seq": entry_id} for entry_id in kept]
+    rows.append({"kind": DECISION_FIGURES, "seq": None})
+    schema = pa.schema([("kind", pa.int32()), ("seq", pa.int64())])
     expected = [encode_compacted_entry(CompactedEntry(Position(ledger_id, entry_id), data[entry_id]))
                 for entry_id in kept]
     job = RewriteJob(str(root), META, created_at_ms=123, retain_null_key=False, keep_tombstones_since_ms=None)

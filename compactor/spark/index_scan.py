@@ -1,0 +1,339 @@
+"""What an executor makes of one piece through its ledger's key index: array work, no parse.
+
+The Spark engine's tasks read each piece of a run's stream (a ``LedgerRange``) through the
+key index of its ledger (``compactor.key_index``: a Parquet ``.kidx`` beside each sealed
+ledger), as the local engine's indexed rounds do (``compactor.indexed``):
+
+* ``PieceIndex`` opens a piece: a **sealed** ledger's index is read as Arrow through a
+  ``pyarrow.fs.FileSystem`` (``filesystem``; None: the local one), every column read
+  checked against its CRC32C (``key_index.read_index``); a missing or damaged one is built
+  by parsing the ledger once and written for the next runs (``key_index.sealed_index``:
+  temporary file, fsync, rename). An **open** ledger (the topic's last) is parsed for the
+  piece's entries alone, and nothing is written. The rows are cut to the piece's entries;
+  its entries' stored bytes are read on demand at the offsets the index recorded
+  (``entry_offset``, ``stored_bytes``), each checked against its CRC32C.
+* ``phase_one_batches`` gives phase one's rows of a piece (``rows.PHASE_ONE_SCHEMA``, as
+  ``rows.phase_one_batches`` gives them by parsing) from the index columns with numpy: one
+  keyed row per live keyed message, a figures row per piece. Only a chunk's entry is read
+  and scanned (its uuid and whether it is the last chunk are not in the index): chunks
+  are large messages, few per ledger.
+* ``survivors`` is phase two of a piece given its group's decisions (``GroupDecisions``:
+  retained positions, dropped chunks, packed into sorted ``uint64`` arrays, 8 bytes each):
+  the keep rule of ``rewrite.group_phase_two`` as array work; an entry all of whose live
+  messages survive is copied as stored, a batch that loses slots is rewritten
+  (``compactor.indexed``'s batch cut: one metadata parse, no slot parse), an entry with
+  no survivor is never read.
+
+Memory: a piece's index columns (the ledger's, for the columns asked, while the piece is
+read) and its group's decisions; never a key count beyond the group's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from compactor.algorithm import CompactedEntry
+from compactor.engine import LedgerRange
+from compactor.errors import CompactorError
+from compactor.indexed import _batch as rewritten_batch
+from compactor.key_index import (
+    FLAG_CHUNK,
+    FLAG_COMPACTED_OUT,
+    FLAG_KEYLESS,
+    FLAG_MARKER,
+    FLAG_OPAQUE,
+    FLAG_TOMBSTONE,
+    INDEX_SUFFIX,
+    build_index,
+    entry_starts,
+    ledger_path,
+    sealed_index,
+)
+from compactor.keymap import key_hash
+from compactor.scan import scan_entry
+from compactor.spark.rows import open_store, read_range
+from compactor.view import decode_compacted_entry
+from ledger.position import Position
+from ledger.storage.sealed_file import SealedFile
+
+__all__ = [
+    "PHASE_ONE_COLUMNS",
+    "PHASE_ONE_ROWS_DDL",
+    "PHASE_TWO_COLUMNS",
+    "GroupDecisions",
+    "PieceIndex",
+    "chunk_batches",
+    "ensure_ledger_index",
+    "figures",
+    "index_file",
+    "keyed_batches",
+    "ledger_ids_without_index",
+    "survivors",
+]
+
+Rows = dict[str, npt.NDArray[Any]]
+Mask = npt.NDArray[np.bool_]
+
+# Rows per Arrow record batch handed to Spark (slices of one piece's arrays).
+ROWS_PER_BATCH_MAX = 65_536
+# Entries with a survivor read at once in phase two.
+READ_BATCH_ENTRIES_MAX = 1000
+# The index columns each phase reads (``publish_time`` too where tombstones may be young).
+PHASE_ONE_COLUMNS = ("flags", "hash_high", "hash_low", "entry_offset", "stored_bytes")
+CHUNK_COLUMNS = ("flags", "entry_offset", "stored_bytes")
+PHASE_TWO_COLUMNS = ("flags", "ledger_id", "entry_id", "batch_index", "batch_size", "slot_end", "entry_bytes",
+                     "entry_offset", "stored_bytes")
+_NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
+_NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
+_ENTRY_BITS, _BATCH_BITS = 30, 14  # a packed position: ledger ordinal, entry id, batch index + 1
+
+
+def index_file(ledgers_root: str, ledger_id: int) -> str:
+    """Where ledger ``ledger_id``'s key index lives."""
+    return ledger_path(ledgers_root, ledger_id) + INDEX_SUFFIX
+
+
+def ensure_ledger_index(ledgers_root: str, ledger_id: int, compacted: bool) -> int:
+    """On an executor, before phase one: make sure sealed ledger ``ledger_id`` has a whole
+    index (read it, or build and write it); its rows, or -1 when the ledger is not sealed."""
+    sealed = SealedFile.open(ledger_path(ledgers_root, ledger_id), ledger_id)
+    if sealed is None:
+        return -1
+    try:
+        return len(sealed_index(sealed, compacted=compacted, columns=()))
+    finally:
+        sealed.close()
+
+
+class PieceIndex:
+    """One piece's index rows (``columns`` of them, and ``stored``) and its entries on
+    demand; see the module docstring. Close it."""
+
+    def __init__(self, ledgers_root: str, piece: LedgerRange, columns: tuple[str, ...], filesystem: Any = None) -> None:
+        self.piece = piece
+        self._store: Any = None
+        self._sealed = SealedFile.open(ledger_path(ledgers_root, piece.ledger_id), piece.ledger_id)
+        try:
+            if self._sealed is None:
+                self._store = open_store(ledgers_root)
+                index = build_index((piece.first_entry_id + offset, entry.position.ledger_id, entry.position.entry_id,
+                                     entry.data) for offset, entry in enumerate(read_range(self._store, piece)))
+            else:
+                index = sealed_index(self._sealed, compacted=piece.compacted, columns=columns, filesystem=filesystem)
+        except BaseException:
+            self.close()
+            raise
+        stored = index["stored"]
+        first, last = np.searchsorted(stored, [piece.first_entry_id, piece.last_entry_id + 1])
+        self.rows: Rows = {name: column[first:last] for name, column in index.columns.items()}
+
+    def read(self, stored: list[int]) -> list[bytes]:
+        """The stored bytes of the piece's entries ``stored`` (ascending)."""
+        if not stored:
+            return []
+        if self._sealed is None:
+            span = self._store.read(self.piece.ledger_id, stored[0], stored[-1])
+            return [span[at - stored[0]] for at in stored]
+        first_rows = np.searchsorted(self.rows["stored"], stored)
+        return self._sealed.read(stored, self.rows["entry_offset"][first_rows].tolist(),
+                                 self.rows["stored_bytes"][first_rows].tolist())
+
+    def close(self) -> None:
+        if self._sealed is not None:
+            self._sealed.close()
+            self._sealed = None
+        if self._store is not None:
+            self._store.shutdown()
+            self._store = None
+
+
+PHASE_ONE_ROWS_DDL = "h1 bigint, h2 bigint, v bigint"
+"""A phase-one row: a key's (or a chunk's uuid's) 128-bit hash as two signed halves, and
+``v``: the row's place in the stream, ``seq`` (``piece << 32 | row``: the piece's number in
+the run, the row's number among the piece's index rows), shifted left by two, with two
+flag bits: a keyed row's ``chunk_end`` (bit 1: the last chunk of a chunked message) and
+``deletes`` (bit 0: a tombstone that is not young); a chunk row's ``last`` (bit 1) and
+``keyless`` (bit 0). The greatest ``v`` of a key is its latest update."""
+PHASE_ONE_ROWS = pa.schema([("h1", pa.int64()), ("h2", pa.int64()), ("v", pa.int64())])
+ROW_BITS = 32  # a seq's row part
+FLAG_BITS = 2  # v's flag bits
+
+
+def _signed(column: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    return np.ascontiguousarray(column).view(np.int64) if column.dtype == np.uint64 else column.astype(np.int64)
+
+
+def _v(piece: int, at: npt.NDArray[np.intp], high_flag: Any, low_flag: Any) -> npt.NDArray[np.int64]:
+    seq = (np.int64(piece) << np.int64(ROW_BITS)) | at.astype(np.int64)
+    return (seq << np.int64(FLAG_BITS)) | (np.asarray(high_flag, np.int64) << 1) | np.asarray(low_flag, np.int64)
+
+
+def _batches(h1: Any, h2: Any, v: Any) -> Iterator[pa.RecordBatch]:
+    batch = pa.RecordBatch.from_arrays([pa.array(h1), pa.array(h2), pa.array(v)], schema=PHASE_ONE_ROWS)
+    for start in range(0, len(v), ROWS_PER_BATCH_MAX):
+        yield batch.slice(start, ROWS_PER_BATCH_MAX)
+
+
+def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int | None) -> Iterator[pa.RecordBatch]:
+    """Phase one's keyed rows of the piece ``index`` (``PHASE_ONE_ROWS``): each key's last
+    row in the piece (a key updated twice in a piece loses its first update here already,
+    as Spark's aggregation would), a keyed last chunk included."""
+    rows = index.rows
+    flags = rows["flags"]
+    chunk = (flags & FLAG_CHUNK) != 0
+    valued = (flags & _NOT_A_VALUE) == 0
+    at = np.flatnonzero(valued & ~chunk)
+    deletes = (flags[at] & FLAG_TOMBSTONE) != 0
+    if keep_tombstones_since_ms is not None:
+        deletes &= rows["publish_time"][at] < keep_tombstones_since_ms
+    ends = np.flatnonzero(valued & chunk)
+    if len(ends):  # a keyed chunk: only a last chunk is a value (compactor.chunks)
+        ends = ends[_chunk_scans(index, ends)[1]]
+        at = np.concatenate([at, ends])
+        deletes = np.concatenate([deletes, np.zeros(len(ends), bool)])
+        order = np.argsort(at, kind="stable")
+        at, deletes = at[order], deletes[order]
+        chunk_end = chunk[at]
+    else:
+        chunk_end = np.zeros(len(at), bool)
+    h1, h2 = _signed(rows["hash_high"][at]), _signed(rows["hash_low"][at])
+    order = np.lexsort((h2, h1))  # stable: a key's rows in stream order, its last one last
+    h1, h2 = h1[order], h2[order]
+    last = np.ones(len(order), bool)
+    last[:-1] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
+    kept = order[last]
+    yield from _batches(h1[last], h2[last], _v(piece, at[kept], chunk_end[kept], deletes[kept]))
+
+
+def chunk_batches(index: PieceIndex, piece: int) -> Iterator[pa.RecordBatch]:
+    """Phase one's chunk rows of the piece ``index``: one per chunk, hashed by its uuid
+    (``PHASE_ONE_ROWS``); each chunk's entry is read and scanned for it."""
+    at = np.flatnonzero((index.rows["flags"] & FLAG_CHUNK) != 0)
+    if not len(at):
+        return
+    uuids, last = _chunk_scans(index, at)
+    keyless = (index.rows["flags"][at] & FLAG_KEYLESS) != 0
+    yield from _batches(_signed(uuids[0]), _signed(uuids[1]), _v(piece, at, last, keyless))
+
+
+def _chunk_scans(index: PieceIndex, at: npt.NDArray[np.intp]) -> tuple[tuple[npt.NDArray[np.uint64], ...], Mask]:
+    """The uuid hashes (high, low) of the chunks at rows ``at``, and which are last chunks."""
+    highs, lows, lasts = [], [], []
+    stored = index.rows["stored"][at].tolist()
+    for first in range(0, len(stored), READ_BATCH_ENTRIES_MAX):
+        for data in index.read(stored[first:first + READ_BATCH_ENTRIES_MAX]):
+            if index.piece.compacted:
+                data = decode_compacted_entry(data).data
+            scan = scan_entry(data)
+            if scan.chunk is None:
+                raise CompactorError(f"ledger {index.piece.ledger_id}: the index says chunk, the entry does not")
+            high, low = key_hash(scan.chunk.uuid)
+            highs.append(high)
+            lows.append(low)
+            lasts.append(scan.chunk.is_last)
+    return (np.array(highs, np.uint64), np.array(lows, np.uint64)), np.array(lasts, dtype=bool)
+
+
+def figures(rows: Rows) -> list[int]:
+    """A piece's phase-one figures (``rewrite.FIGURES``): entries, messages, entry bytes,
+    markers, opaque entries."""
+    flags = rows["flags"]
+    starts = entry_starts(rows["stored"])
+    return [len(starts), int(np.count_nonzero((flags & _NOT_A_MESSAGE) == 0)),
+            int(rows["entry_bytes"][starts].astype(np.int64).sum()),
+            int(np.count_nonzero(flags & FLAG_MARKER)), int(np.count_nonzero(flags & FLAG_OPAQUE))]
+
+
+class GroupDecisions:
+    """A group's share of phase one's decisions, as stream places (``seq``, see
+    ``PHASE_ONE_ROWS_DDL``), sorted, 8 bytes each: the retained rows (some key's latest)
+    and the dropped chunks (dropped with their chunked message)."""
+
+    def __init__(self, retained: npt.NDArray[np.int64], dropped: npt.NDArray[np.int64]) -> None:
+        self._retained = np.sort(np.asarray(retained, np.int64))
+        self._dropped = np.sort(np.asarray(dropped, np.int64))
+
+    def __len__(self) -> int:
+        """Retained rows (the group's live keys)."""
+        return len(self._retained)
+
+    @staticmethod
+    def _rows(places: npt.NDArray[np.int64], piece: int, count: int) -> Mask:
+        first, last = np.searchsorted(places, [np.int64(piece) << np.int64(ROW_BITS),
+                                               np.int64(piece + 1) << np.int64(ROW_BITS)])
+        mask = np.zeros(count, dtype=bool)
+        mask[(places[first:last] & np.int64((1 << ROW_BITS) - 1)).astype(np.intp)] = True
+        return mask
+
+    def retained(self, piece: int, count: int) -> Mask:
+        """Which of piece ``piece``'s ``count`` rows are retained."""
+        return self._rows(self._retained, piece, count)
+
+    def dropped(self, piece: int, count: int) -> Mask:
+        """Which of piece ``piece``'s ``count`` rows are chunks dropped with their message."""
+        return self._rows(self._dropped, piece, count)
+
+
+def survivors(index: PieceIndex, piece: int, decisions: GroupDecisions, *, retain_null_key: bool,
+              keep_tombstones_since_ms: int | None) -> Iterator[CompactedEntry]:
+    """Phase two of the piece ``index``, number ``piece`` of the run: its surviving entries,
+    in order (module docstring)."""
+    rows = index.rows
+    flags = rows["flags"]
+    count = len(flags)
+    chunk = (flags & FLAG_CHUNK) != 0
+    message = (flags & (_NOT_A_MESSAGE | FLAG_CHUNK)) == 0
+    keyless = (flags & FLAG_KEYLESS) != 0
+    old = (flags & FLAG_TOMBSTONE) != 0
+    if keep_tombstones_since_ms is not None:
+        old &= rows["publish_time"] < keep_tombstones_since_ms
+    keep = (flags & FLAG_OPAQUE) != 0  # undecodable entries survive whole
+    keep |= chunk & ~decisions.dropped(piece, count)
+    if retain_null_key:
+        keep |= message & keyless
+    keep |= message & ~keyless & ~old & decisions.retained(piece, count)
+    yield from _entries(index, keep)
+
+
+def _entries(index: PieceIndex, keep: Mask) -> Iterator[CompactedEntry]:
+    """The compacted entries of the piece, reading only entries with a survivor."""
+    rows = index.rows
+    stored = rows["stored"]
+    if not len(stored):
+        return
+    starts = entry_starts(stored)
+    kept = np.add.reduceat(keep.astype(np.int64), starts)
+    messages = np.add.reduceat(((rows["flags"] & _NOT_A_MESSAGE) == 0).astype(np.int64), starts)
+    ends = np.append(starts[1:], len(stored))
+    wanted = np.flatnonzero(kept).tolist()
+    starts_of, ends_of, whole_of = starts.tolist(), ends.tolist(), (kept == messages).tolist()
+    stored_of = stored[starts].tolist()
+    ledger_of, entry_of = rows["ledger_id"][starts].tolist(), rows["entry_id"][starts].tolist()
+    batched_of = ((rows["batch_size"][starts] > 0) & ((rows["flags"][starts] & FLAG_OPAQUE) == 0)).tolist()
+    for first in range(0, len(wanted), READ_BATCH_ENTRIES_MAX):
+        entries = wanted[first:first + READ_BATCH_ENTRIES_MAX]
+        for entry, data in zip(entries, index.read([stored_of[entry] for entry in entries]), strict=True):
+            if index.piece.compacted:
+                data = decode_compacted_entry(data).data
+            position = Position(ledger_of[entry], entry_of[entry])
+            if not batched_of[entry]:  # one message, or an entry kept whole as it is
+                yield CompactedEntry(position, data)
+            else:
+                start, end = starts_of[entry], ends_of[entry]
+                yield rewritten_batch(position, rows, start, end, keep[start:end], whole_of[entry], data)
+
+
+def ledger_ids_without_index(ledgers_root: str, ledger_ids: list[int], filesystem: Any = None) -> list[int]:
+    """Those of ``ledger_ids`` whose index file is not there (one listing call)."""
+    if filesystem is None:
+        return [ledger_id for ledger_id in ledger_ids if not os.path.exists(index_file(ledgers_root, ledger_id))]
+    from pyarrow import fs
+
+    infos = filesystem.get_file_info([index_file(ledgers_root, ledger_id) for ledger_id in ledger_ids])
+    return [ledger_id for ledger_id, info in zip(ledger_ids, infos, strict=True) if info.type == fs.FileType.NotFound]

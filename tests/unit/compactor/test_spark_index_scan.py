@@ -1,0 +1,251 @@
+"""The Spark engine's executor work over key indexes (``compactor.spark.index_scan``), no Spark.
+
+* Phase one: the keyed rows read from the pieces' key indexes, folded by key to their
+  greatest ``v`` (as Spark's aggregation does), keep exactly the live keys of
+  ``compactor.algorithm.phase_one``, at its positions, over generated streams of every
+  entry kind (chunks included), in sealed and open ledgers, cut into pieces anywhere,
+  with tombstone retention or without.
+* Phase two: groups rewritten from the indexes, given their share of phase one's
+  decisions, concatenate to ``compactor.algorithm.phase_two``'s entries byte for byte.
+* The index: a missing one is built by the first read and written (temporary file,
+  rename) for the next, which parses nothing; a damaged one fails its CRC check and is
+  rebuilt; the reads go through the ``pyarrow.fs.FileSystem`` given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compactor import key_index
+from compactor.algorithm import phase_one, phase_two
+from compactor.engine import LedgerRange
+from compactor.keymap import key_hash
+from compactor.spark import index_scan
+from ledger.managed_ledger import Entry
+from ledger.position import Position
+from ledger.storage import FileLedgerStore, SyncPolicy
+from tests.strategies import StreamEntry, streams
+from tests.unit.compactor.test_group_phase_two import decisions
+
+PROPERTY = settings(max_examples=60, deadline=None)
+PUBLISHED_AT = 1_700_000_000_000
+CUTOFFS = st.sampled_from([None, PUBLISHED_AT, PUBLISHED_AT + 1])
+
+
+def _write(root: str, stream: list[StreamEntry], cuts: list[int], seal_last: bool) -> list[Entry]:
+    """The stream's entries written into raw ledgers under ``root`` (a new ledger at each
+    cut; the last one left open unless ``seal_last``), at the positions they get there."""
+    store = FileLedgerStore(root, sync=SyncPolicy.NONE)
+    entries: list[Entry] = []
+    try:
+        bounds = sorted({0, len(stream), *(min(cut, len(stream)) for cut in cuts)})
+        for number, (first, last) in enumerate(itertools.pairwise(bounds)):
+            ledger_id = store.create()
+            for item in stream[first:last]:
+                entry_id = store.append(ledger_id, item.data).result()
+                entries.append(Entry(Position(ledger_id, entry_id), item.data))
+            if seal_last or number < len(bounds) - 2:
+                store.close(ledger_id)
+    finally:
+        store.shutdown()
+    return entries
+
+
+def _pieces(entries: list[Entry], cuts: list[int]) -> list[list[Entry]]:
+    """``entries`` cut at ``cuts`` and at every ledger change: each piece in one ledger."""
+    bounds = sorted({0, len(entries), *(min(cut, len(entries)) for cut in cuts)})
+    pieces = []
+    for first, last in itertools.pairwise(bounds):
+        for _, part in itertools.groupby(entries[first:last], key=lambda entry: entry.position.ledger_id):
+            pieces.append(list(part))
+    return pieces
+
+
+def _range(piece: list[Entry]) -> LedgerRange:
+    return LedgerRange(piece[0].position.ledger_id, piece[0].position.entry_id, piece[-1].position.entry_id)
+
+
+def _latest(places: dict[tuple[int, int], int], batches: Any) -> None:
+    """Fold keyed rows into ``places`` (key hash: greatest ``v``), as Spark's max does."""
+    for row in pa.Table.from_batches(list(batches), schema=index_scan.PHASE_ONE_ROWS).to_pylist():
+        key = (row["h1"], row["h2"])
+        places[key] = max(places.get(key, row["v"]), row["v"])
+
+
+def _seqs(index: index_scan.PieceIndex, piece: int, wanted: Any) -> list[int]:
+    """The stream places of the piece's rows for which ``wanted(ledger, entry, batch, flags)``."""
+    rows = index.rows
+    return [(piece << index_scan.ROW_BITS) | at for at in range(len(rows["flags"]))
+            if wanted(int(rows["ledger_id"][at]), int(rows["entry_id"][at]), int(rows["batch_index"][at]),
+                      int(rows["flags"][at]))]
+
+
+def _columns(cutoff: int | None, columns: tuple[str, ...]) -> tuple[str, ...]:
+    return columns + (() if cutoff is None else ("publish_time",))
+
+
+@PROPERTY
+@given(stream=streams(max_size=40), ledger_cuts=st.lists(st.integers(0, 40), max_size=2),
+       piece_cuts=st.lists(st.integers(0, 40), max_size=3), seal_last=st.booleans(), retain_null_key=st.booleans(),
+       cutoff=CUTOFFS)
+def test_phase_one_from_the_index_keeps_the_local_keys_and_phase_two_writes_the_local_entries_byte_for_byte(
+    stream: list[StreamEntry], ledger_cuts: list[int], piece_cuts: list[int], seal_last: bool,
+    retain_null_key: bool, cutoff: int | None,
+) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        entries = _write(root, stream, ledger_cuts, seal_last)
+        result = phase_one(entries, keep_tombstones_since_ms=cutoff)
+        expected = list(phase_two(entries, result, retain_null_key=retain_null_key, keep_tombstones_since_ms=cutoff))
+        retained, dropped = decisions(entries, result, retain_null_key)
+        pieces = [_range(piece) for piece in _pieces(entries, piece_cuts)]
+
+        latest: dict[tuple[int, int], int] = {}
+        for number, whole in enumerate(pieces):  # phase one as the executors and Spark's max do it
+            index = index_scan.PieceIndex(root, whole, _columns(cutoff, index_scan.PHASE_ONE_COLUMNS))
+            try:
+                _latest(latest, index_scan.keyed_batches(index, number, cutoff))
+            finally:
+                index.close()
+        live = sorted(v >> index_scan.FLAG_BITS for v in latest.values() if not v & 1)
+        assert len(live) == len(retained)  # the local phase one's live keys
+
+        rewritten, expected_live, expected_dropped = [], [], []
+        for number, whole in enumerate(pieces):
+            index = index_scan.PieceIndex(root, whole, _columns(cutoff, index_scan.PHASE_TWO_COLUMNS))
+            try:
+                expected_live += _seqs(index, number, lambda ledger, entry, batch, flags: (
+                    (ledger, entry, batch) in retained))
+                expected_dropped += _seqs(index, number, lambda ledger, entry, batch, flags: (
+                    bool(flags & key_index.FLAG_CHUNK) and (ledger, entry) in dropped))
+                share = index_scan.GroupDecisions(np.array(live, np.int64), np.array(expected_dropped, np.int64))
+                rewritten.extend(index_scan.survivors(index, number, share, retain_null_key=retain_null_key,
+                                                      keep_tombstones_since_ms=cutoff))
+            finally:
+                index.close()
+        assert live == sorted(expected_live)  # the same positions, as stream places
+        assert rewritten == expected
+
+
+def _sealed_ledger(root: Path, count: int = 50) -> LedgerRange:
+    from tests.unit.compactor.test_spark_rewrite_attempts import _message
+
+    store = FileLedgerStore(str(root), sync=SyncPolicy.NONE)
+    try:
+        ledger_id = store.create()
+        for number in range(count):
+            store.append(ledger_id, _message(f"k{number % 7}", b"v%d" % number)).result()
+        store.close(ledger_id)
+    finally:
+        store.shutdown()
+    return LedgerRange(ledger_id, 0, count - 1)
+
+
+def _phase_one(root: Path, whole: LedgerRange, filesystem: Any = None) -> dict[tuple[int, int], int]:
+    index = index_scan.PieceIndex(str(root), whole, index_scan.PHASE_ONE_COLUMNS, filesystem)
+    latest: dict[tuple[int, int], int] = {}
+    try:
+        _latest(latest, index_scan.keyed_batches(index, 0, None))
+    finally:
+        index.close()
+    return latest
+
+
+def _keys(whole: LedgerRange) -> dict[tuple[int, int], int]:
+    """Each of the 7 keys' latest row (``_sealed_ledger``: one row an entry)."""
+    def signed(value: int) -> int:
+        return value - (1 << 64) if value >= 1 << 63 else value
+
+    return {tuple(signed(half) for half in key_hash(f"k{key}")): (entry << index_scan.FLAG_BITS)  # type: ignore[misc]
+            for key, entry in ((number % 7, number) for number in range(whole.last_entry_id + 1))}
+
+
+def test_a_missing_index_is_built_once_and_kept_and_a_damaged_one_is_rebuilt(tmp_path: Path) -> None:
+    whole = _sealed_ledger(tmp_path)
+    path = index_scan.index_file(str(tmp_path), whole.ledger_id)
+    assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id]) == [whole.ledger_id]
+    assert index_scan.ensure_ledger_index(str(tmp_path), whole.ledger_id, False) == 50
+    assert os.path.exists(path) and not [name for name in os.listdir(tmp_path) if key_index.TEMP_SUFFIX in name]
+    assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id], pafs.LocalFileSystem()) == []
+    expected = _keys(whole)
+
+    with mock.patch.object(key_index, "build_index", side_effect=AssertionError("parsed")):
+        assert _phase_one(tmp_path, whole) == expected  # read from the index: nothing parsed
+
+    data = bytearray(Path(path).read_bytes())
+    data[len(data) // 3] ^= 0xFF  # a damaged page or column
+    Path(path).write_bytes(bytes(data))
+    with mock.patch.object(key_index, "build_index", wraps=key_index.build_index) as built:
+        assert _phase_one(tmp_path, whole) == expected
+    assert built.call_count == 1  # the CRC check caught it, the ledger was parsed again
+    # and written back whole for the next run
+    assert key_index.read_index(path, key_index.IndexedLedger(whole.ledger_id, 50, _size(tmp_path, whole))) is not None
+
+
+def _size(root: Path, whole: LedgerRange) -> int:
+    from ledger.storage.sealed_file import SealedFile
+
+    sealed = SealedFile.open(key_index.ledger_path(str(root), whole.ledger_id), whole.ledger_id)
+    assert sealed is not None
+    try:
+        return sealed.size_bytes
+    finally:
+        sealed.close()
+
+
+class _Counting(pafs.FileSystemHandler):
+    """The local file system, counting the files opened for reading."""
+
+    def __init__(self) -> None:
+        self.local = pafs.LocalFileSystem()
+        self.opened: list[str] = []
+
+    def open_input_file(self, path: str) -> Any:
+        self.opened.append(path)
+        return self.local.open_input_file(path)
+
+    def open_input_stream(self, path: str) -> Any:
+        self.opened.append(path)
+        return self.local.open_input_stream(path)
+
+    def get_type_name(self) -> str:
+        return "counting"
+
+    def get_file_info(self, paths: Any) -> Any:
+        return self.local.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: Any) -> Any:
+        return self.local.get_file_info(selector)
+
+    def normalize_path(self, path: str) -> str:
+        return self.local.normalize_path(path)
+
+    def equals(self, other: Any) -> bool:
+        return other is self
+
+    def _unused(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = _unused
+    move = copy_file = open_output_stream = open_append_stream = _unused
+
+
+def test_indexes_are_read_through_the_file_system_given(tmp_path: Path) -> None:
+    whole = _sealed_ledger(tmp_path)
+    index_scan.ensure_ledger_index(str(tmp_path), whole.ledger_id, False)
+    handler = _Counting()
+    filesystem = pafs.PyFileSystem(handler)
+    assert _phase_one(tmp_path, whole, filesystem) == _keys(whole)
+    assert handler.opened == [index_scan.index_file(str(tmp_path), whole.ledger_id)]
+    assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id, whole.ledger_id + 1], filesystem) \
+        == [whole.ledger_id + 1]
