@@ -37,7 +37,7 @@ when its acknowledgement is committed (the broker's ack receipt waits for it).
 The order of writes is the order of saves: a write takes the queued records and commits
 them under one lock (``_write_lock``), so a persisted state never goes back to an older
 one (asserted: a queued acknowledgement never moves a persisted mark-delete back; only a
-creation or a reset, queued due now or saved at once, may); ``save`` and ``delete`` drop what is queued for their cursor in the same lock (a
+creation, a reset, or the first write after a ``load`` (a recovery may clamp MD back) may); ``save`` and ``delete`` drop what is queued for their cursor in the same lock (a
 queued record never brings a deleted cursor back). ``flush`` writes what is queued now
 (a cursor's, a topic's, or all: closing a topic, a clean shutdown); ``discard`` forgets a
 topic's queue (the topic is being deleted); ``close`` flushes everything and stops the
@@ -475,6 +475,7 @@ class CursorStore:
     def load(self, topic: str, name: str) -> CursorRecord | None:
         """The newest state of cursor ``name`` on ``topic`` (queued, else persisted), or None."""
         with self._state:  # before the query: a state taken by a write may commit meanwhile
+            self._may_move_back.add((topic, name))  # a cursor recovered from it may clamp its MD back
             pending = {**self._in_write, **self._queued}
             queued, state = (topic, name) in pending, pending.get((topic, name))
         if not queued:
