@@ -364,6 +364,7 @@ class ManagedCursor:
         persist can build its record from them later, on the writer's thread."""
         before = self._mark_delete_position
         position = self._advance(position, acked)
+        assert position >= before, f"cursor {self.name}: an acknowledgement moved MD back from {before} to {position}"
         acked.drop_through(position)
         later = self._persists_later
         if not later:

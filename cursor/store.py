@@ -36,7 +36,8 @@ when its acknowledgement is committed (the broker's ack receipt waits for it).
 
 The order of writes is the order of saves: a write takes the queued records and commits
 them under one lock (``_write_lock``), so a persisted state never goes back to an older
-one; ``save`` and ``delete`` drop what is queued for their cursor in the same lock (a
+one (asserted: a queued acknowledgement never moves a persisted mark-delete back; only a
+creation, a reset, or the first write after a ``load`` (a recovery may clamp MD back) may); ``save`` and ``delete`` drop what is queued for their cursor in the same lock (a
 queued record never brings a deleted cursor back). ``flush`` writes what is queued now
 (a cursor's, a topic's, or all: closing a topic, a clean shutdown); ``discard`` forgets a
 topic's queue (the topic is being deleted); ``close`` flushes everything and stops the
@@ -161,6 +162,11 @@ class CursorStore:
         self._in_write: dict[CursorKey, Queued] = {}  # the states a write has taken, until it ends
         self._due: dict[CursorKey, float] = {}  # when each queued record is written
         self._written_at: dict[CursorKey, float] = {}  # when each cursor was last written
+        # The invariant "an acknowledgement never moves MD back", checked where it is
+        # persisted: each cursor's last written MD, and the cursors whose queued state may
+        # hold a move back (a creation, a reset: queued due now) until it is written.
+        self._written_md: dict[CursorKey, Position] = {}
+        self._may_move_back: set[CursorKey] = set()
         self._lock = threading.Lock()  # _state's lock: ``with self._lock`` is the cheap way to hold it
         self._state = threading.Condition(self._lock)  # guards the three dicts above and _closed
         self._write_lock = threading.Lock()  # one write at a time, in the order of saves
@@ -191,6 +197,8 @@ class CursorStore:
                 raise
             with self._state:
                 self._written_at[key] = self._clock()
+                self._written_md[key] = record.mark_delete_position
+                self._may_move_back.discard(key)
             self._end_writing([key], None)
 
     def save_later(self, record: CursorRecord) -> None:
@@ -218,6 +226,8 @@ class CursorStore:
         with self._lock:  # the condition's own lock, held without its Python-level wrapper
             # no thread (no rate limit, or a write due now); or after close: nothing would write it
             synchronous = self._synchronous_waits if at_once else self._synchronous
+            if at_once:
+                self._may_move_back.add(key)
             if not synchronous:
                 if at_once:
                     self._due[key] = self._clock()
@@ -333,6 +343,9 @@ class CursorStore:
                     del self._due[key]
                 for key in [key for key in self._written_at if key[0] == topic]:
                     del self._written_at[key]
+                for key in [key for key in self._written_md if key[0] == topic]:
+                    del self._written_md[key]
+                self._may_move_back -= {key for key in self._may_move_back if key[0] == topic}
                 self._begin_writing(keys)
             self._end_writing(keys, None)  # nothing of the topic is left to write
 
@@ -363,12 +376,14 @@ class CursorStore:
                 keys = [key for key, _ in taken]
                 self._begin_writing(keys)
                 self._in_write = dict(taken)
+                may_move_back = {key for key in keys if key in self._may_move_back}
             if not taken:
                 return 0
             try:
                 # the cursors' states now, the newest (None: deleted)
                 states = [(key, None if queued is None else queued()) for key, queued in taken]
                 records = [record for _, record in states if record is not None]
+                self._check_forward(states, may_move_back)
                 with self.database.transaction("cursor.save_batch", records=records) as db:
                     for key, record in states:
                         if record is None:
@@ -386,12 +401,25 @@ class CursorStore:
             with self._state:
                 now = self._clock()
                 for key, record in states:
+                    self._may_move_back.discard(key)
                     if record is None:
                         self._written_at.pop(key, None)
+                        self._written_md.pop(key, None)
                     else:
                         self._written_at[key] = now
+                        self._written_md[key] = record.mark_delete_position
             self._end_writing(keys, None)
             return len(states)
+
+    def _check_forward(self, states: builtins.list[tuple[CursorKey, CursorRecord | None]],
+                       may_move_back: set[CursorKey]) -> None:
+        """Assert that no queued acknowledgement moves a cursor's persisted MD back: only a
+        state queued due now (a creation, a reset) may (P5: a mark-delete never moves back)."""
+        for key, record in states:
+            written = self._written_md.get(key)
+            if record is not None and written is not None and key not in may_move_back:
+                assert record.mark_delete_position >= written, (
+                    f"cursor {key}: persisted MD would move back from {written} to {record.mark_delete_position}")
 
     @staticmethod
     def _delete_rows(db: sqlite3.Connection, topic: str, name: str) -> bool:
@@ -447,6 +475,7 @@ class CursorStore:
     def load(self, topic: str, name: str) -> CursorRecord | None:
         """The newest state of cursor ``name`` on ``topic`` (queued, else persisted), or None."""
         with self._state:  # before the query: a state taken by a write may commit meanwhile
+            self._may_move_back.add((topic, name))  # a cursor recovered from it may clamp its MD back
             pending = {**self._in_write, **self._queued}
             queued, state = (topic, name) in pending, pending.get((topic, name))
         if not queued:
@@ -511,6 +540,8 @@ class CursorStore:
                 self._queued.pop(key, None)
                 self._due.pop(key, None)
                 self._written_at.pop(key, None)
+                self._written_md.pop(key, None)
+                self._may_move_back.discard(key)
                 self._begin_writing([key])
             try:
                 with self.database.transaction("cursor.delete", topic=topic, name=name) as db:

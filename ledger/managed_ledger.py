@@ -10,20 +10,21 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   durable. After an append that makes the current ledger hold ``max_entries_per_ledger``
   entries or ``max_size_per_ledger_bytes`` bytes (and is older than
   ``min_rollover_time_ms``), that ledger is sealed and a new one is created: a full ledger
-  holds exactly the entries up to and including the one that filled it. Opened with
-  ``roll_over_in_background`` (the broker does), the seal and the creation (their fsyncs
-  and metadata commits) run on a thread of their own instead of the appender's: appends
-  that arrive meanwhile wait in memory, in order (Pulsar's pending adds while a ledger is
-  created), and go to the new ledger once it exists, so the appender never blocks on a
-  roll-over's I/O.
+  holds exactly the entries up to and including the one that filled it. *When* to roll
+  over, and what appends do meanwhile, is ``ledger.roll_over`` (a pure state machine, one
+  mode); this module carries out its actions. A roll-over (the seal and the creation,
+  their fsyncs and metadata commits) always runs outside the ledger's lock: appends that
+  arrive meanwhile wait in memory, in order (Pulsar's pending adds while a ledger is
+  created), and go to the new ledger once it exists. Opened with
+  ``roll_over_in_background`` (the broker does), it runs on a roll-over thread, so the
+  appender never blocks on its I/O; otherwise on the thread whose append started it.
 * **A failed write** (Pulsar's answer to a BookKeeper write error): the append's future
   fails with ``LedgerIOError``, and so do the appends in flight behind it; none is ever
   reported durable unless it is. The next append seals the failed ledger at its last
   durable entry (an empty one leaves the list) and goes to a new ledger. When that cannot
   be done yet (the disk is still full), that append fails the same way and the next one
-  tries again: the topic recovers by itself once the store works. With
-  ``roll_over_in_background`` that roll past a failed ledger runs on a roll-over thread
-  too (the appends meanwhile wait, as behind a full ledger), never on the appender's.
+  tries again: the topic recovers by itself once the store works. That roll past a failed
+  ledger is a roll-over like any other (the appends meanwhile wait, as behind a full one).
 * **A failed roll-over backs off** (Pulsar's ``WaitTimeAfterLedgerCreationFailureMs``):
   for ``roll_over_retry_ms`` after a roll-over failed, appends that would need one fail
   at once with ``LedgerIOError``, touching no file; the first append (or
@@ -41,9 +42,13 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   deleted. References leave the metadata store before data leaves the ledger store; that
   commit runs without the ledger's lock (one trim at a time), so appends never wait for it.
 
+Invariants asserted here (P5): ledger ids only grow, a ledger is created only after the
+current one is sealed, nothing is appended to a sealed ledger, a seal never drops a
+confirmed entry, and entries read back come in strictly growing positions from the start.
+
 This module is longer than the project's 600 lines on purpose: everything here reads or
-changes the ledger list under the one ``_lock`` (appends, roll-over, reads, positions,
-trimming), and splitting it would spread that lock's users over modules.
+changes the ledger list under the one ``_lock`` (appends, roll-over actions, reads,
+positions, trimming), and splitting it would spread that lock's users over modules.
 """
 
 from __future__ import annotations
@@ -66,6 +71,32 @@ from ledger.errors import (
 )
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
+from ledger.roll_over import (
+    Action,
+    AdmitProducer,
+    AppendEvent,
+    CloseEvent,
+    CurrentLedger,
+    Event,
+    FailAppend,
+    LogRecovered,
+    LogWarning,
+    QueueAppend,
+    ReadyEvent,
+    RejectAppend,
+    RollOverFailedEvent,
+    RollOverLimits,
+    RollOverState,
+    RollOverSucceededEvent,
+    SealCurrent,
+    SettleWaiters,
+    StartRollOver,
+    WaitForRollOver,
+    WaitReady,
+    WriteFencedEvent,
+    WrittenEvent,
+    step,
+)
 from ledger.storage.base import LedgerStore
 
 __all__ = ["Entry", "ManagedLedger", "ManagedLedgerConfig"]
@@ -154,28 +185,31 @@ class ManagedLedger:
         self._trim_lock = threading.Lock()
         self._ledgers: list[_Ledger] = []  # ascending ids; the last one is the current one
         # Guards the live counts of open ledgers. Completions update them on the flusher
-        # thread, which may hold a ledger's I/O lock that a roll-over under ``_lock`` waits
-        # for: so never ``_lock`` there, only this leaf lock, held for a few assignments.
+        # thread, which may hold a ledger's I/O lock that a seal waits for: so never
+        # ``_lock`` there, only this leaf lock, held for a few assignments.
         self._counts_lock = threading.Lock()
         self._empty_ledgers: list[_Ledger] = []  # sealed, empty, still listed: to remove
         self._pending_entries = 0  # appended to the current ledger, durable or not
         self._pending_bytes = 0
         self._listeners: list[Callable[[Position], None]] = []
         self.entries_added_counter = 0
-        self.closed = False
         self._background = roll_over_in_background
-        self._rolling = False  # a background roll-over is in flight: appends wait in _queued
+        self._on_sealed = on_sealed
+        # The roll-over (``ledger.roll_over``), under ``_lock``: its state, the appends
+        # waiting for the one in flight (its trigger first), and the producers waiting on it.
+        self._roll = RollOverState(RollOverLimits(
+            config.max_entries_per_ledger, config.max_size_per_ledger_bytes, config.min_rollover_time_ms,
+            config.roll_over_retry_ms, ROLL_OVER_WARNING_INTERVAL_MS))
         self._queued: list[tuple[bytes, Future[Position]]] = []
+        self._trigger: Future[Position] | None = None
+        self._ready_waiters: list[Future[None]] = []
         self._rolled = threading.Event()  # set while no roll-over is in flight
         self._rolled.set()
-        self._on_sealed = on_sealed
-        # The back-off after a failed roll-over (under ``_lock``): when the last try failed
-        # (None once one succeeds) and why; futures of ``ready_for_appends`` waiting on a try.
-        self._roll_failed_at_ms: int | None = None
-        self._roll_failure = ""
-        self._ready_waiters: list[Future[None]] = []
-        self._warned_at_ms: int | None = None  # the last roll-over warning logged
-        self._unwarned_failures = 0  # failed tries since that warning
+
+    @property
+    def closed(self) -> bool:
+        """Whether the managed ledger was closed (or deleted): it takes no append."""
+        return self._roll.closed
 
     # -- opening ------------------------------------------------------------------------
 
@@ -192,7 +226,8 @@ class ManagedLedger:
         on_sealed: Callable[[int, int], None] | None = None,
     ) -> ManagedLedger:
         """Load topic ``name`` (creating it if new) and open a fresh ledger for writing;
-        ``roll_over_in_background`` moves roll-overs off the appending thread.
+        ``roll_over_in_background`` runs roll-overs on a thread of their own instead of the
+        thread whose append or ``ready_for_appends`` started them.
         ``on_sealed(ledger_id, entries)`` is called after each ledger of the topic with entries
         is sealed and recorded closed (a roll-over, a close, a ledger the last run left open),
         on the sealing thread: it must return quickly, and what it raises is logged only."""
@@ -212,7 +247,7 @@ class ManagedLedger:
             for ledger_id in empty:
                 store.delete(ledger_id)
         managed._ledgers = kept
-        managed._create_ledger()
+        managed._add_current(managed._new_ledger())
         return managed
 
     def _recover(self, record: LedgerRecord) -> _Ledger | None:
@@ -232,11 +267,14 @@ class ManagedLedger:
         self._notify_sealed(record.ledger_id, info.entries)
         return _Ledger(record.ledger_id, info.entries, info.size_bytes, record.created_at_ms, closed_at_ms)
 
-    def _create_ledger(self) -> None:
-        """Create the next current ledger: ledger store first, then its reference."""
-        self._add_current(self._new_ledger())
-
     def _add_current(self, ledger: _Ledger) -> None:
+        """Make ``ledger`` the current one (caller holds the lock, or nobody else has the
+        managed ledger yet)."""
+        if self._ledgers:
+            previous = self._ledgers[-1]
+            assert ledger.ledger_id > previous.ledger_id, (
+                f"ledger ids only grow: {ledger.ledger_id} after {previous.ledger_id}")
+            assert previous.closed_at_ms, f"ledger {ledger.ledger_id} created before {previous.ledger_id} was sealed"
         self._ledgers.append(ledger)
         self._pending_entries = 0
         self._pending_bytes = 0
@@ -268,176 +306,90 @@ class ManagedLedger:
         """
         outer: Future[Position] = Future()
         with self._lock:
-            if self.closed:
-                raise LedgerError(f"managed ledger {self.name} is closed")
-            if self._rolling:
-                self._queued.append((data, outer))
-            else:
-                self._append_locked(data, outer)
+            plan = self._take(data, outer, retry=False)
+        self._run_roll_over(plan)
         return outer
 
-    def _append_locked(self, data: bytes, outer: Future[Position], *, inline: bool = False) -> None:
-        """Submit one entry to the current ledger (caller holds the lock); roll over after
-        the append that fills it. In the background mode an append that finds the current
-        ledger failed (or sealed, or empty ledgers to drop) waits in ``_queued`` for a
-        roll-over thread to roll past it, as behind a full one; ``inline`` rolls past it
-        on the caller's thread (the foreground mode, and that thread's own retry)."""
-        inline = inline or not self._background
-        if self._backing_off():
-            outer.set_exception(self._backoff_error())
-            return
-        if not inline and self._must_roll():
-            self._start_roll_over((data, outer))
-            return
+    def _step(self, event: Event) -> tuple[Action, ...]:
+        """Feed ``event`` to the roll-over (caller holds the lock); its actions, in order."""
+        self._roll, actions = step(self._roll, event)
+        if self._roll.rolling:
+            self._rolled.clear()
+        else:
+            self._rolled.set()
+        return actions
+
+    def _facts(self) -> CurrentLedger:
+        """What the roll-over needs to know of the ledger list (caller holds the lock)."""
+        if not self._ledgers:  # deleted: closed too, so no append gets this far
+            return CurrentLedger()
+        current = self._ledgers[-1]
+        return CurrentLedger(failed=current.failed, sealed=bool(current.closed_at_ms),
+                             empty_ledgers_waiting=bool(self._empty_ledgers))
+
+    def _take(self, data: bytes, outer: Future[Position], *, retry: bool) -> StartRollOver | None:
+        """Take one append (caller holds the lock): write it, queue it, or fail it, as the
+        roll-over says; returns the roll-over it starts, if any, for ``_run_roll_over``."""
+        for action in self._step(AppendEvent(self._now_ms(), self._facts(), retry)):
+            if isinstance(action, RejectAppend):
+                raise LedgerError(f"managed ledger {self.name} is closed")
+            if isinstance(action, QueueAppend):
+                self._queue(data, outer, trigger=action.trigger)
+            elif isinstance(action, FailAppend):
+                outer.set_exception(self._backoff_error(action))
+            elif isinstance(action, StartRollOver):
+                return action
+            else:
+                return self._write(data, outer, retry=retry)
+        return None
+
+    def _queue(self, data: bytes, outer: Future[Position], *, trigger: bool) -> None:
+        if trigger:
+            self._queued.insert(0, (data, outer))
+            self._trigger = outer
+        else:
+            self._queued.append((data, outer))
+
+    def _write(self, data: bytes, outer: Future[Position], *, retry: bool) -> StartRollOver | None:
+        """Hand ``data`` to the current ledger (caller holds the lock); a ledger fenced by an
+        earlier failure starts a roll-over past it, this append first."""
+        current = self._current()
+        assert not current.closed_at_ms, f"an append to sealed ledger {current.ledger_id}"
         try:
-            ledger, inner = self._submit(data, inline=inline)
-        except LedgerFencedError as error:
-            if inline:
-                outer.set_exception(self._append_failure(error))
-            else:  # fenced by a failure not reported yet: roll past it, then append
-                self._start_roll_over((data, outer))
-            return
+            inner = self.store.append(current.ledger_id, data)
+        except LedgerFencedError as error:  # by a failure whose appends have not reported yet
+            current.failed = True
+            for action in self._step(WriteFencedEvent(retry)):
+                if isinstance(action, QueueAppend):
+                    self._queue(data, outer, trigger=True)
+                elif isinstance(action, StartRollOver):
+                    return action
+                else:
+                    outer.set_exception(error)
+            return None
+        except LedgerIOError as error:  # the write failed at call time: this entry is not stored
+            current.failed = True
+            outer.set_exception(error)
+            return None
         except (LedgerError, MetadataError) as error:
             outer.set_exception(self._append_failure(error))
-            return
+            return None
         self._pending_entries += 1
         self._pending_bytes += len(data)
         self.entries_added_counter += 1
         size = len(data)
-        inner.add_done_callback(lambda done: self._on_durable(done, outer, ledger, size))
-        if self._current_is_full():
-            if self._background:
-                self._start_roll_over(None)
-            else:
-                self._roll_over_after_append()
+        inner.add_done_callback(lambda done: self._on_durable(done, outer, current, size))
+        age_ms = self._now_ms() - current.created_at_ms
+        for action in self._step(WrittenEvent(self._pending_entries, self._pending_bytes, age_ms)):
+            assert isinstance(action, StartRollOver), action
+            return action
+        return None
 
-    def _must_roll(self) -> bool:
-        """Whether the next append needs I/O first (``_writable_ledger``): the current
-        ledger failed or is sealed, or empty ledgers wait to leave the list."""
-        if not self._ledgers:  # deleted: the append fails as it always did
-            return False
-        current = self._ledgers[-1]
-        return self._needs_roll(current) or (bool(self._empty_ledgers) and not self._in_retry_window())
-
-    @staticmethod
-    def _needs_roll(current: _Ledger) -> bool:
-        return current.failed or bool(current.closed_at_ms)
-
-    def _in_retry_window(self) -> bool:
-        """Whether a roll-over failed less than ``roll_over_retry_ms`` ago (caller holds the lock)."""
-        failed_at = self._roll_failed_at_ms
-        return failed_at is not None and self._now_ms() - failed_at < self.config.roll_over_retry_ms
-
-    def _backing_off(self) -> bool:
-        """Whether the next append needs a roll-over that must not be tried yet (caller holds the lock)."""
-        return bool(self._ledgers) and self._needs_roll(self._ledgers[-1]) and self._in_retry_window()
-
-    def _backoff_error(self) -> LedgerIOError:
-        assert self._roll_failed_at_ms is not None
-        wait_ms = self._roll_failed_at_ms + self.config.roll_over_retry_ms - self._now_ms()
-        return LedgerIOError(f"managed ledger {self.name}: cannot roll over ({self._roll_failure}); "
+    def _backoff_error(self, action: FailAppend) -> LedgerIOError:
+        assert action.until_ms is not None, "a failure of the back-off names its end"
+        wait_ms = action.until_ms - self._now_ms()
+        return LedgerIOError(f"managed ledger {self.name}: cannot roll over ({action.failure}); "
                              f"the next try is in {max(wait_ms, 0)} ms")
-
-    def _roll_over_failed(self, error: BaseException) -> None:
-        """Start the back-off after a failed roll-over; log it at most once per
-        ``ROLL_OVER_WARNING_INTERVAL_MS`` (caller holds the lock)."""
-        now_ms = self._now_ms()
-        self._roll_failed_at_ms, self._roll_failure = now_ms, str(error)
-        if self._warned_at_ms is not None and now_ms - self._warned_at_ms < ROLL_OVER_WARNING_INTERVAL_MS:
-            self._unwarned_failures += 1
-            return
-        log.warning("topic %s: roll-over failed (%d failed tries not logged since the last warning), the "
-                    "next try is in %d ms: %s", self.name, self._unwarned_failures, self.config.roll_over_retry_ms,
-                    error)
-        self._warned_at_ms, self._unwarned_failures = now_ms, 0
-
-    def _roll_over_succeeded(self) -> None:
-        if self._roll_failed_at_ms is not None:
-            log.info("topic %s: roll-over succeeded; appends are taken again", self.name)
-        self._roll_failed_at_ms = None
-        self._warned_at_ms, self._unwarned_failures = None, 0
-
-    def ready_for_appends(self) -> Future[None]:
-        """Whether the topic takes appends now, for admitting a producer: resolved at once
-        unless the current ledger failed or is sealed. While a roll-over past it failed less
-        than ``roll_over_retry_ms`` ago it fails at once with ``LedgerIOError``; otherwise a
-        roll-over is tried (on a roll-over thread in the background mode) and the future
-        gets its outcome. Never blocks on I/O in the background mode."""
-        ready: Future[None] = Future()
-        with self._lock:
-            if self.closed or not self._ledgers or not self._needs_roll(self._ledgers[-1]):
-                ready.set_result(None)
-            elif self._in_retry_window():
-                ready.set_exception(self._backoff_error())
-            elif self._background:
-                self._ready_waiters.append(ready)
-                if not self._rolling:
-                    self._start_roll_over(None)
-            else:
-                try:
-                    self._writable_ledger()
-                except (LedgerError, MetadataError) as error:
-                    ready.set_exception(self._append_failure(error))
-                else:
-                    ready.set_result(None)
-        return ready
-
-    def _start_roll_over(self, trigger: tuple[bytes, Future[Position]] | None) -> None:
-        """Start a roll-over thread (caller holds the lock); appends wait in ``_queued``
-        meanwhile, ``trigger`` (the append that asked for it, if any) first."""
-        self._rolling = True
-        self._rolled.clear()
-        if trigger is not None:
-            self._queued.insert(0, trigger)
-        threading.Thread(target=self._roll_over_in_background, args=(trigger[1] if trigger else None,),
-                         daemon=True, name=f"roll-over {self.name}").start()
-
-    def _submit(self, data: bytes, *, inline: bool = True) -> tuple[_Ledger, Future[int]]:
-        """Hand ``data`` to the current ledger, first rolling past a failed one (``inline``:
-        on this thread; else a fenced ledger raises, for a roll-over thread)."""
-        for attempt in range(2):
-            current = self._writable_ledger() if inline else self._current()
-            if current.failed and not inline:  # failed since ``_must_roll`` looked (the flusher)
-                raise LedgerFencedError(f"ledger {current.ledger_id} failed a write", ledger_id=current.ledger_id)
-            try:
-                return current, self.store.append(current.ledger_id, data)
-            except LedgerFencedError:  # fenced by a failure whose appends have not reported yet
-                current.failed = True
-                if attempt or not inline:
-                    raise
-            except LedgerIOError:  # the write failed at call time: this entry is not stored
-                current.failed = True
-                raise
-        raise AssertionError("unreachable: the second attempt returns or raises")
-
-    def _writable_ledger(self) -> _Ledger:
-        """The current ledger, once it accepts appends (Pulsar's answer to a BookKeeper
-        write error): a failed one is sealed at its last durable entry, and a new one
-        created after a sealed one. Raises when the store or the metadata refuses."""
-        current = self._current()
-        if self._needs_roll(current) and self._in_retry_window():
-            raise self._backoff_error()
-        try:
-            if current.failed and not current.closed_at_ms:
-                self._seal(current)
-                log.warning("topic %s: ledger %d failed; sealed at %d entries, rolling over",
-                            self.name, current.ledger_id, current.entries)
-            if current.closed_at_ms:
-                self._create_ledger()
-                if current.entries == 0 and current not in self._empty_ledgers:  # it does not stay in the list
-                    self._empty_ledgers.append(current)
-                self._roll_over_succeeded()
-        except (LedgerError, MetadataError) as error:
-            self._roll_over_failed(error)
-            raise
-        while self._empty_ledgers and not self._in_retry_window():  # harmless while listed (reads skip them): retried each append
-            try:
-                self._remove_empty(self._empty_ledgers[0])
-            except MetadataError as error:
-                self._roll_over_failed(error)  # empty ledger stays listed (reads skip it) until a later try
-                break
-            self._empty_ledgers.pop(0)
-        return self._ledgers[-1]
 
     def _append_failure(self, error: Exception) -> LedgerError:
         if isinstance(error, LedgerError):
@@ -464,25 +416,124 @@ class ManagedLedger:
         for listener in list(self._listeners):
             listener(position)
 
-    def _current_is_full(self) -> bool:
-        current = self._ledgers[-1]
-        full = (self._pending_entries >= self.config.max_entries_per_ledger
-                or self._pending_bytes >= self.config.max_size_per_ledger_bytes)
-        old_enough = self._now_ms() - current.created_at_ms >= self.config.min_rollover_time_ms
-        return full and old_enough
+    def ready_for_appends(self) -> Future[None]:
+        """Whether the topic takes appends now, for admitting a producer: resolved at once
+        unless the current ledger failed or is sealed. While a roll-over past it failed less
+        than ``roll_over_retry_ms`` ago it fails at once with ``LedgerIOError``; otherwise a
+        roll-over is tried (on a roll-over thread in the background mode) and the future
+        gets its outcome. Never blocks on I/O in the background mode."""
+        ready: Future[None] = Future()
+        plan: StartRollOver | None = None
+        with self._lock:
+            for action in self._step(ReadyEvent(self._now_ms(), self._facts())):
+                if isinstance(action, AdmitProducer):
+                    ready.set_result(None)
+                elif isinstance(action, FailAppend):
+                    ready.set_exception(self._backoff_error(action))
+                elif isinstance(action, WaitReady):
+                    self._ready_waiters.append(ready)
+                else:
+                    assert isinstance(action, StartRollOver), action
+                    plan = action
+        self._run_roll_over(plan)
+        return ready
 
-    def _roll_over_after_append(self) -> None:
-        """Roll over; the append that filled the ledger is taken already, so a failure here
-        is not its failure: the ledger is marked, and the next append rolls over."""
+    # -- rolling over (the actions of ``ledger.roll_over``) -----------------------------
+
+    def _run_roll_over(self, plan: StartRollOver | None) -> None:
+        """Carry out a roll-over the roll-over state machine started: on a roll-over thread
+        with ``roll_over_in_background``, else on this one (never under the lock)."""
+        if plan is None:
+            return
+        if self._background:
+            threading.Thread(target=self._roll_over_until_done, args=(plan,), daemon=True,
+                             name=f"roll-over {self.name}").start()
+        else:
+            self._roll_over_until_done(plan)
+
+    def _roll_over_until_done(self, plan: StartRollOver) -> None:
+        """Roll over, then again while the queued appends handed to the new ledger fill it
+        (each pass takes appends off a finite queue, so this ends)."""
+        following: StartRollOver | None = plan
+        while following is not None:
+            following = self._roll_over(following)
+
+    def _roll_over(self, plan: StartRollOver) -> StartRollOver | None:
+        """Seal the current ledger (full, or failed: cut back to its last durable entry)
+        unless it is sealed already, create the next one and drop the empty ones, without
+        the lock (no append reaches the ledger list: they wait in ``_queued``), then hand
+        the waiting appends to the new ledger in order; returns the roll-over they start."""
+        with self._lock:
+            current = self._ledgers[-1]
+            failed = current.failed
+        new: _Ledger | None = None
+        failure: Exception | None = None
         try:
-            sealed = self._ledgers[-1]
-            self._seal_current()
-            self._create_ledger()
-            self._log_roll_over(sealed, self._ledgers[-1])
-        except (LedgerError, MetadataError) as error:
-            self._roll_over_failed(error)
-            if not self._ledgers[-1].closed_at_ms:
-                self._ledgers[-1].failed = True
+            if plan.seal and not current.closed_at_ms:
+                self._seal(current)
+                if failed:
+                    log.warning("topic %s: ledger %d failed; sealed at %d entries, rolling over",
+                                self.name, current.ledger_id, current.entries)
+            if plan.create:
+                new = self._new_ledger()
+        except Exception as error:  # noqa: BLE001 - an append must never wait forever on a roll-over
+            failure = error
+        with self._lock:
+            if plan.create and current.closed_at_ms and current.entries == 0:
+                if current not in self._empty_ledgers:
+                    self._empty_ledgers.append(current)  # every append to it failed: it leaves the list
+            elif failure is not None and not current.closed_at_ms:
+                current.failed = True  # not sealed: the next append rolls past it
+            if new is not None:
+                self._add_current(new)
+                self._log_roll_over(current, new)
+        kept = self._remove_empty_ledgers() if failure is None else None
+        with self._lock:
+            now_ms = self._now_ms()
+            if failure is not None:
+                event: Event = RollOverFailedEvent(now_ms, str(failure))
+            elif kept is not None:
+                event = RollOverFailedEvent(now_ms, str(kept), writable=True)
+            else:
+                event = RollOverSucceededEvent(now_ms)
+            return self._settle(self._step(event), failure)
+
+    def _settle(self, actions: tuple[Action, ...], failure: Exception | None) -> StartRollOver | None:
+        """Carry out the end of a roll-over (caller holds the lock): log, answer the waiting
+        producers, and take the queued appends again, in order, until one starts another."""
+        following: StartRollOver | None = None
+        for action in actions:
+            if isinstance(action, LogWarning):
+                log.warning("topic %s: roll-over failed (%d failed tries not logged since the last warning), the "
+                            "next try is in %d ms: %s", self.name, action.unlogged, action.retry_ms, action.error)
+            elif isinstance(action, LogRecovered):
+                log.info("topic %s: roll-over succeeded; appends are taken again", self.name)
+            elif isinstance(action, SettleWaiters):
+                error = None if action.error is None or failure is None else self._append_failure(failure)
+                waiters, self._ready_waiters = self._ready_waiters, []
+                for ready in waiters:
+                    if error is None:
+                        ready.set_result(None)
+                    else:
+                        ready.set_exception(error)
+                following = self._take_queued(error)
+        return following
+
+    def _take_queued(self, error: LedgerError | None) -> StartRollOver | None:
+        """Take the appends that waited for the roll-over that just ended (caller holds the
+        lock); the trigger fails with ``error`` if there is one, or is taken as a retry."""
+        trigger, self._trigger = self._trigger, None
+        following: StartRollOver | None = None
+        while self._queued and following is None:
+            data, outer = self._queued.pop(0)
+            if outer is trigger and error is not None:
+                outer.set_exception(error)
+                continue
+            try:
+                following = self._take(data, outer, retry=outer is trigger)
+            except LedgerError as closed:  # closed meanwhile: it fails as an append would
+                outer.set_exception(closed)
+        return following
 
     def _log_roll_over(self, sealed: _Ledger, current: _Ledger) -> None:
         log.debug("topic %s: ledger %d rolled over at %d entries, %d bytes; ledger %d is current",
@@ -490,84 +541,26 @@ class ManagedLedger:
                   extra={"event": "ledger-roll-over", "topic": self.name, "sealed_ledger_id": sealed.ledger_id,
                          "ledger_id": current.ledger_id})
 
-    def _roll_over_in_background(self, trigger: Future[Position] | None) -> None:
-        """Seal the current ledger (full, or failed: cut back to its last durable entry)
-        unless it is sealed already, create the next one and drop the empty ones, without
-        the lock (no append reaches the ledger list: they wait in ``_queued``), then hand
-        the waiting appends to the new ledger in order. A failure leaves the ledger marked:
-        the append that asked for this roll past a failed ledger (``trigger``) fails with
-        it, as it would have on its own thread, and the waiting appends after it take the
-        ordinary path, each starting its own try (the topic recovers by itself)."""
-        with self._lock:
-            current = self._ledgers[-1]
-            roll = trigger is None or current.failed or bool(current.closed_at_ms)  # else: empty ones only
-        new: _Ledger | None = None
-        failure: Exception | None = None
-        try:
-            if roll and not current.closed_at_ms:
-                failed = current.failed
-                self._seal(current)
-                if failed:
-                    log.warning("topic %s: ledger %d failed; sealed at %d entries, rolling over",
-                                self.name, current.ledger_id, current.entries)
-            if roll:
-                new = self._new_ledger()
-        except Exception as error:  # noqa: BLE001 - an append must never wait forever on a roll-over
-            failure = error
-        with self._lock:
-            if failure is not None:
-                self._roll_over_failed(failure)
-            elif roll:
-                self._roll_over_succeeded()
-            if roll and current.closed_at_ms and current.entries == 0:
-                if current not in self._empty_ledgers:
-                    self._empty_ledgers.append(current)  # every append to it failed: it leaves the list
-            elif roll and not current.closed_at_ms:
-                current.failed = True
-            if new is not None:
-                self._add_current(new)
-                self._log_roll_over(current, new)
-        self._remove_empty_ledgers()
-        with self._lock:
-            self._rolling = False
-            waiters, self._ready_waiters = self._ready_waiters, []
-            for ready in waiters:
-                if failure is None:
-                    ready.set_result(None)
-                else:
-                    ready.set_exception(self._append_failure(failure))
-            while self._queued and not self._rolling:
-                data, outer = self._queued.pop(0)
-                if self.closed:
-                    outer.set_exception(LedgerError(f"managed ledger {self.name} is closed"))
-                elif outer is trigger and failure is not None:
-                    outer.set_exception(self._append_failure(failure))
-                else:
-                    self._append_locked(data, outer, inline=outer is trigger)
-            if not self._rolling:
-                self._rolled.set()
-
-    def _remove_empty_ledgers(self) -> None:
-        """Drop the empty, sealed ledgers waiting to leave the list, outside the lock (a
-        roll-over thread: appends wait in ``_queued``); only once a writable ledger is
-        current, never the current one. A failure leaves them for the next try."""
+    def _remove_empty_ledgers(self) -> MetadataError | None:
+        """Drop the empty, sealed ledgers waiting to leave the list, outside the lock (the
+        appends wait in ``_queued``); only once a writable ledger is current, never the
+        current one. A failure is returned and leaves them for the next try."""
         with self._lock:
             if self._ledgers[-1].closed_at_ms:
-                return
+                return None
             empty = [ledger for ledger in self._empty_ledgers if ledger is not self._ledgers[-1]]
         for ledger in empty:
             try:
                 self.metadata.remove_ledgers([ledger.ledger_id])
             except MetadataError as error:  # it stays listed (reads skip it) until a later try
-                with self._lock:
-                    self._roll_over_failed(error)
-                return
+                return error
             with self._lock:
                 if ledger in self._ledgers:  # trimming may have dropped it already
                     self._ledgers.remove(ledger)
                 if ledger in self._empty_ledgers:
                     self._empty_ledgers.remove(ledger)
             self._delete_quietly(ledger.ledger_id)
+        return None
 
     def _seal_current(self) -> None:
         """Seal the current ledger (its pending appends become durable first); an empty
@@ -587,6 +580,8 @@ class ManagedLedger:
         self.metadata.close_ledger(ledger.ledger_id, entries=info.entries,
                                    size_bytes=info.size_bytes, closed_at_ms=closed_at_ms)
         with self._counts_lock:
+            assert info.entries >= ledger.entries, (
+                f"ledger {ledger.ledger_id} sealed at {info.entries} entries, {ledger.entries} confirmed")
             ledger.entries, ledger.size_bytes = info.entries, info.size_bytes
             ledger.closed_at_ms = closed_at_ms
         self._notify_sealed(ledger.ledger_id, info.entries)
@@ -626,19 +621,21 @@ class ManagedLedger:
     def close(self) -> None:
         """Seal the current ledger after its pending appends (a roll-over in flight ends
         first, its waiting appends included); no append is taken after."""
-        with self._quiet_lock():
-            if not self.closed:
+        with self._when_idle(CloseEvent()) as actions:
+            if any(isinstance(action, SealCurrent) for action in actions):
                 self._seal_current()
-                self.closed = True
 
     @contextmanager
-    def _quiet_lock(self) -> Iterator[None]:
-        """Hold the lock at a moment when no roll-over is in flight."""
+    def _when_idle(self, event: CloseEvent) -> Iterator[tuple[Action, ...]]:
+        """Hold the lock at a moment when no roll-over is in flight, with ``event``'s
+        actions; the roll-over's state moves on once the body has carried them out."""
         while True:
             self._rolled.wait()
             with self._lock:
-                if not self._rolling:
-                    yield
+                after, actions = step(self._roll, event)
+                if not any(isinstance(action, WaitForRollOver) for action in actions):
+                    yield actions
+                    self._roll = after
                     return
 
     # -- the ledger list and positions --------------------------------------------------
@@ -792,6 +789,9 @@ class ManagedLedger:
                 if self._listed(ledger_id):
                     raise
                 continue  # trimmed (on another thread) since the plan was made: reads skip it
+            # read back as planned: the positions grow from ``start``, one per entry
+            assert len(stored) == last - first + 1, f"ledger {ledger_id}: read {len(stored)} of {first}..{last}"
+            assert not result or result[-1].position < Position(ledger_id, first), "positions only grow"
             for offset, data in enumerate(stored):
                 result.append(Entry(Position(ledger_id, first + offset), data))
         return result
@@ -877,8 +877,7 @@ class ManagedLedger:
 
     def delete(self) -> None:
         """Delete the topic: references first (one transaction), then every ledger's data."""
-        with self._quiet_lock():
-            self.closed = True
+        with self._when_idle(CloseEvent(seal=False)):
             ledger_ids = self.metadata.delete_topic(self.name)
             self._ledgers = []
         for ledger_id in ledger_ids:

@@ -421,6 +421,7 @@ class FileLedgerStore:
             if not ledger.pending_futures:
                 return
             data, futures = ledger.pending, ledger.pending_futures  # taken whole: no copy
+            _assert_appendable(ledger, futures[0][0], futures[-1][0])
             ledger.pending, ledger.pending_futures = bytearray(), []
             self._dirty.pop(ledger.ledger_id, None)
             write_at = ledger.scanned.entry_offsets[futures[0][0]]
@@ -459,6 +460,7 @@ class FileLedgerStore:
     def _write_inline(self, ledger: _FileLedger, fd: int, record: bytes, entry_id: int) -> None:
         """ALWAYS/NONE: write (and for ALWAYS sync) one record; the caller holds io_lock."""
         with self._lock:
+            _assert_appendable(ledger, entry_id, entry_id)
             if ledger.failed:  # an earlier append failed while this one waited for io_lock
                 raise LedgerFencedError(f"ledger {ledger.ledger_id} failed a write and is fenced",
                                         ledger_id=ledger.ledger_id)
@@ -641,3 +643,13 @@ class FileLedgerStore:
 
     def _path(self, ledger_id: int) -> str:
         return os.path.join(self.root, f"{ledger_id:020d}{_SUFFIX}")
+
+
+def _assert_appendable(ledger: _FileLedger, first: int, last: int) -> None:
+    """P5, checked before entries ``first..last`` are written (the caller holds ``_lock``):
+    nothing is written to a sealed ledger, and entry ids only grow, right after the last
+    confirmed one (appends to one ledger come from one thread at a time: the managed
+    ledger's lock, a compactor's single writer)."""
+    assert not ledger.sealed, f"an append written to sealed ledger {ledger.ledger_id}"
+    assert first == ledger.last_add_confirmed + 1 and last >= first, (
+        f"ledger {ledger.ledger_id}: entries {first}..{last} written after {ledger.last_add_confirmed}")
