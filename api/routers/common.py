@@ -1,5 +1,9 @@
 """What the routers share: the ``Admin`` dependency, path parameters, documented errors.
 
+A route on ``TOPIC_PATH`` takes the topic as ``topic: TopicFromPath``: the full name
+(``persistent://tenant/namespace/topic``) built from the three path parameters, which the
+OpenAPI description documents as ``Tenant``, ``Namespace`` and ``TopicPart``.
+
 The admin core is reached through ``AdminDependency`` (``broker.admin`` of the broker
 service on ``app.state``), so tests may swap it with ``app.dependency_overrides``. Route
 handlers and dependencies are ``async`` and call the core directly: the application runs
@@ -23,6 +27,7 @@ __all__ = [
     "AdminDependency",
     "Namespace",
     "Tenant",
+    "TopicFromPath",
     "TopicPart",
     "errors",
     "get_admin",
@@ -77,3 +82,10 @@ AdminDependency = Annotated[Admin, Depends(get_admin)]
 def topic_name(tenant: str, namespace: str, topic: str) -> str:
     """The full name of the persistent topic a path names (validated by the core)."""
     return f"persistent://{tenant}/{namespace}/{topic}"
+
+
+async def _topic_from_path(tenant: Tenant, namespace: Namespace, topic: TopicPart) -> str:
+    return topic_name(tenant, namespace, topic)
+
+
+TopicFromPath = Annotated[str, Depends(_topic_from_path)]

@@ -26,15 +26,7 @@ from fastapi import APIRouter, Body, Depends, Response
 from fastapi.responses import JSONResponse
 from pydantic import StrictBool, StrictFloat, StrictInt
 
-from api.routers.common import (
-    TOPIC_PATH,
-    AdminDependency,
-    Namespace,
-    Tenant,
-    TopicPart,
-    errors,
-    topic_name,
-)
+from api.routers.common import TOPIC_PATH, AdminDependency, Namespace, Tenant, TopicFromPath, errors
 from api.schemas import JAVA_LONG_MAX, POLICIES, PolicySpec
 
 __all__ = ["NAMESPACE_PATH", "router"]
@@ -45,8 +37,8 @@ NAMESPACE_PATH = "/admin/v2/namespaces/{tenant}/{namespace}"
 ScopeDependency = Callable[..., Awaitable[str]]
 
 
-async def _topic_scope(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> str:
-    return admin.topic_scope(topic_name(tenant, namespace, topic))
+async def _topic_scope(admin: AdminDependency, topic: TopicFromPath) -> str:
+    return admin.topic_scope(topic)
 
 
 async def _namespace_scope(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> str:
