@@ -476,19 +476,7 @@ def _ordering_key(metadata: pb.MessageMetadata | pb.SingleMessageMetadata) -> by
 
 def _entry_message(metadata: pb.MessageMetadata, payload: bytes) -> Message:
     """The one message of a non-batched entry (``payload`` already decompressed)."""
-    return Message(
-        batch_index=-1,
-        key=partition_key_of(metadata),
-        partition_key_b64_encoded=metadata.partition_key_b64_encoded,
-        ordering_key=_ordering_key(metadata),
-        properties=_properties(metadata.properties),
-        payload=payload,
-        payload_size=len(payload),
-        null_value=metadata.null_value,
-        compacted_out=False,
-        event_time=metadata.event_time or None,
-        sequence_id=metadata.sequence_id,
-    )
+    return _message(metadata, payload, batch_index=-1, compacted_out=False, sequence_id=metadata.sequence_id)
 
 
 def _opaque_message(metadata: pb.MessageMetadata, payload: bytes) -> Message:
@@ -501,17 +489,25 @@ def _opaque_message(metadata: pb.MessageMetadata, payload: bytes) -> Message:
 
 def _slot_message(slot: BatchSlot) -> Message:
     """One slot of a batch as a message."""
-    single, payload = slot.metadata, slot.payload
+    single = slot.metadata
+    return _message(single, slot.payload, batch_index=slot.batch_index, compacted_out=single.compacted_out,
+                    sequence_id=single.sequence_id if single.HasField("sequence_id") else None)
+
+
+def _message(metadata: pb.MessageMetadata | pb.SingleMessageMetadata, payload: bytes, *, batch_index: int,
+             compacted_out: bool, sequence_id: int | None) -> Message:
+    """A message with the key, properties and flags ``metadata`` carries (an entry's
+    ``MessageMetadata`` and a batch slot's ``SingleMessageMetadata`` name them alike)."""
     return Message(
-        batch_index=slot.batch_index,
-        key=partition_key_of(single),
-        partition_key_b64_encoded=single.partition_key_b64_encoded,
-        ordering_key=_ordering_key(single),
-        properties=_properties(single.properties),
+        batch_index=batch_index,
+        key=partition_key_of(metadata),
+        partition_key_b64_encoded=metadata.partition_key_b64_encoded,
+        ordering_key=_ordering_key(metadata),
+        properties=_properties(metadata.properties),
         payload=payload,
         payload_size=len(payload),
-        null_value=single.null_value,
-        compacted_out=single.compacted_out,
-        event_time=single.event_time or None,
-        sequence_id=single.sequence_id if single.HasField("sequence_id") else None,
+        null_value=metadata.null_value,
+        compacted_out=compacted_out,
+        event_time=metadata.event_time or None,
+        sequence_id=sequence_id,
     )
