@@ -72,7 +72,7 @@ _SIZE = re.compile(r"^(\d+)([kKmMgGtT]?)$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)?$")
 _DURATION_MS = {
-    None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
+    "": 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
     "w": 7 * 86_400_000, "y": 365 * 86_400_000,
 }
 
@@ -82,24 +82,24 @@ _DURATION_MS = {
 
 def parse_size(text: str) -> int:
     """Bytes of ``text``: ``1048576``, ``100M``, ``2g`` (1024-based suffixes K, M, G, T)."""
-    match = _SIZE.match(text.strip())
-    if match is None:
-        raise ValueError(
-            f"invalid size {text!r}: expected a number of bytes, or a number with a K, M, G or T "
-            "suffix (e.g. 100M); negative sizes are not allowed"
-        )
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    return _scaled(text, _SIZE, _SIZE_UNITS, "size", "a number of bytes, or a number with a K, M, G or T "
+                   "suffix (e.g. 100M); negative sizes are not allowed")
 
 
 def parse_duration_ms(text: str) -> int:
     """Milliseconds of ``text``: ``5000`` (ms), ``30s``, ``10m``, ``1h``, ``7d``, ``2w``, ``1y``."""
-    match = _DURATION.match(text.strip())
+    return _scaled(text, _DURATION, _DURATION_MS, "duration", "milliseconds, or a number with an ms, s, m, "
+                   "h, d, w or y suffix (e.g. 1h); negative durations are not allowed")
+
+
+def _scaled(text: str, pattern: re.Pattern[str], units: dict[str, int], what: str, expected: str) -> int:
+    """``text``'s whole number times the unit of its suffix (``units`` by the lower-case
+    suffix, ``""`` for none); ``ValueError`` naming ``what``, ``text`` and ``expected`` when
+    ``pattern`` does not match it."""
+    match = pattern.match(text.strip())
     if match is None:
-        raise ValueError(
-            f"invalid duration {text!r}: expected milliseconds, or a number with an ms, s, m, h, "
-            "d, w or y suffix (e.g. 1h); negative durations are not allowed"
-        )
-    return int(match.group(1)) * _DURATION_MS[match.group(2)]
+        raise ValueError(f"invalid {what} {text!r}: expected {expected}")
+    return int(match.group(1)) * units[(match.group(2) or "").lower()]
 
 
 def parse_ratio(text: str) -> float:
