@@ -57,9 +57,11 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
+from typing import TypeVar
 
 import crc32c
 from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtobufMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from compactor.compression import decompress
@@ -84,6 +86,7 @@ __all__ = [
     "iter_messages",
     "parse_entry",
     "parse_header",
+    "parse_proto",
     "partition_key_of",
     "read_slot",
 ]
@@ -352,10 +355,7 @@ def _skip_broker_entry_metadata(data: bytes) -> int:
     end = 6 + size
     if size > BROKER_ENTRY_METADATA_BYTES_MAX or end > len(data):
         raise MalformedEntryError(f"broker entry metadata size {size} is not plausible")
-    try:
-        pb.BrokerEntryMetadata.FromString(data[6:end])
-    except _PROTOBUF_DECODE_ERRORS as error:
-        raise MalformedEntryError(f"broker entry metadata does not parse: {error}") from error
+    parse_proto(pb.BrokerEntryMetadata, data[6:end], MalformedEntryError, "broker entry metadata")
     return end
 
 
@@ -370,13 +370,23 @@ def _verify_checksum(data: bytes, position: int) -> int:
     return position + 6
 
 
+_Proto = TypeVar("_Proto", bound=ProtobufMessage)
+
+
+def parse_proto(message_type: type[_Proto], raw: bytes, error_type: type[Exception], what: str) -> _Proto:
+    """``raw`` parsed as a ``message_type``, its required fields not checked; bytes that do
+    not parse raise ``error_type("<what> does not parse: <why>")``."""
+    message = message_type()
+    try:
+        message.ParseFromString(raw)
+    except _PROTOBUF_DECODE_ERRORS as error:
+        raise error_type(f"{what} does not parse: {error}") from error
+    return message
+
+
 def _parse_metadata(raw: bytes) -> pb.MessageMetadata:
     """Parse and validate MessageMetadata: required fields, known codec, sane batch count."""
-    metadata = pb.MessageMetadata()
-    try:
-        metadata.ParseFromString(raw)
-    except _PROTOBUF_DECODE_ERRORS as error:
-        raise MalformedEntryError(f"MessageMetadata does not parse: {error}") from error
+    metadata = parse_proto(pb.MessageMetadata, raw, MalformedEntryError, "MessageMetadata")
     if not metadata.IsInitialized():
         raise MalformedEntryError(
             f"MessageMetadata lacks required fields: {_missing_required_fields(metadata)}"
