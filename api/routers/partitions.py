@@ -29,8 +29,7 @@ from api.routers.common import (
     PERSISTENT_PREFIX,
     TOPIC_PATH,
     AdminDependency,
-    Namespace,
-    Tenant,
+    NamespaceFromPath,
     TopicFromPath,
     errors,
 )
@@ -119,9 +118,9 @@ async def create_missed_partitions(admin: AdminDependency, topic: TopicFromPath)
     summary="List the partitioned topics of a namespace",
     responses={200: {"description": "Full names of the namespace's partitioned topics."}, **errors(412)},
 )
-async def list_partitioned_topics(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> list[str]:
+async def list_partitioned_topics(admin: AdminDependency, namespace: NamespaceFromPath) -> list[str]:
     """Every partitioned topic of `tenant/namespace` (the parents, not their partitions)."""
-    return admin.broker.partitioned.in_namespace(admin.namespace_scope(tenant, namespace))
+    return admin.broker.partitioned.in_namespace(namespace)
 
 
 @router.get(

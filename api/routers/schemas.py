@@ -44,11 +44,9 @@ from api.broker.topic_name import TopicName
 from api.routers.common import (
     TOPIC_PATH,
     AdminDependency,
-    Namespace,
-    Tenant,
     TopicFromPath,
     errors,
-    topic_name,
+    namespace_from_path,
 )
 from api.schemas import SchemaInfo, SchemaStrategyName, SchemaUpload, SchemaVersion
 
@@ -130,10 +128,6 @@ async def _topic_scope(topic: TopicFromPath) -> str:
     return schema_base(_name(topic))  # a partition's strategy is its base topic's
 
 
-async def _namespace_scope(tenant: Tenant, namespace: Namespace) -> str:
-    return _name(topic_name(tenant, namespace, "x")).namespace_name
-
-
 def _add_strategy_routes(path: str, where: str, scope_of: Callable[..., Awaitable[str]]) -> None:
     Scope = Annotated[str, Depends(scope_of)]
     common: dict[str, Any] = {"tags": [f"{where} policies"], "response_class": Response}
@@ -170,5 +164,5 @@ def _add_strategy_routes(path: str, where: str, scope_of: Callable[..., Awaitabl
                          responses={204: {"description": "Removed (also when none was set)."}, **errors(412)})
 
 
-_add_strategy_routes(NAMESPACE_STRATEGY_PATH, "namespace", _namespace_scope)
+_add_strategy_routes(NAMESPACE_STRATEGY_PATH, "namespace", namespace_from_path)
 _add_strategy_routes(TOPIC_STRATEGY_PATH, "topic", _topic_scope)
