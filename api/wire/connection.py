@@ -76,7 +76,7 @@ from api.wire.frames import (
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
 from api.wire.outbox import Outbox
-from api.wire.preparing import Creations, deferred, get_or_create_schema
+from api.wire.preparing import Creations, get_or_create_schema, ready_to_create
 from api.wire.producing import ProducerHandlers, SendCompletions, WireProducer
 from api.wire.schema_commands import (
     check_subscribe_schema,
@@ -531,9 +531,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def _subscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.subscribe
-        self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
-        if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
-            self.creating_consumers.waiting(request.consumer_id, request.request_id)
+        if not ready_to_create(self, frame, request.topic, "consume", self.creating_consumers,
+                               request.consumer_id, request.request_id):
             return
         self.creating_consumers.check(request.consumer_id, request.request_id)  # NotAllowed: closed while it waited
         topic = self.broker.get_topic(request.topic)
