@@ -72,7 +72,7 @@ _SIZE = re.compile(r"^(\d+)([kKmMgGtT]?)$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)?$")
 _DURATION_MS = {
-    None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
+    "": 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
     "w": 7 * 86_400_000, "y": 365 * 86_400_000,
 }
 
@@ -82,24 +82,24 @@ _DURATION_MS = {
 
 def parse_size(text: str) -> int:
     """Bytes of ``text``: ``1048576``, ``100M``, ``2g`` (1024-based suffixes K, M, G, T)."""
-    match = _SIZE.match(text.strip())
-    if match is None:
-        raise ValueError(
-            f"invalid size {text!r}: expected a number of bytes, or a number with a K, M, G or T "
-            "suffix (e.g. 100M); negative sizes are not allowed"
-        )
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    return _scaled(text, _SIZE, _SIZE_UNITS, "size", "a number of bytes, or a number with a K, M, G or T "
+                   "suffix (e.g. 100M); negative sizes are not allowed")
 
 
 def parse_duration_ms(text: str) -> int:
     """Milliseconds of ``text``: ``5000`` (ms), ``30s``, ``10m``, ``1h``, ``7d``, ``2w``, ``1y``."""
-    match = _DURATION.match(text.strip())
+    return _scaled(text, _DURATION, _DURATION_MS, "duration", "milliseconds, or a number with an ms, s, m, "
+                   "h, d, w or y suffix (e.g. 1h); negative durations are not allowed")
+
+
+def _scaled(text: str, pattern: re.Pattern[str], units: dict[str, int], what: str, expected: str) -> int:
+    """``text``'s whole number times the unit of its suffix (``units`` by the lower-case
+    suffix, ``""`` for none); ``ValueError`` naming ``what``, ``text`` and ``expected`` when
+    ``pattern`` does not match it."""
+    match = pattern.match(text.strip())
     if match is None:
-        raise ValueError(
-            f"invalid duration {text!r}: expected milliseconds, or a number with an ms, s, m, h, "
-            "d, w or y suffix (e.g. 1h); negative durations are not allowed"
-        )
-    return int(match.group(1)) * _DURATION_MS[match.group(2)]
+        raise ValueError(f"invalid {what} {text!r}: expected {expected}")
+    return int(match.group(1)) * units[(match.group(2) or "").lower()]
 
 
 def parse_ratio(text: str) -> float:
@@ -460,45 +460,52 @@ POLICIES = (
 )
 
 
+def _target_argument(scope: str) -> Any:
+    """The TOPIC (``scope`` "topic") or NAMESPACE argument of a verb on a topic or namespace."""
+    if scope == "topic":
+        return typer.Argument(..., metavar="TOPIC", help="persistent://tenant/namespace/topic, or its short form.")
+    return typer.Argument(..., metavar="NAMESPACE", help="tenant/namespace, e.g. public/default.")
+
+
+def _add_get_remove_verbs(group: typer.Typer, verb: str, name: str, scope: str,
+                          to_path: Callable[[str], str]) -> None:
+    """``get-<verb>`` (prints policy ``name``, null when unset) and ``remove-<verb>`` on ``group``."""
+    argument = _target_argument(scope)
+
+    def get_policy(ctx: typer.Context, target: str = argument) -> None:
+        _print_json(_call(ctx, "GET", f"{to_path(target)}/{name}"))
+
+    def remove_policy(ctx: typer.Context, target: str = argument) -> None:
+        _call(ctx, "DELETE", f"{to_path(target)}/{name}")
+
+    group.command(f"get-{verb}", help=f"Print the {scope}'s {name} (null when unset).")(get_policy)
+    group.command(f"remove-{verb}", help=f"Remove the {scope}'s {name}.")(remove_policy)
+
+
 def _add_policy_verbs(group: typer.Typer, spec: PolicySpec, scope: str, to_path: Callable[[str], str]) -> None:
     """``set-``, ``get-`` and ``remove-`` ``spec.verb`` on ``group`` (topics or namespaces)."""
-    target_help = ("persistent://tenant/namespace/topic, or its short form." if scope == "topic"
-                   else "tenant/namespace, e.g. public/default.")
-    metavar = "TOPIC" if scope == "topic" else "NAMESPACE"
+    argument = _target_argument(scope)
 
     def set_policy(
         ctx: typer.Context,
-        target: str = typer.Argument(..., metavar=metavar, help=target_help),
+        target: str = argument,
         value: str = typer.Option(..., spec.flag, metavar=spec.metavar, help=f"The {spec.what}."),
     ) -> None:
         parsed = _parsed(spec.parse, value, f"'{spec.flag}'")
         _call(ctx, "POST", f"{to_path(target)}/{spec.name}", body=parsed, has_body=True)
 
-    def get_policy(
-        ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help),
-    ) -> None:
-        _print_json(_call(ctx, "GET", f"{to_path(target)}/{spec.name}"))
-
-    def remove_policy(
-        ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help),
-    ) -> None:
-        _call(ctx, "DELETE", f"{to_path(target)}/{spec.name}")
-
     group.command(f"set-{spec.verb}", help=f"Set the {scope}'s {spec.name}: the {spec.what}.")(set_policy)
-    group.command(f"get-{spec.verb}", help=f"Print the {scope}'s {spec.name} (null when unset).")(get_policy)
-    group.command(f"remove-{spec.verb}", help=f"Remove the {scope}'s {spec.name}.")(remove_policy)
+    _add_get_remove_verbs(group, spec.verb, spec.name, scope, to_path)
 
 
 def _add_deduplication_verbs(group: typer.Typer, scope: str, to_path: Callable[[str], str]) -> None:
     """``set-deduplication --enable|--disable``, ``get-deduplication`` and
     ``remove-deduplication`` on ``group``, as ``pulsar-admin`` names them."""
-    target_help = ("persistent://tenant/namespace/topic, or its short form." if scope == "topic"
-                   else "tenant/namespace, e.g. public/default.")
-    metavar = "TOPIC" if scope == "topic" else "NAMESPACE"
+    argument = _target_argument(scope)
 
     def set_deduplication(
         ctx: typer.Context,
-        target: str = typer.Argument(..., metavar=metavar, help=target_help),
+        target: str = argument,
         enable: bool = typer.Option(False, "--enable", "-e", help="Turn de-duplication on."),
         disable: bool = typer.Option(False, "--disable", "-d", help="Turn de-duplication off."),
     ) -> None:
@@ -506,33 +513,18 @@ def _add_deduplication_verbs(group: typer.Typer, scope: str, to_path: Callable[[
             raise typer.BadParameter("give exactly one of --enable and --disable", param_hint="'--enable'")
         _call(ctx, "POST", f"{to_path(target)}/deduplicationEnabled", body=enable, has_body=True)
 
-    def get_deduplication(
-        ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help),
-    ) -> None:
-        _print_json(_call(ctx, "GET", f"{to_path(target)}/deduplicationEnabled"))
-
-    def remove_deduplication(
-        ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help),
-    ) -> None:
-        _call(ctx, "DELETE", f"{to_path(target)}/deduplicationEnabled")
-
     group.command("set-deduplication", help=f"Turn the {scope}'s message de-duplication on or off.")(
         set_deduplication)
-    group.command("get-deduplication", help=f"Print the {scope}'s deduplicationEnabled (null when unset).")(
-        get_deduplication)
-    group.command("remove-deduplication", help=f"Remove the {scope}'s deduplicationEnabled.")(
-        remove_deduplication)
+    _add_get_remove_verbs(group, "deduplication", "deduplicationEnabled", scope, to_path)
 
 
 def _add_permission_verbs(group: typer.Typer, scope: str, to_path: Callable[[str], str]) -> None:
     """``grant-permission``, ``revoke-permission`` and ``permissions`` of a topic or namespace."""
-    target_help = ("persistent://tenant/namespace/topic, or its short form." if scope == "topic"
-                   else "tenant/namespace, e.g. public/default.")
-    metavar = "TOPIC" if scope == "topic" else "NAMESPACE"
+    argument = _target_argument(scope)
 
     def grant_permission(
         ctx: typer.Context,
-        target: str = typer.Argument(..., metavar=metavar, help=target_help),
+        target: str = argument,
         role: str = typer.Option(..., "--role", metavar="ROLE", help="The role to grant to."),
         actions: str = typer.Option(..., "--actions", metavar="produce,consume", help="Actions, comma-separated."),
     ) -> None:
@@ -541,12 +533,12 @@ def _add_permission_verbs(group: typer.Typer, scope: str, to_path: Callable[[str
 
     def revoke_permission(
         ctx: typer.Context,
-        target: str = typer.Argument(..., metavar=metavar, help=target_help),
+        target: str = argument,
         role: str = typer.Option(..., "--role", metavar="ROLE", help="The role to revoke from."),
     ) -> None:
         _call(ctx, "DELETE", f"{to_path(target)}/permissions/{role}")
 
-    def permissions(ctx: typer.Context, target: str = typer.Argument(..., metavar=metavar, help=target_help)) -> None:
+    def permissions(ctx: typer.Context, target: str = argument) -> None:
         _print_json(_call(ctx, "GET", f"{to_path(target)}/permissions"))
 
     group.command("grant-permission", help=f"Grant a role actions (produce, consume) on the {scope}.")(

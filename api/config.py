@@ -2,6 +2,8 @@
 
 Every setting has one key (``broker_port``), one flag (``--broker-port``) and one
 environment variable (``COMPACTD_BROKER_PORT``); a TOML config file names it by its key.
+It is declared once, as a ``Settings`` field (type, default, help, the flag's metavar,
+bounds); ``compactd serve``'s flags are built from those declarations (``api.cli_app``).
 ``load_settings`` picks each value from the first source that has it::
 
     flag  >  environment  >  config file  >  default
@@ -102,11 +104,14 @@ class ConfigError(CompactionServiceError):
         self.value = value
 
 
-def _setting(default: Any, help: str, *, minimum: float | None = None,
+def _setting(default: Any, help: str, *, metavar: str | None = None, minimum: float | None = None,
              maximum: float | None = None, above: float | None = None) -> Any:
-    """A ``Settings`` field: its default, its help line and its bounds (inclusive, ``above``: exclusive)."""
+    """A ``Settings`` field: its default, its help line, the word its flag's value is shown
+    as in ``--help`` (``--data-dir PATH``; none for a boolean, whose flag takes no value,
+    and for a ``Literal``, whose choices are shown) and its bounds (inclusive, ``above``:
+    exclusive)."""
     return field(default=default, metadata={
-        "help": help, "minimum": minimum, "maximum": maximum, "above": above,
+        "help": help, "metavar": metavar, "minimum": minimum, "maximum": maximum, "above": above,
     })
 
 
@@ -114,29 +119,29 @@ def _setting(default: Any, help: str, *, minimum: float | None = None,
 class Settings:
     """Everything ``compactd serve`` is configured with; INTERFACES §1 and §4 name each key."""
 
-    data_dir: str = _setting("./data", "Directory of the ledger files and the metadata database.")
-    bind: str = _setting("127.0.0.1", "Address both listeners bind to.")
+    data_dir: str = _setting("./data", "Directory of the ledger files and the metadata database.", metavar="PATH")
+    bind: str = _setting("127.0.0.1", "Address both listeners bind to.", metavar="ADDR")
     broker_port: int = _setting(6650, "Pulsar binary protocol port; 0 picks a free port.",
-                                minimum=0, maximum=PORT_MAX)
-    http_port: int = _setting(8080, "Admin REST port; 0 picks a free port.", minimum=0, maximum=PORT_MAX)
+                                minimum=0, maximum=PORT_MAX, metavar="N")
+    http_port: int = _setting(8080, "Admin REST port; 0 picks a free port.", minimum=0, maximum=PORT_MAX, metavar="N")
     advertised_address: str | None = _setting(
         None, "Host name or IP that lookups give clients (behind NAT, in a container); none: the "
-        "address the client reached.")
+        "address the client reached.", metavar="HOST")
     compaction_monitor_interval_seconds: float = _setting(
-        60.0, "How often the scheduler checks compaction thresholds; 0 or less disables it.")
+        60.0, "How often the scheduler checks compaction thresholds; 0 or less disables it.", metavar="N")
     compaction_threshold_bytes: int = _setting(
-        0, "Broker-wide backlog size that triggers a compaction; 0 turns it off.", minimum=0)
+        0, "Broker-wide backlog size that triggers a compaction; 0 turns it off.", minimum=0, metavar="N")
     compaction_phase_one_loop_timeout_seconds: float = _setting(
-        _COMPACTION.phase_one_read_timeout_s, "Limit on each phase-one read of a compaction run.", above=0)
+        _COMPACTION.phase_one_read_timeout_s, "Limit on each phase-one read of a compaction run.", above=0, metavar="N")
     topic_compaction_retain_null_key: bool = _setting(
         _COMPACTION.retain_null_key, "Keep key-less messages in the compacted view.")
     # At least one: with none allowed every trigger would wait forever; the scheduler is
     # turned off with compaction_monitor_interval_seconds instead.
     compaction_max_concurrent_runs: int = _setting(
-        2, "Compaction runs at once on this broker.", minimum=1)
+        2, "Compaction runs at once on this broker.", minimum=1, metavar="N")
     compaction_engine: EngineName = _setting(  # noqa: RUF009 - a str, immutable
         _COMPACTION.engine, "Engine of a compaction run: auto, local or spark.")
-    spark_master: str = _setting(_COMPACTION.spark_master, "Spark master URL of the spark engine.")
+    spark_master: str = _setting(_COMPACTION.spark_master, "Spark master URL of the spark engine.", metavar="URL")
     compaction_worker_process: bool = _setting(
         True, "Run the local engine's compaction rounds in worker processes (one per concurrent run), off "
         "the broker's interpreter, so that a run never holds the broker's GIL.")
@@ -145,32 +150,32 @@ class Settings:
         "beside the ledger), and run compaction rounds over the indexes instead of parsing every message.")
     compaction_memory_budget_bytes: int = _setting(
         _COMPACTION.memory_budget_bytes, "Most memory the local engine's key map may hold (24 bytes a key); past it a run "
-        "compacts in rounds, each one published.", minimum=1)
+        "compacts in rounds, each one published.", minimum=1, metavar="BYTES")
     compaction_min_lag_ms: int = _setting(
         0, "Broker default of the minCompactionLagMs policy: a run leaves every message published "
-        "less than this long ago uncompacted; 0 holds nothing back.", minimum=0)
+        "less than this long ago uncompacted; 0 holds nothing back.", minimum=0, metavar="MS")
     compaction_max_bytes_per_second: int = _setting(
         0, "Broker default of the compactionMaxBytesPerSecond policy: each compaction run's reads "
-        "and writes are throttled to this; 0 is unlimited.", minimum=0)
+        "and writes are throttled to this; 0 is unlimited.", minimum=0, metavar="BYTES")
     compacted_ledger_grace_period_s: float = _setting(
         GRACE_PERIOD_S_DEFAULT, "Seconds a replaced compacted ledger is kept after a new view is published "
-        "(a Spark scan or task retry reading the old view keeps its input); 0 deletes it at once.", minimum=0)
+        "(a Spark scan or task retry reading the old view keeps its input); 0 deletes it at once.", minimum=0, metavar="SECONDS")
     broker_deduplication_enabled: bool = _setting(
         False, "De-duplicate producers' re-sends on every topic (namespace and topic policy "
         "deduplicationEnabled win over it).")
     schema_compatibility_strategy: SchemaStrategy = _setting(  # noqa: RUF009 - a str, immutable
         "FULL", "Schema compatibility strategy of topics whose namespace and topic set none "
         "(Pulsar's names: FULL, BACKWARD, FORWARD, their _TRANSITIVE forms, ALWAYS_COMPATIBLE, "
-        "ALWAYS_INCOMPATIBLE, NONE).")
+        "ALWAYS_INCOMPATIBLE, NONE).", metavar="STRATEGY")
     schema_max_size_bytes: int = _setting(
         MESSAGE_BYTES_MAX, "Largest schema definition, on both ports: Pulsar's default maxMessageSize, the most "
-        "its binary port carries (Pulsar has no setting of its own for it).", minimum=1)
+        "its binary port carries (Pulsar has no setting of its own for it).", minimum=1, metavar="BYTES")
     max_num_partitions_per_partitioned_topic: int = _setting(
         1024, "Most partitions a partitioned topic may have (its partitions are created at once).",
-        minimum=1)
+        minimum=1, metavar="N")
     cluster_name: str = _setting(
         "standalone", "Cluster name: the first part of producer names the broker assigns, and a "
-        "metrics label.")
+        "metrics label.", metavar="NAME")
     log_format: LogFormat = _setting(  # noqa: RUF009 - a str, immutable
         "text", "Log lines on stderr: text (readable) or json (one JSON object a line).")
     log_level: LogLevel = _setting(  # noqa: RUF009 - a str, immutable
@@ -179,57 +184,57 @@ class Settings:
         SyncPolicy.GROUP.value, "When an append is durable: always (fsync each), group (group commit), "
         "none (tests and benchmarks only).")
     managed_ledger_max_entries_per_ledger: int = _setting(
-        _LEDGER.max_entries_per_ledger, "A topic's ledger rolls over after this many entries.", minimum=1)
+        _LEDGER.max_entries_per_ledger, "A topic's ledger rolls over after this many entries.", minimum=1, metavar="N")
     managed_ledger_max_size_per_ledger_bytes: int = _setting(
-        _LEDGER.max_size_per_ledger_bytes, "A topic's ledger rolls over after this many bytes.", minimum=1)
+        _LEDGER.max_size_per_ledger_bytes, "A topic's ledger rolls over after this many bytes.", minimum=1, metavar="N")
     managed_ledger_roll_over_retry_ms: int = _setting(
         _LEDGER.roll_over_retry_ms, "After a topic's roll-over failed (a full disk), its sends fail at once, "
-        "and new producers are refused, for this long before the next try.", minimum=0)
+        "and new producers are refused, for this long before the next try.", minimum=0, metavar="MS")
     managed_ledger_mark_delete_rate_limit: float = _setting(
         MARK_DELETE_RATE_LIMIT, "Times a second a subscription's acknowledgements are persisted, at most "
         "(in the background; an ack receipt is sent once applied, and a crash redelivers what was "
         "acknowledged in the last 1/rate s); 0 writes each acknowledgement at once and sends its ack "
-        "receipt only once it is durable.", minimum=0)
+        "receipt only once it is durable.", minimum=0, metavar="PER_S")
     # Far under the usual limit of 1,024 descriptors a process, which connections and SQLite share.
     max_open_ledger_files: int = _setting(
         MAX_OPEN_FILES_DEFAULT, "Ledger files kept open while idle; more are closed (least recently used first) "
-        "and reopened on demand.", minimum=1)
+        "and reopened on demand.", minimum=1, metavar="N")
     wire_connect_timeout_seconds: float = _setting(
         _WIRE.connect_timeout_s, "A Pulsar connection that has not sent CONNECT within this is closed.",
-        above=0)
+        above=0, metavar="N")
     wire_frame_timeout_seconds: float = _setting(
         _WIRE.frame_timeout_s, "A Pulsar connection whose frame stays incomplete this long is closed.",
-        above=0)
+        above=0, metavar="N")
     wire_partial_frames_budget_bytes: int = _setting(
         _WIRE.partial_frames_budget_bytes, "Bytes all Pulsar connections together may hold in incomplete frames; "
-        "the connection that would go over is closed.", minimum=1)
+        "the connection that would go over is closed.", minimum=1, metavar="BYTES")
     http_max_request_body_bytes: int = _setting(
         1024 * 1024, "Largest admin REST request body; a larger one answers 413 before it is read.",
-        minimum=1)
+        minimum=1, metavar="BYTES")
     authentication_enabled: bool = _setting(
         False, "Require a token (or a trusted TLS client certificate) on both ports.")
     token_secret_key: str | None = _setting(
-        None, "HS256 secret key of tokens, file:///PATH or data:;base64,DATA.")
+        None, "HS256 secret key of tokens, file:///PATH or data:;base64,DATA.", metavar="file:///PATH")
     token_public_key: str | None = _setting(
-        None, "RS256 or ES256 public key of tokens (DER or PEM), file:///PATH or data:;base64,DATA.")
+        None, "RS256 or ES256 public key of tokens (DER or PEM), file:///PATH or data:;base64,DATA.", metavar="file:///PATH")
     super_user_roles: tuple[str, ...] = _setting(
-        (), "Roles (token sub) allowed admin operations, comma-separated.")
-    tls_cert_file: str | None = _setting(None, "TLS certificate file (PEM); with --tls-key-file it opens the TLS ports.")
-    tls_key_file: str | None = _setting(None, "TLS private key file (PEM).")
-    broker_port_tls: int = _setting(6651, "pulsar+ssl:// port.", minimum=0, maximum=PORT_MAX)
-    http_port_tls: int = _setting(8443, "HTTPS admin port.", minimum=0, maximum=PORT_MAX)
+        (), "Roles (token sub) allowed admin operations, comma-separated.", metavar="a,b")
+    tls_cert_file: str | None = _setting(None, "TLS certificate file (PEM); with --tls-key-file it opens the TLS ports.", metavar="PATH")
+    tls_key_file: str | None = _setting(None, "TLS private key file (PEM).", metavar="PATH")
+    broker_port_tls: int = _setting(6651, "pulsar+ssl:// port.", minimum=0, maximum=PORT_MAX, metavar="N")
+    http_port_tls: int = _setting(8443, "HTTPS admin port.", minimum=0, maximum=PORT_MAX, metavar="N")
     authorization_enabled: bool = _setting(
         False, "Check each role's grants (produce, consume) and keep admin operations to super-users; "
         "needs --authentication-enabled.")
     tls_trust_certs_file: str | None = _setting(
-        None, "CA certificates (PEM) that client certificates are verified against.")
+        None, "CA certificates (PEM) that client certificates are verified against.", metavar="PATH")
     tls_require_trusted_client_cert: bool = _setting(
         False, "Mutual TLS: the TLS ports refuse a client without a certificate signed by "
         "--tls-trust-certs-file; its CN is the role of auth method tls.")
     http_allowed_hosts: tuple[str, ...] = _setting(
         (), "Host header names the admin API answers besides the bind address and loopback "
         "(any IP literal when bound to 0.0.0.0), comma-separated; * answers any (no DNS rebinding "
-        "protection).")
+        "protection).", metavar="a,b")
 
 
 class SettingSpec(NamedTuple):
@@ -241,6 +246,7 @@ class SettingSpec(NamedTuple):
     choices: tuple[str, ...]  # for a Literal type; () otherwise
     default: object
     help: str
+    metavar: str | None  # the flag's value in --help; None for a boolean (its flag takes none)
     minimum: float | None
     maximum: float | None
     above: float | None
@@ -273,8 +279,13 @@ def _spec(settings_field: dataclasses.Field[Any], hint: Any) -> SettingSpec:
     else:
         kind = arguments[0] if optional else hint
     metadata = settings_field.metadata
+    metavar = metadata["metavar"]
+    if choices and metavar is None:
+        metavar = "{" + ",".join(choices) + "}"
+    if (kind is bool) != (metavar is None):
+        raise TypeError(f"setting {settings_field.name}: a boolean has no metavar, any other setting one")
     return SettingSpec(settings_field.name, kind, optional, choices, settings_field.default,
-                       metadata["help"], metadata["minimum"], metadata["maximum"], metadata["above"])
+                       metadata["help"], metavar, metadata["minimum"], metadata["maximum"], metadata["above"])
 
 
 _HINTS = typing.get_type_hints(Settings)

@@ -57,9 +57,11 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
+from typing import TypeVar
 
 import crc32c
 from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtobufMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from compactor.compression import decompress
@@ -84,6 +86,7 @@ __all__ = [
     "iter_messages",
     "parse_entry",
     "parse_header",
+    "parse_proto",
     "partition_key_of",
     "read_slot",
 ]
@@ -352,10 +355,7 @@ def _skip_broker_entry_metadata(data: bytes) -> int:
     end = 6 + size
     if size > BROKER_ENTRY_METADATA_BYTES_MAX or end > len(data):
         raise MalformedEntryError(f"broker entry metadata size {size} is not plausible")
-    try:
-        pb.BrokerEntryMetadata.FromString(data[6:end])
-    except _PROTOBUF_DECODE_ERRORS as error:
-        raise MalformedEntryError(f"broker entry metadata does not parse: {error}") from error
+    parse_proto(pb.BrokerEntryMetadata, data[6:end], MalformedEntryError, "broker entry metadata")
     return end
 
 
@@ -370,13 +370,23 @@ def _verify_checksum(data: bytes, position: int) -> int:
     return position + 6
 
 
+_Proto = TypeVar("_Proto", bound=ProtobufMessage)
+
+
+def parse_proto(message_type: type[_Proto], raw: bytes, error_type: type[Exception], what: str) -> _Proto:
+    """``raw`` parsed as a ``message_type``, its required fields not checked; bytes that do
+    not parse raise ``error_type("<what> does not parse: <why>")``."""
+    message = message_type()
+    try:
+        message.ParseFromString(raw)
+    except _PROTOBUF_DECODE_ERRORS as error:
+        raise error_type(f"{what} does not parse: {error}") from error
+    return message
+
+
 def _parse_metadata(raw: bytes) -> pb.MessageMetadata:
     """Parse and validate MessageMetadata: required fields, known codec, sane batch count."""
-    metadata = pb.MessageMetadata()
-    try:
-        metadata.ParseFromString(raw)
-    except _PROTOBUF_DECODE_ERRORS as error:
-        raise MalformedEntryError(f"MessageMetadata does not parse: {error}") from error
+    metadata = parse_proto(pb.MessageMetadata, raw, MalformedEntryError, "MessageMetadata")
     if not metadata.IsInitialized():
         raise MalformedEntryError(
             f"MessageMetadata lacks required fields: {_missing_required_fields(metadata)}"
@@ -476,19 +486,7 @@ def _ordering_key(metadata: pb.MessageMetadata | pb.SingleMessageMetadata) -> by
 
 def _entry_message(metadata: pb.MessageMetadata, payload: bytes) -> Message:
     """The one message of a non-batched entry (``payload`` already decompressed)."""
-    return Message(
-        batch_index=-1,
-        key=partition_key_of(metadata),
-        partition_key_b64_encoded=metadata.partition_key_b64_encoded,
-        ordering_key=_ordering_key(metadata),
-        properties=_properties(metadata.properties),
-        payload=payload,
-        payload_size=len(payload),
-        null_value=metadata.null_value,
-        compacted_out=False,
-        event_time=metadata.event_time or None,
-        sequence_id=metadata.sequence_id,
-    )
+    return _message(metadata, payload, batch_index=-1, compacted_out=False, sequence_id=metadata.sequence_id)
 
 
 def _opaque_message(metadata: pb.MessageMetadata, payload: bytes) -> Message:
@@ -501,17 +499,25 @@ def _opaque_message(metadata: pb.MessageMetadata, payload: bytes) -> Message:
 
 def _slot_message(slot: BatchSlot) -> Message:
     """One slot of a batch as a message."""
-    single, payload = slot.metadata, slot.payload
+    single = slot.metadata
+    return _message(single, slot.payload, batch_index=slot.batch_index, compacted_out=single.compacted_out,
+                    sequence_id=single.sequence_id if single.HasField("sequence_id") else None)
+
+
+def _message(metadata: pb.MessageMetadata | pb.SingleMessageMetadata, payload: bytes, *, batch_index: int,
+             compacted_out: bool, sequence_id: int | None) -> Message:
+    """A message with the key, properties and flags ``metadata`` carries (an entry's
+    ``MessageMetadata`` and a batch slot's ``SingleMessageMetadata`` name them alike)."""
     return Message(
-        batch_index=slot.batch_index,
-        key=partition_key_of(single),
-        partition_key_b64_encoded=single.partition_key_b64_encoded,
-        ordering_key=_ordering_key(single),
-        properties=_properties(single.properties),
+        batch_index=batch_index,
+        key=partition_key_of(metadata),
+        partition_key_b64_encoded=metadata.partition_key_b64_encoded,
+        ordering_key=_ordering_key(metadata),
+        properties=_properties(metadata.properties),
         payload=payload,
         payload_size=len(payload),
-        null_value=single.null_value,
-        compacted_out=single.compacted_out,
-        event_time=single.event_time or None,
-        sequence_id=single.sequence_id if single.HasField("sequence_id") else None,
+        null_value=metadata.null_value,
+        compacted_out=compacted_out,
+        event_time=metadata.event_time or None,
+        sequence_id=sequence_id,
     )

@@ -1,5 +1,10 @@
 """What the routers share: the ``Admin`` dependency, path parameters, documented errors.
 
+A route on ``TOPIC_PATH`` takes the topic as ``topic: TopicFromPath``: the full name
+(``persistent://tenant/namespace/topic``) built from the three path parameters, which the
+OpenAPI description documents as ``Tenant``, ``Namespace`` and ``TopicPart``; a route on a
+namespace takes it as ``NamespaceFromPath`` (``tenant/namespace``, both parts validated).
+
 The admin core is reached through ``AdminDependency`` (``broker.admin`` of the broker
 service on ``app.state``), so tests may swap it with ``app.dependency_overrides``. Route
 handlers and dependencies are ``async`` and call the core directly: the application runs
@@ -22,10 +27,13 @@ __all__ = [
     "TOPIC_PATH",
     "AdminDependency",
     "Namespace",
+    "NamespaceFromPath",
     "Tenant",
+    "TopicFromPath",
     "TopicPart",
     "errors",
     "get_admin",
+    "namespace_from_path",
     "topic_name",
 ]
 
@@ -77,3 +85,18 @@ AdminDependency = Annotated[Admin, Depends(get_admin)]
 def topic_name(tenant: str, namespace: str, topic: str) -> str:
     """The full name of the persistent topic a path names (validated by the core)."""
     return f"persistent://{tenant}/{namespace}/{topic}"
+
+
+async def _topic_from_path(tenant: Tenant, namespace: Namespace, topic: TopicPart) -> str:
+    return topic_name(tenant, namespace, topic)
+
+
+TopicFromPath = Annotated[str, Depends(_topic_from_path)]
+
+
+async def namespace_from_path(tenant: Tenant, namespace: Namespace) -> str:
+    """``tenant/namespace`` of the path, both parts validated (412 when one is not valid)."""
+    return Admin.namespace_scope(tenant, namespace)
+
+
+NamespaceFromPath = Annotated[str, Depends(namespace_from_path)]

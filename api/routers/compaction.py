@@ -9,15 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from api.routers.common import (
-    TOPIC_PATH,
-    AdminDependency,
-    Namespace,
-    Tenant,
-    TopicPart,
-    errors,
-    topic_name,
-)
+from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors
 from api.schemas import CompactionStatus
 
 __all__ = ["router"]
@@ -33,13 +25,11 @@ COMPACTION_PATH = TOPIC_PATH + "/compaction"
     responses={204: {"description": "The run started; poll its status."},
                **errors(404, 412, 409, c409="`Compaction already in progress`.")},
 )
-async def trigger_compaction(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                             topic: TopicPart) -> Response:
+async def trigger_compaction(admin: AdminDependency, topic: TopicFromPath) -> Response:
     """Start a compaction run of the topic in the background (it waits for a free run slot
     when `compaction_max_concurrent_runs` are running)."""
-    name = topic_name(tenant, namespace, topic)
-    admin.trigger_compaction(name)
-    await admin.compaction_status_written(name)
+    admin.trigger_compaction(topic)
+    await admin.compaction_status_written(topic)
     return Response(status_code=204)
 
 
@@ -49,7 +39,6 @@ async def trigger_compaction(admin: AdminDependency, tenant: Tenant, namespace: 
     responses={200: {"description": "NOT_RUN, RUNNING, SUCCESS or ERROR, with the last error."},
                **errors(404, 412)},
 )
-async def compaction_status(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                            topic: TopicPart) -> CompactionStatus:
+async def compaction_status(admin: AdminDependency, topic: TopicFromPath) -> CompactionStatus:
     """Pulsar's `LongRunningProcessStatus` of the topic's last or current run."""
-    return CompactionStatus.model_validate(admin.compaction_status(topic_name(tenant, namespace, topic)))
+    return CompactionStatus.model_validate(admin.compaction_status(topic))

@@ -29,11 +29,9 @@ from api.routers.common import (
     PERSISTENT_PREFIX,
     TOPIC_PATH,
     AdminDependency,
-    Namespace,
-    Tenant,
-    TopicPart,
+    NamespaceFromPath,
+    TopicFromPath,
     errors,
-    topic_name,
 )
 
 __all__ = ["router"]
@@ -54,10 +52,9 @@ Count = Annotated[StrictInt, Body(description="The number of partitions, a bare 
                         c409="A partitioned or non-partitioned topic of that name exists.",
                         c412="The name is not valid or contains `-partition-`.")},
 )
-async def create_partitioned_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                                   topic: TopicPart, count: Count) -> Response:
+async def create_partitioned_topic(admin: AdminDependency, topic: TopicFromPath, count: Count) -> Response:
     """Create the partitioned topic and its partitions `<topic>-partition-0` … `-partition-<N-1>`."""
-    await write_off_loop(admin.broker.partitioned.create, admin, topic_name(tenant, namespace, topic), count)
+    await write_off_loop(admin.broker.partitioned.create, admin, topic, count)
     return Response(status_code=204)
 
 
@@ -66,10 +63,9 @@ async def create_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
     responses={200: {"description": "`{\"partitions\": N}`; 0 for a topic that is not partitioned."},
                **errors(404, 412, c404="The namespace does not exist.")},
 )
-async def get_partitioned_topic_metadata(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                                         topic: TopicPart) -> dict[str, int]:
+async def get_partitioned_topic_metadata(admin: AdminDependency, topic: TopicFromPath) -> dict[str, int]:
     """The number of partitions of the topic (what PARTITIONED_METADATA answers)."""
-    name = TopicName.parse(topic_name(tenant, namespace, topic))
+    name = TopicName.parse(topic)
     admin.check_namespace(name)
     return {"partitions": admin.broker.partitioned.partitions(name)}
 
@@ -83,11 +79,10 @@ async def get_partitioned_topic_metadata(admin: AdminDependency, tenant: Tenant,
                         c406="The count is 0 or less, or above the limit.",
                         c409="The count does not grow.")},
 )
-async def update_partitioned_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                                   topic: TopicPart, count: Count) -> Response:
+async def update_partitioned_topic(admin: AdminDependency, topic: TopicFromPath, count: Count) -> Response:
     """Raise the number of partitions (it never shrinks); clients pick the new partitions
     up at their next metadata poll."""
-    await write_off_loop(admin.broker.partitioned.update, admin, topic_name(tenant, namespace, topic), count)
+    await write_off_loop(admin.broker.partitioned.update, admin, topic, count)
     return Response(status_code=204)
 
 
@@ -100,11 +95,10 @@ async def update_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
                         c409="A compaction of a partition is running.",
                         c412="A partition has producers or consumers attached, or the name is not valid.")},
 )
-async def delete_partitioned_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                                   topic: TopicPart) -> Response:
+async def delete_partitioned_topic(admin: AdminDependency, topic: TopicFromPath) -> Response:
     """Delete the partitioned topic, its partitions (ledgers, cursors, compacted ledgers)
     and its topic policies; nothing is deleted when any partition is busy."""
-    await admin.broker.partitioned.delete_off_loop(admin, topic_name(tenant, namespace, topic))
+    await admin.broker.partitioned.delete_off_loop(admin, topic)
     return Response(status_code=204)
 
 
@@ -113,10 +107,9 @@ async def delete_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
     summary="Create missing partitions",
     responses={204: {"description": "Every partition exists."}, **errors(404, 412)},
 )
-async def create_missed_partitions(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                                   topic: TopicPart) -> Response:
+async def create_missed_partitions(admin: AdminDependency, topic: TopicFromPath) -> Response:
     """Create any partition of the partitioned topic that does not exist."""
-    await write_off_loop(admin.broker.partitioned.create_missing, admin, topic_name(tenant, namespace, topic))
+    await write_off_loop(admin.broker.partitioned.create_missing, admin, topic)
     return Response(status_code=204)
 
 
@@ -125,9 +118,9 @@ async def create_missed_partitions(admin: AdminDependency, tenant: Tenant, names
     summary="List the partitioned topics of a namespace",
     responses={200: {"description": "Full names of the namespace's partitioned topics."}, **errors(412)},
 )
-async def list_partitioned_topics(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> list[str]:
+async def list_partitioned_topics(admin: AdminDependency, namespace: NamespaceFromPath) -> list[str]:
     """Every partitioned topic of `tenant/namespace` (the parents, not their partitions)."""
-    return admin.broker.partitioned.in_namespace(admin.namespace_scope(tenant, namespace))
+    return admin.broker.partitioned.in_namespace(namespace)
 
 
 @router.get(
@@ -137,10 +130,10 @@ async def list_partitioned_topics(admin: AdminDependency, tenant: Tenant, namesp
                **errors(400, 404, 412, c400="`perPartition` is not a boolean.",
                         c404="The partitioned topic does not exist.")},
 )
-async def partitioned_stats(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
+async def partitioned_stats(admin: AdminDependency, topic: TopicFromPath,
                             perPartition: Annotated[bool, Query(
                                 description="Include each partition's stats.")] = True) -> dict[str, Any]:
     """Pulsar's `PartitionedTopicStats`: the fields compactd keeps, summed over the partitions."""
     partitioned = admin.broker.partitioned
-    name = partitioned.required(topic_name(tenant, namespace, topic))
+    name = partitioned.required(topic)
     return partitioned.stats(admin, name, per_partition=perPartition)

@@ -29,11 +29,9 @@ from pydantic import StrictBool, StrictFloat, StrictInt
 from api.routers.common import (
     TOPIC_PATH,
     AdminDependency,
-    Namespace,
-    Tenant,
-    TopicPart,
+    TopicFromPath,
     errors,
-    topic_name,
+    namespace_from_path,
 )
 from api.schemas import JAVA_LONG_MAX, POLICIES, PolicySpec
 
@@ -45,12 +43,8 @@ NAMESPACE_PATH = "/admin/v2/namespaces/{tenant}/{namespace}"
 ScopeDependency = Callable[..., Awaitable[str]]
 
 
-async def _topic_scope(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> str:
-    return admin.topic_scope(topic_name(tenant, namespace, topic))
-
-
-async def _namespace_scope(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> str:
-    return admin.namespace_scope(tenant, namespace)
+async def _topic_scope(admin: AdminDependency, topic: TopicFromPath) -> str:
+    return admin.topic_scope(topic)
 
 
 def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: str, not_found: tuple[int, ...]) -> None:
@@ -103,4 +97,4 @@ def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: s
 
 for _spec in POLICIES:
     _add_routes(_spec, f"{TOPIC_PATH}/{_spec.name}", _topic_scope, "topic", (404,))
-    _add_routes(_spec, f"{NAMESPACE_PATH}/{_spec.name}", _namespace_scope, "namespace", ())
+    _add_routes(_spec, f"{NAMESPACE_PATH}/{_spec.name}", namespace_from_path, "namespace", ())

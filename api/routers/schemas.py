@@ -17,8 +17,8 @@ schema answers 404. The strategy, a JSON string of Pulsar's names (``FULL`` by d
 GET answers 204 with no body when none is set at that level. The topic need not exist (a
 schema or strategy may be set before the first producer, and on a partitioned topic).
 
-(No ``from __future__ import annotations`` here: the strategy handlers are built per scope
-in a closure, and FastAPI must resolve their annotations at definition.)
+FastAPI resolves the annotations of the strategy handlers, closures made per scope, when
+they are defined: so this module does without ``from __future__ import annotations``.
 """
 
 from collections.abc import Awaitable, Callable
@@ -44,11 +44,9 @@ from api.broker.topic_name import TopicName
 from api.routers.common import (
     TOPIC_PATH,
     AdminDependency,
-    Namespace,
-    Tenant,
-    TopicPart,
+    TopicFromPath,
     errors,
-    topic_name,
+    namespace_from_path,
 )
 from api.schemas import SchemaInfo, SchemaStrategyName, SchemaUpload, SchemaVersion
 
@@ -73,8 +71,8 @@ async def _registry(admin: AdminDependency) -> SchemaRegistry:
 Registry = Annotated[SchemaRegistry, Depends(_registry)]
 
 
-def _name(tenant: str, namespace: str, topic: str) -> TopicName:
-    return TopicName.parse(topic_name(tenant, namespace, topic))  # 412 for a bad name
+def _name(topic: str) -> TopicName:
+    return TopicName.parse(topic)  # 412 for a bad name
 
 
 def _info(stored: StoredSchema) -> SchemaInfo:
@@ -85,20 +83,20 @@ def _info(stored: StoredSchema) -> SchemaInfo:
 @router.get(SCHEMA_PATH, response_model=SchemaInfo, tags=["schemas"], summary="Get the latest schema",
             openapi_extra=topic_grant(*LOOKUP_ACTIONS),
             responses={200: {"description": "The latest live version."}, **errors(404, 412, c404=_C404)})
-async def get_schema(registry: Registry, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> SchemaInfo:
+async def get_schema(registry: Registry, topic: TopicFromPath) -> SchemaInfo:
     """The latest version of the topic's schema."""
-    return _info(registry.get(_name(tenant, namespace, topic)))
+    return _info(registry.get(_name(topic)))
 
 
 @router.get(SCHEMA_PATH + "/{version}", response_model=SchemaInfo, tags=["schemas"],
             openapi_extra=topic_grant(*LOOKUP_ACTIONS),
             summary="Get one version of the schema",
             responses={200: {"description": "That version."}, **errors(400, 404, 412, c404=_C404)})
-async def get_schema_version(registry: Registry, tenant: Tenant, namespace: Namespace, topic: TopicPart,
+async def get_schema_version(registry: Registry, topic: TopicFromPath,
                              version: Annotated[int, Path(ge=0, le=2**63 - 1, description="The version.")]
                              ) -> SchemaInfo:
     """Version ``version`` of the topic's schema."""
-    return _info(registry.get(_name(tenant, namespace, topic), version))
+    return _info(registry.get(_name(topic), version))
 
 
 @router.post(SCHEMA_PATH, response_model=SchemaVersion, tags=["schemas"], summary="Upload a schema",
@@ -106,12 +104,12 @@ async def get_schema_version(registry: Registry, tenant: Tenant, namespace: Name
              responses={200: {"description": "The version registered, or the existing equal one."},
                         **errors(400, 409, 412, c409="The topic's compatibility strategy refuses the schema.",
                                  c400="Malformed body, or an AVRO/JSON definition that is not an Avro schema.")})
-async def upload_schema(registry: Registry, tenant: Tenant, namespace: Namespace, topic: TopicPart,
+async def upload_schema(registry: Registry, topic: TopicFromPath,
                         payload: SchemaUpload) -> SchemaVersion:
     """Register a schema as a producer with it would; an equal live version is reused."""
     schema = SchemaData(_TYPE_NUMBERS[payload.type], payload.schema_.encode("utf-8"), payload.properties)
     try:
-        return SchemaVersion(version=await write_off_loop(registry.put_if_absent, _name(tenant, namespace, topic), schema))
+        return SchemaVersion(version=await write_off_loop(registry.put_if_absent, _name(topic), schema))
     except InvalidSchemaError:
         raise
     except IncompatibleSchemaError as error:
@@ -121,17 +119,13 @@ async def upload_schema(registry: Registry, tenant: Tenant, namespace: Namespace
 @router.delete(SCHEMA_PATH, response_model=SchemaVersion, tags=["schemas"], summary="Delete the schema",
                responses={200: {"description": "Every version is deleted; the last version number."},
                           **errors(404, 412, c404=_C404)})
-async def delete_schema(registry: Registry, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> SchemaVersion:
+async def delete_schema(registry: Registry, topic: TopicFromPath) -> SchemaVersion:
     """Delete every version; the next schema is registered as if the topic had none."""
-    return SchemaVersion(version=await write_off_loop(registry.delete, _name(tenant, namespace, topic)))
+    return SchemaVersion(version=await write_off_loop(registry.delete, _name(topic)))
 
 
-async def _topic_scope(tenant: Tenant, namespace: Namespace, topic: TopicPart) -> str:
-    return schema_base(_name(tenant, namespace, topic))  # a partition's strategy is its base topic's
-
-
-async def _namespace_scope(tenant: Tenant, namespace: Namespace) -> str:
-    return _name(tenant, namespace, "x").namespace_name
+async def _topic_scope(topic: TopicFromPath) -> str:
+    return schema_base(_name(topic))  # a partition's strategy is its base topic's
 
 
 def _add_strategy_routes(path: str, where: str, scope_of: Callable[..., Awaitable[str]]) -> None:
@@ -170,5 +164,5 @@ def _add_strategy_routes(path: str, where: str, scope_of: Callable[..., Awaitabl
                          responses={204: {"description": "Removed (also when none was set)."}, **errors(412)})
 
 
-_add_strategy_routes(NAMESPACE_STRATEGY_PATH, "namespace", _namespace_scope)
+_add_strategy_routes(NAMESPACE_STRATEGY_PATH, "namespace", namespace_from_path)
 _add_strategy_routes(TOPIC_STRATEGY_PATH, "topic", _topic_scope)

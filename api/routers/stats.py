@@ -9,15 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from api import metrics
-from api.routers.common import (
-    TOPIC_PATH,
-    AdminDependency,
-    Namespace,
-    Tenant,
-    TopicPart,
-    errors,
-    topic_name,
-)
+from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors
 from api.schemas import InternalStats, TopicStats
 
 __all__ = ["router"]
@@ -30,10 +22,10 @@ router = APIRouter(tags=["stats"])
     summary="Topic stats",
     responses={200: {"description": "Pulsar's topic stats, with the `compaction` section."}, **errors(404, 412)},
 )
-async def topic_stats(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> TopicStats:
+async def topic_stats(admin: AdminDependency, topic: TopicFromPath) -> TopicStats:
     """Counters, subscriptions and the last compaction's figures (removed events, success
     and failure timestamps, duration)."""
-    return TopicStats.model_validate(admin.stats(topic_name(tenant, namespace, topic)))
+    return TopicStats.model_validate(admin.stats(topic))
 
 
 @router.get(
@@ -42,11 +34,10 @@ async def topic_stats(admin: AdminDependency, tenant: Tenant, namespace: Namespa
     responses={200: {"description": "Pulsar's internal stats: ledgers, cursors, compacted ledger."},
                **errors(404, 412)},
 )
-async def internal_stats(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                         topic: TopicPart) -> InternalStats:
+async def internal_stats(admin: AdminDependency, topic: TopicFromPath) -> InternalStats:
     """The managed ledger's ledgers, each cursor's positions and properties, and the
     compacted ledger (`ledgerId`, `entries`, `size` all -1 when there is none)."""
-    return InternalStats.model_validate(admin.internal_stats(topic_name(tenant, namespace, topic)))
+    return InternalStats.model_validate(admin.internal_stats(topic))
 
 
 @router.get(

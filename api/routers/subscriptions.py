@@ -17,15 +17,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Body, Path, Response
 
 from api.broker.admin_topics import TopicOperations
-from api.routers.common import (
-    TOPIC_PATH,
-    AdminDependency,
-    Namespace,
-    Tenant,
-    TopicPart,
-    errors,
-    topic_name,
-)
+from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors
 from api.schemas import JAVA_LONG_MAX, MessageIdData, ResetCursorData
 from ledger.position import Position
 
@@ -42,10 +34,9 @@ Subscription = Annotated[str, Path(description="The subscription's name.")]
     summary="List the subscriptions of a topic",
     responses={200: {"description": "The subscription names (`__compaction` included)."}, **errors(404, 412)},
 )
-async def list_subscriptions(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                             topic: TopicPart) -> list[str]:
+async def list_subscriptions(admin: AdminDependency, topic: TopicFromPath) -> list[str]:
     """Every durable subscription of the topic, sorted."""
-    return TopicOperations(admin).subscriptions(topic_name(tenant, namespace, topic))
+    return TopicOperations(admin).subscriptions(topic)
 
 
 @router.get(
@@ -56,14 +47,14 @@ async def list_subscriptions(admin: AdminDependency, tenant: Tenant, namespace: 
                **errors(400, 404, 412, c404="The topic or subscription does not exist, or there are not "
                                             "that many unacknowledged messages.")},
 )
-async def peek_message(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
+async def peek_message(admin: AdminDependency, topic: TopicFromPath,
                        subscription: Subscription,
                        messagePosition: Annotated[int, Path(ge=1, le=JAVA_LONG_MAX,
                                                             description="1 for the first unacknowledged.")],
                        ) -> Response:
     """The `messagePosition`-th entry after the subscription's mark-delete position, not
     acknowledged; nothing moves."""
-    peeked = TopicOperations(admin).peek(topic_name(tenant, namespace, topic), subscription, messagePosition)
+    peeked = TopicOperations(admin).peek(topic, subscription, messagePosition)
     headers = {
         "X-Pulsar-Message-ID": str(peeked.position),
         "X-Pulsar-publish-time": str(peeked.publish_time_ms),
@@ -83,7 +74,7 @@ async def peek_message(admin: AdminDependency, tenant: Tenant, namespace: Namesp
     summary="Reset a subscription to a publish time",
     responses={204: {"description": "Reset."}, **errors(400, 404, 412)},
 )
-async def reset_cursor_to_time(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
+async def reset_cursor_to_time(admin: AdminDependency, topic: TopicFromPath,
                                subscription: Subscription,
                                timestamp: Annotated[int, Path(ge=0, le=JAVA_LONG_MAX,
                                                               description="Milliseconds since the epoch.")],
@@ -91,7 +82,7 @@ async def reset_cursor_to_time(admin: AdminDependency, tenant: Tenant, namespace
     """The subscription reads next the first message published at or after `timestamp`
     (the end of the topic when none is); its consumers are disconnected and subscribe again."""
     await asyncio.wrap_future(TopicOperations(admin).reset_cursor(
-        topic_name(tenant, namespace, topic), subscription, timestamp_ms=timestamp))  # durable, off the loop
+        topic, subscription, timestamp_ms=timestamp))  # durable, off the loop
     return Response(status_code=204)
 
 
@@ -100,13 +91,12 @@ async def reset_cursor_to_time(admin: AdminDependency, tenant: Tenant, namespace
     summary="Reset a subscription to a message id",
     responses={204: {"description": "Reset."}, **errors(400, 404, 412)},
 )
-async def reset_cursor_to_message(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                                  topic: TopicPart, subscription: Subscription,
+async def reset_cursor_to_message(admin: AdminDependency, topic: TopicFromPath, subscription: Subscription,
                                   message_id: Annotated[ResetCursorData, Body()]) -> Response:
     """The subscription reads next from the message id (just after it with `isExcluded`);
     its consumers are disconnected and subscribe again."""
     await asyncio.wrap_future(TopicOperations(admin).reset_cursor(
-        topic_name(tenant, namespace, topic), subscription,
+        topic, subscription,
         position=Position(message_id.ledgerId, message_id.entryId), excluded=message_id.isExcluded))
     return Response(status_code=204)
 
@@ -116,10 +106,10 @@ async def reset_cursor_to_message(admin: AdminDependency, tenant: Tenant, namesp
     summary="Clear the backlog of a subscription",
     responses={204: {"description": "Everything stored so far is acknowledged."}, **errors(404, 412)},
 )
-async def skip_all(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart,
+async def skip_all(admin: AdminDependency, topic: TopicFromPath,
                    subscription: Subscription) -> Response:
     """Acknowledge every message stored so far (`pulsar-admin topics clear-backlog`)."""
-    await asyncio.wrap_future(TopicOperations(admin).skip_all(topic_name(tenant, namespace, topic), subscription))
+    await asyncio.wrap_future(TopicOperations(admin).skip_all(topic, subscription))
     return Response(status_code=204)
 
 
@@ -129,10 +119,10 @@ async def skip_all(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
     responses={204: {"description": "Unloaded; the next use loads it again."},
                **errors(404, 409, 412, c409="A compaction of the topic is in flight.")},
 )
-async def unload(admin: AdminDependency, tenant: Tenant, namespace: Namespace, topic: TopicPart) -> Response:
+async def unload(admin: AdminDependency, topic: TopicFromPath) -> Response:
     """Disconnect the topic's producers and consumers (clients reconnect), seal its current
     ledger and drop it from memory."""
-    await TopicOperations(admin).unload(topic_name(tenant, namespace, topic))  # durable, off the loop
+    await TopicOperations(admin).unload(topic)  # durable, off the loop
     return Response(status_code=204)
 
 
@@ -142,7 +132,6 @@ async def unload(admin: AdminDependency, tenant: Tenant, namespace: Namespace, t
     responses={200: {"description": "The id of the last stored message (entryId -1 when none)."},
                **errors(404, 412)},
 )
-async def last_message_id(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                          topic: TopicPart) -> MessageIdData:
+async def last_message_id(admin: AdminDependency, topic: TopicFromPath) -> MessageIdData:
     """The last stored message's id; a batch's last slot has `batchIndex`."""
-    return MessageIdData.model_validate(TopicOperations(admin).last_message_id(topic_name(tenant, namespace, topic)))
+    return MessageIdData.model_validate(TopicOperations(admin).last_message_id(topic))

@@ -1,31 +1,9 @@
-"""The Pulsar binary protocol on the wire: framing of commands and payloads.
+"""The Pulsar binary protocol's door: the listener (``listener.PulsarBroker``), one
+``connection.Connection`` per client with its command handlers (``producing``,
+``preparing``, ``schema_commands``, ``durable``), CONNECT's admission (``auth``), the
+limits the connections share (``limits``), what goes out (``outbox``), the checks of what
+comes in (``validate``), the protocol's values (``codec``) and the framing of commands
+and payloads (``frames``: the byte layout and the size rule are written out at its top).
 
-``frames`` turns a connection's bytes into validated ``BaseCommand`` frames and back; the
-byte layout and the size rule are written out at the top of ``api/wire/frames.py``.
+The package re-exports nothing: import each name from the module that owns it.
 """
-
-from api.wire.frames import (
-    FRAME_BYTES_MAX,
-    FRAME_PADDING_BYTES,
-    MESSAGE_BYTES_MAX,
-    PAYLOAD_COMMAND_TYPES,
-    Frame,
-    FrameDecoder,
-    FrameError,
-    encode_command,
-    encode_payload_command,
-    make_command,
-)
-
-__all__ = [
-    "FRAME_BYTES_MAX",
-    "FRAME_PADDING_BYTES",
-    "MESSAGE_BYTES_MAX",
-    "PAYLOAD_COMMAND_TYPES",
-    "Frame",
-    "FrameDecoder",
-    "FrameError",
-    "encode_command",
-    "encode_payload_command",
-    "make_command",
-]

@@ -4,7 +4,7 @@ The connection only translates: frames in, calls on the broker core, frames out.
 keeps for the real ``pulsar-client`` (C++ core 4.2.0):
 
 * CONNECT must come first; anything else before it closes the connection. With
-  authentication on, CONNECT must prove a role (``api.auth.wire.admit``: a token, or a
+  authentication on, CONNECT must prove a role (``api.wire.auth.admit``: a token, or a
   trusted client certificate's CN) or is answered ERROR AuthenticationError and closed;
   every command that names a topic checks the role's grant on it (``HANDLERS``,
   ``api.broker.access``); a refusal is AuthorizationError in that command's own answer.
@@ -46,7 +46,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from api.auth.wire import admit
 from api.broker.access import LOOKUP_ACTIONS, AuthorizationError
 from api.broker.advertised import broker_service_url
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
@@ -54,6 +53,7 @@ from api.broker.errors import BrokerError, NotAllowedError
 from api.broker.key_shared import KeySharedPolicy
 from api.broker.partitions import partition_index
 from api.broker.topic_stats import RateCounter, connected_since
+from api.wire.auth import admit
 from api.wire.codec import (
     CONNECTION_COMMANDS,
     U64_MAX,
@@ -76,7 +76,7 @@ from api.wire.frames import (
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
 from api.wire.outbox import Outbox
-from api.wire.preparing import Creations, deferred, get_or_create_schema
+from api.wire.preparing import Creations, get_or_create_schema, ready_to_create
 from api.wire.producing import ProducerHandlers, SendCompletions, WireProducer
 from api.wire.schema_commands import (
     check_subscribe_schema,
@@ -192,7 +192,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.consumers: dict[int, WireConsumer] = {}
         self.creating_producers, self.creating_consumers = Creations("producer"), Creations("consumer")
         self.service_url = ""
-        self.role: str | None = None  # proven at CONNECT (api.auth.wire); None: authentication off
+        self.role: str | None = None  # proven at CONNECT (api.wire.auth); None: authentication off
         self.client_version = ""  # what the client's CONNECT said it is
         self.writing_paused = False  # the transport's write buffer is over its high-water mark
         self._loop = asyncio.get_event_loop()
@@ -531,9 +531,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
 
     def _subscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.subscribe
-        self.broker.access.check_topic(self.role, request.topic, "consume")  # api.auth: grants
-        if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
-            self.creating_consumers.waiting(request.consumer_id, request.request_id)
+        if not ready_to_create(self, frame, request.topic, "consume", self.creating_consumers,
+                               request.consumer_id, request.request_id):
             return
         self.creating_consumers.check(request.consumer_id, request.request_id)  # NotAllowed: closed while it waited
         topic = self.broker.get_topic(request.topic)

@@ -47,11 +47,10 @@ from dataclasses import dataclass
 from typing import Final
 
 import crc32c
-from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtobufMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from compactor.message import BROKER_ENTRY_MAGIC, CHECKSUM_MAGIC
+from compactor.message import BROKER_ENTRY_MAGIC, CHECKSUM_MAGIC, parse_proto
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError
 
@@ -86,7 +85,6 @@ _MAGIC_BLOCK_BYTES = 6  # a 2-byte magic and a u32
 _FRAME_BYTES_LIMIT = int.from_bytes(CHECKSUM_MAGIC + b"\x00\x00", "big")
 """``max_frame_bytes`` stays below this so that no metadataSize can look like a magic."""
 _COMPACT_AFTER_BYTES = 64 * 1024
-_PROTOBUF_DECODE_ERRORS = (DecodeError, UnicodeDecodeError)
 _TYPE_FIELD = pb.BaseCommand.DESCRIPTOR.fields_by_name["type"]
 _TYPE_NAMES = {number: name for name, number in pb.BaseCommand.Type.items()}
 _SUB_MESSAGE_FIELDS = {
@@ -329,11 +327,7 @@ def _entry_shape_problem(entry: bytes) -> str | None:
 
 def _parse_command(raw: bytes) -> pb.BaseCommand:
     """Parse and validate one BaseCommand, raising FrameError for anything off."""
-    command = pb.BaseCommand()
-    try:
-        command.ParseFromString(raw)
-    except _PROTOBUF_DECODE_ERRORS as error:
-        raise FrameError(f"BaseCommand does not parse: {error}") from error
+    command = parse_proto(pb.BaseCommand, raw, FrameError, "BaseCommand")
     if not command.HasField("type"):
         unknown = _unknown_type_value(command)
         if unknown is not None:

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from api.wire.frames import Frame
     from ledger.managed_ledger import ManagedLedger
 
-__all__ = ["Creations", "deferred", "get_or_create_schema"]
+__all__ = ["Creations", "deferred", "get_or_create_schema", "ready_to_create"]
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
@@ -99,6 +99,7 @@ class Preparing(Protocol):
     """What this module needs of the connection (``api.wire.connection.ServerConnection``)."""
 
     broker: BrokerService
+    role: str | None
     _loop: asyncio.AbstractEventLoop
 
     def is_open(self) -> bool: ...
@@ -117,6 +118,19 @@ def deferred(connection: Preparing, frame: Frame) -> bool:
         return False
     task = connection._loop.create_task(_then_handle(connection, frame, work))
     task.add_done_callback(lambda done: done.cancelled() or done.exception())  # answered inside
+    return True
+
+
+def ready_to_create(connection: Preparing, frame: Frame, topic: str, action: str, creations: Creations,
+                    ident: int, request_id: int) -> bool:
+    """The start of PRODUCER (``action`` produce) and SUBSCRIBE (consume): the connection's
+    role must hold ``action`` on ``topic`` (``AuthorizationError`` otherwise). False when
+    the frame waits for the topic's load or a schema's registration off the loop first
+    (``creations`` notes the creation ``ident`` waiting; the frame is handled again)."""
+    connection.broker.access.check_topic(connection.role, topic, action)  # api.auth: grants
+    if deferred(connection, frame):
+        creations.waiting(ident, request_id)
+        return False
     return True
 
 

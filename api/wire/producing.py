@@ -37,7 +37,7 @@ from api.wire.chunk_door import may_be_chunk
 from api.wire.codec import U64_MAX, server_error, to_message_id
 from api.wire.frames import Frame
 from api.wire.outbox import Outbox
-from api.wire.preparing import Creations, deferred
+from api.wire.preparing import Creations, ready_to_create
 from api.wire.schema_commands import producer_schema_version
 from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
@@ -189,9 +189,8 @@ class ProducerHandlers:
 
     def _producer(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.producer
-        self.broker.access.check_topic(self.role, request.topic, "produce")  # api.auth: grants
-        if deferred(self, frame):  # the topic's load, a schema's registration: off the loop first
-            self.creating_producers.waiting(request.producer_id, request.request_id)
+        if not ready_to_create(self, frame, request.topic, "produce", self.creating_producers,
+                               request.producer_id, request.request_id):
             return
         topic = self.broker.get_topic(request.topic)
         name = request.producer_name or self.broker.new_producer_name()

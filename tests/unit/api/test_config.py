@@ -158,6 +158,24 @@ def test_serve_has_no_flag_without_a_setting() -> None:
     assert names == set(KEYS) | {"config"}
 
 
+
+def test_each_serve_flag_is_built_from_its_setting_declaration() -> None:
+    """``serve``'s options are read off ``Settings``: a value flag shows the declared metavar,
+    a boolean has its ``--no-`` form, and each help is the setting's help with its default."""
+    serve = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    options = {param.name: param for param in serve.params}
+    for spec in setting_specs():
+        option = options[spec.key]
+        assert option.help.startswith(spec.help + " Default: "), spec.key
+        if spec.kind is bool:
+            assert (option.opts, option.secondary_opts, option.metavar) == (
+                [flag_name(spec.key)], ["--no-" + flag_name(spec.key)[2:]], None), spec.key
+        else:
+            assert (option.opts, option.metavar) == ([flag_name(spec.key)], spec.metavar), spec.key
+            assert spec.metavar, spec.key
+    choices = {spec.key: spec.metavar for spec in setting_specs() if spec.choices and spec.key == "fsync"}
+    assert choices == {"fsync": "{always,group,none}"}  # a Literal's metavar names its choices
+
 def _shown(value: object) -> str:
     """A default as the settings reference shows it."""
     if value is None or value == ():

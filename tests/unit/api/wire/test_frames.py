@@ -12,7 +12,7 @@ from google.protobuf.message import EncodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.wire import (
+from api.wire.frames import (
     FRAME_BYTES_MAX,
     FRAME_PADDING_BYTES,
     MESSAGE_BYTES_MAX,
