@@ -242,7 +242,7 @@ class TopicOperations:
         broker = self.admin.broker
         if broker.runs.in_flight(name):
             raise CompactionInProgressError(f"Compaction of {name} is in progress; unload it afterwards")
-        loaded = broker.topics.get(name)
+        loaded = broker.registry.get(name)
         if loaded is None:
             return
         for owner in list(loaded.producers.values()):

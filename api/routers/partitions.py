@@ -104,7 +104,7 @@ async def delete_partitioned_topic(admin: AdminDependency, tenant: Tenant, names
                                    topic: TopicPart) -> Response:
     """Delete the partitioned topic, its partitions (ledgers, cursors, compacted ledgers)
     and its topic policies; nothing is deleted when any partition is busy."""
-    await admin.broker.partitioned.delete_off_loop(admin, topic_name(tenant, namespace, topic))
+    await admin.broker.partitioned.delete(admin, topic_name(tenant, namespace, topic))
     return Response(status_code=204)
 
 
