@@ -44,6 +44,7 @@ from cursor.errors import CursorError
 from ledger.position import Position
 
 if TYPE_CHECKING:
+    from api.broker.registry import TopicRegistry
     from api.broker.topic import Topic
     from compactor.runs import CompactionRuns
 
@@ -59,7 +60,7 @@ class _Described(Protocol):
 
 
 class _Broker(Protocol):
-    topics: dict[str, Topic]
+    registry: TopicRegistry
     runs: CompactionRuns
 
     async def unload_topic(self, topic: Topic) -> None: ...
