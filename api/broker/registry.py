@@ -327,6 +327,11 @@ class TopicRegistry:
                     task = asyncio.ensure_future(self._discard(action.topic, opened.result()))
                     self._discards.add(task)
                     task.add_done_callback(self._discards.discard)
+                case Forget() if isinstance(event, Closed):  # a load waiting for the close, at the stop
+                    waiting = self._opens.pop(action.load_id, None)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_exception(NotAllowedError(f"Topic {action.topic} cannot load: "
+                                                              f"{RejectReason.STOPPING.value}"))
                 case Open() if isinstance(event, Closed):
                     self._submit(TopicName.parse(action.topic), action.load_id, asyncio.get_running_loop())
                 case Ready() | Join() | Forget() | Open() | Close() | Delete():

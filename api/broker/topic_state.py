@@ -25,6 +25,7 @@ Per topic (``absent`` is no entry; ``marked`` is a partitioned parent's delete h
     loaded    --UnloadRequested------>  closing    Unpublish, Close
     closing   --Closed--------------->  absent
     reopening --Closed--------------->  loading    Open(id)
+    reopening --Closed, stopping----->  absent     Forget(id)    (its waiters are refused)
     loaded    --DeleteRequested------>  deleting   Unpublish, Delete
     deleting  --DeleteEnded---------->  absent (marked stays held)
     loading/reopening --DeleteRequested--> Reject(LOADING)
@@ -375,10 +376,11 @@ class TopicStates:
         if state.phase is Phase.CLOSING:
             self._set(event.topic, None, None)
         elif state.phase is Phase.REOPENING:
-            if self.stopping or state.marks > 0:
-                self._set(event.topic, None, None)  # pragma: no cover - both refuse loads while closing
-                return []
             assert state.load_id is not None
+            if self.stopping:  # the load waiting for the close is refused: its waiters learn why
+                load_id = state.load_id
+                self._set(event.topic, None, None)
+                return [Forget(event.topic, load_id)]
             self._set(event.topic, Phase.LOADING, state.load_id)
             return [Open(event.topic, state.load_id)]
         return []

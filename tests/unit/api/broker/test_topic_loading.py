@@ -250,3 +250,32 @@ def test_an_unload_waits_for_a_compaction_subscription_delete_in_flight_and_the_
         _run(tmp_path, body)
     finally:
         gate.set()
+
+
+def test_a_stop_while_a_load_waits_for_an_unload_refuses_the_load_and_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load waiting for a close is refused once the stop began (the lifecycle row
+    ``reopening --Closed, stopping--> Forget``): neither it nor the stop waits forever."""
+    real_close = Topic.close_off_loop
+    held = asyncio.Event()
+
+    async def held_close(self: Topic) -> None:
+        await held.wait()
+        await real_close(self)
+
+    async def body(broker: BrokerService) -> None:
+        first = await broker.load_topic(TOPIC)
+        monkeypatch.setattr(Topic, "close_off_loop", held_close)
+        unloading = asyncio.ensure_future(broker.unload_topic(first))
+        await asyncio.sleep(0)
+        reloading = asyncio.ensure_future(broker.load_topic(TOPIC))
+        await asyncio.sleep(0)
+        assert broker.registry.phase(TOPIC) is Phase.REOPENING
+        stopping = asyncio.ensure_future(broker.registry.stop())
+        await asyncio.sleep(0)
+        held.set()
+        await asyncio.wait_for(asyncio.gather(stopping, unloading), 10)
+        with pytest.raises(NotAllowedError, match="stopping"):
+            await asyncio.wait_for(reloading, 10)
+        assert broker.registry.phase(TOPIC) is None and broker.registry.get(TOPIC) is None
+    _run(tmp_path, body)

@@ -112,7 +112,7 @@ def test_stopping_load_requested_is_refused_but_a_loaded_topic_was_closed() -> N
     assert states.handle(LoadRequested(T, 1)) == [Reject(T, RejectReason.STOPPING)]
     states = reopening()
     states.handle(Stopped())
-    assert states.handle(Closed(T)) == []  # the load waiting for the close does not open
+    assert states.handle(Closed(T)) == [Forget(T, 2)]  # the load waiting for the close does not open
     assert states.phase(T) is None
     assert states.handle(LoadRequested(T, 3)) == [Reject(T, RejectReason.STOPPING)]
 
