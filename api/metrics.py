@@ -68,7 +68,7 @@ class CompactionCollector(Collector):
         self.broker = broker
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        topics = list(self.broker.topics.values())
+        topics = self.broker.registry.loaded_topics()
         yield from self._broker_wide()
         families = self._families()
         for topic in topics:

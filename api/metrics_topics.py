@@ -98,7 +98,7 @@ class TopicCollector(Collector):
                                for name, (text, _) in _SUBSCRIPTION_GAUGES.items()}
         totals: dict[str, float] = dict.fromkeys((field for _, field in _BROKER_GAUGES.values()), 0.0)
         operations = TopicOperations(self.broker.admin)
-        for topic in list(self.broker.topics.values()):
+        for topic in self.broker.registry.loaded_topics():
             stats = _figures(operations.stats(str(topic.name)))
             labels = [cluster, topic.name.namespace_name, str(topic.name)]
             for name, (_, field) in _TOPIC_GAUGES.items():

@@ -2,8 +2,9 @@
 
 Everything here works on plain values and raises the broker's typed errors; the REST layer
 only parses, calls and shapes (``api/http.py`` maps errors to HTTP codes in one place).
-The REST layer calls the ``*_off_loop`` forms and ``preload`` (a topic loaded off the loop
-before an operation on it): what they commit runs on a worker thread, awaited.
+Operations that commit (create, delete, policies) are coroutines: what they commit runs on a
+worker thread, awaited; the REST layer also calls ``preload`` (a topic loaded off the loop
+before an operation on it).
 
 * Topics: create (``TopicExistsError`` when it exists), delete (its ledgers and its
   compacted ledger; refused while clients are attached, as Pulsar refuses without force),
@@ -26,7 +27,6 @@ before an operation on it): what they commit runs on a worker thread, awaited.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from concurrent.futures import Future
@@ -45,6 +45,7 @@ from ledger.errors import CompactionServiceError
 if TYPE_CHECKING:
     from api.broker.partitions import PartitionedTopics
     from api.broker.policies import PolicyStore
+    from api.broker.registry import TopicRegistry
     from api.broker.tenants import Tenants
     from compactor.runs import CompactionRuns
     from ledger.data_dir import DataDir
@@ -70,9 +71,7 @@ class AdminBroker(Protocol):
 
     data_dir: DataDir
     policies: PolicyStore
-    topics: dict[str, Topic]
-    deleting: set[str]  # topics whose deletion runs off the loop: not loaded meanwhile
-    loading: dict[str, Future[Topic]]  # topics opened off the loop right now
+    registry: TopicRegistry  # which topics are loaded, loading, closing, deleted: its alone
     runs: CompactionRuns
     tenants: Tenants
     partitioned: PartitionedTopics
@@ -92,11 +91,9 @@ class AdminBroker(Protocol):
     def list_topics(self, namespace: str) -> list[str]:
         """Every topic of ``tenant/namespace``."""
 
-    def refresh_deduplication(self) -> None:
-        """Apply a changed ``deduplicationEnabled`` policy to every loaded topic."""
-
-    async def refresh_deduplication_off_loop(self) -> None:
-        """``refresh_deduplication`` with each start off the loop, awaited."""
+    async def refresh_deduplication(self) -> None:
+        """Apply a changed ``deduplicationEnabled`` policy to every loaded topic (each start
+        off the loop), awaited."""
 
     def request_compaction(self, text: str) -> None:
         """Queue a run of the existing topic ``text`` on ``runs``."""
@@ -111,20 +108,12 @@ class Admin:
 
     # -- topics ---------------------------------------------------------------------
 
-    def create_topic(self, text: str) -> str:
+    async def create_topic(self, text: str) -> str:
+        """Create the topic ``text`` (``TopicExistsError`` when it exists, as a topic or a
+        partitioned parent) with its first load (its first ledger, internal cursors) off the
+        loop; a creation in flight of the same name is an existing topic."""
         name = str(TopicName.parse(text))
-        if self.broker.partitioned.is_parent(TopicName.parse(name)):
-            raise TopicExistsError(f"Topic {name} already exists as a partitioned topic")
-        if self.metadata.topic_exists(name):
-            raise TopicExistsError(f"Topic {name} already exists")
-        self.broker.get_topic(name)
-        return name
-
-    async def create_topic_off_loop(self, text: str) -> str:
-        """``create_topic`` with the topic's first load (its first ledger, internal cursors)
-        off the loop; a creation in flight of the same name is an existing topic."""
-        name = str(TopicName.parse(text))
-        if name in self.broker.loading and not self.metadata.topic_exists(name):
+        if self.broker.registry.is_loading(name) and not self.metadata.topic_exists(name):
             raise TopicExistsError(f"Topic {name} already exists")
         if self.broker.partitioned.is_parent(TopicName.parse(name)):
             raise TopicExistsError(f"Topic {name} already exists as a partitioned topic")
@@ -148,7 +137,7 @@ class Admin:
         names = ([str(name)] if not self.broker.partitioned.is_parent(name) else
                  [p for p in self.broker.partitioned.partition_names(name) if self.metadata.topic_ledgers(p)])
         for each in names:
-            if each not in self.broker.topics and self.metadata.topic_exists(each):
+            if self.broker.registry.get(each) is None and self.metadata.topic_exists(each):
                 with contextlib.suppress(CompactionServiceError):
                     await self.broker.load_topic(each, create=False)
 
@@ -163,32 +152,17 @@ class Admin:
             raise PreconditionFailedError(f"Topic {topic.name} has active producers or consumers")
         self.broker.runs.check_delete(str(topic.name))
 
-    def delete_topic(self, text: str) -> None:
+    async def delete_topic(self, text: str) -> None:
+        """Delete the topic ``text``, refused while clients are attached (412) or a run is in
+        flight (409), with the deletion itself (its transaction — the topic's ledgers,
+        cursors and every other row of it — and its files) on a worker thread, once a
+        de-duplication start in flight has ended; while it runs, loading the topic is
+        refused (``TopicRegistry.delete``)."""
         topic = self.topic(text)
         if any(s.consumers for s in topic.subscriptions.values()) or topic.producers_connected():
             raise PreconditionFailedError(f"Topic {topic.name} has active producers or consumers")
         self.broker.runs.check_delete(str(topic.name))  # refused while running or waiting for a slot
-        self.broker.topics.pop(str(topic.name), None)
-        topic.delete()
-
-    async def delete_topic_off_loop(self, text: str) -> None:
-        """``delete_topic`` with the deletion itself (its transaction — the topic's ledgers,
-        cursors and every other row of it — and its files) on a worker thread; while it
-        runs, loading the topic is refused (``BrokerService.get_topic``)."""
-        topic = self.topic(text)
-        if any(s.consumers for s in topic.subscriptions.values()) or topic.producers_connected():
-            raise PreconditionFailedError(f"Topic {topic.name} has active producers or consumers")
-        name = str(topic.name)
-        self.broker.runs.check_delete(name)  # refused while running or waiting for a slot
-        self.broker.topics.pop(name, None)
-        marked = name not in self.broker.deleting  # else a caller (a partitioned delete) holds the mark
-        self.broker.deleting.add(name)
-        try:
-            await topic.deduplication_settled()  # its cursor, created off the loop, before the delete
-            await asyncio.to_thread(topic.delete)
-        finally:
-            if marked:
-                self.broker.deleting.discard(name)
+        await self.broker.registry.delete(topic)
 
     def list_topics(self, namespace: str) -> list[str]:
         return self.broker.list_topics(namespace)
@@ -254,31 +228,21 @@ class Admin:
         assert name in POLICY_NAMES
         return self.broker.policies.get_policy(scope, name)
 
-    def set_policy(self, scope: str, name: str, value: Any) -> None:
-        assert name in POLICY_NAMES
-        self.broker.policies.set_policy(scope, name, value)
-        if name == "deduplicationEnabled":
-            self.broker.refresh_deduplication()
-
-    async def set_policy_off_loop(self, scope: str, name: str, value: Any) -> None:
-        """``set_policy`` with its commit on the metadata writer thread (``api.broker.off_loop``)."""
+    async def set_policy(self, scope: str, name: str, value: Any) -> None:
+        """Set policy ``name`` of ``scope``, its commit on the metadata writer thread
+        (``api.broker.off_loop``); a ``deduplicationEnabled`` applies to the loaded topics
+        (their starts off the loop) before this returns."""
         assert name in POLICY_NAMES
         await write_off_loop(self.broker.policies.set_policy, scope, name, value)
         if name == "deduplicationEnabled":
-            await self.broker.refresh_deduplication_off_loop()
+            await self.broker.refresh_deduplication()
 
-    async def remove_policy_off_loop(self, scope: str, name: str) -> None:
-        """``remove_policy`` with its commit on the metadata writer thread."""
+    async def remove_policy(self, scope: str, name: str) -> None:
+        """Remove policy ``name`` of ``scope`` (it falls back), as ``set_policy`` sets it."""
         assert name in POLICY_NAMES
         await write_off_loop(self.broker.policies.remove_policy, scope, name)
         if name == "deduplicationEnabled":
-            await self.broker.refresh_deduplication_off_loop()
-
-    def remove_policy(self, scope: str, name: str) -> None:
-        assert name in POLICY_NAMES
-        self.broker.policies.remove_policy(scope, name)
-        if name == "deduplicationEnabled":
-            self.broker.refresh_deduplication()
+            await self.broker.refresh_deduplication()
 
     # -- stats ------------------------------------------------------------------------
 

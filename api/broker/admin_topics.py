@@ -44,6 +44,7 @@ from cursor.errors import CursorError
 from ledger.position import Position
 
 if TYPE_CHECKING:
+    from api.broker.registry import TopicRegistry
     from api.broker.topic import Topic
     from compactor.runs import CompactionRuns
 
@@ -59,7 +60,7 @@ class _Described(Protocol):
 
 
 class _Broker(Protocol):
-    topics: dict[str, Topic]
+    registry: TopicRegistry
     runs: CompactionRuns
 
     async def unload_topic(self, topic: Topic) -> None: ...
@@ -242,7 +243,7 @@ class TopicOperations:
         broker = self.admin.broker
         if broker.runs.in_flight(name):
             raise CompactionInProgressError(f"Compaction of {name} is in progress; unload it afterwards")
-        loaded = broker.topics.get(name)
+        loaded = broker.registry.get(name)
         if loaded is None:
             return
         for owner in list(loaded.producers.values()):

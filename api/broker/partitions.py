@@ -19,7 +19,7 @@ Rules (Pulsar's admin answers, ``pulsar-partitions-schemas-keyshared.md`` §2.3)
   recorded; a client sees them at its next metadata poll (60 s).
 * delete: refused while a partition has clients (412) or a compaction run (409), checked
   for every partition before any is deleted; the parent's topic-scoped policies go too.
-  The REST layer calls the ``*_off_loop`` forms and the writes on the metadata writer
+  ``delete`` runs every commit on the metadata writer
   thread (``api.broker.off_loop``): no commit of theirs runs on the event loop.
 
 Compaction, stats and policies of a parent fan out to its partitions (``compact``,
@@ -44,8 +44,7 @@ from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
+    from api.broker.registry import TopicRegistry
     from compactor.runs import CompactionRuns
     from ledger.database import Database
     from ledger.metadata import MetadataStore
@@ -79,13 +78,10 @@ _PARTITION_SUFFIX = re.compile(r"-partition-(0|[1-9][0-9]*)$")
 
 class _Broker(Protocol):
     @property
-    def topics(self) -> Mapping[str, object]: ...
+    def registry(self) -> TopicRegistry: ...
 
     @property
     def runs(self) -> CompactionRuns: ...
-
-    @property
-    def deleting(self) -> set[str]: ...
 
     async def settle_loads(self, keys: list[str] | None = None) -> None: ...
 
@@ -104,7 +100,7 @@ class Admin(Protocol):
 
     def check_deletable(self, text: str) -> None: ...
 
-    async def delete_topic_off_loop(self, text: str) -> None: ...
+    async def delete_topic(self, text: str) -> None: ...
 
     async def preload(self, text: str) -> None: ...
 
@@ -229,31 +225,29 @@ class PartitionedTopics:
                                          int(time.time() * 1000))
         self._counts[str(name)] = count
 
-    async def delete_off_loop(self, admin: Admin, text: str) -> None:
+    async def delete(self, admin: Admin, text: str) -> None:
         """Delete the parent ``text``, every partition and the parent's topic policies, with
         every commit off the event loop: each partition ever opened is
-        loaded off the loop and deleted as ``Admin.delete_topic_off_loop`` deletes a topic,
+        loaded off the loop and deleted as ``Admin.delete_topic`` deletes a topic,
         the others' rows and the parent's go on the metadata writer thread
         (``api.broker.off_loop``); nothing is deleted when any partition is busy."""
         name = self.required(text)
         broker = admin.broker
         await admin.preload(str(name))  # the partitions holding ledgers, loaded off the loop
         names = self.partition_names(name)
-        await broker.settle_loads(names)  # a client's load in flight may be creating a first ledger
-        broker.deleting.update(names)  # no partition loads again until the parent is gone
-        try:
+        # A client's load in flight may be creating a first ledger: it ends first; then no
+        # partition loads again until the parent is gone (``TopicRegistry.holding``).
+        async with broker.registry.holding(names):
             partitions = [p for p in names if admin.metadata.topic_exists(p)]
             for partition in partitions:  # refuse before anything is deleted
-                if partition in broker.topics:
+                if broker.registry.get(partition) is not None:
                     admin.check_deletable(partition)
             for partition in partitions:
-                if partition not in broker.topics and not admin.metadata.topic_ledgers(partition):
+                if broker.registry.get(partition) is None and not admin.metadata.topic_ledgers(partition):
                     await write_off_loop(admin.metadata.delete_topic, partition)  # never opened: only its rows
                 else:
-                    await admin.delete_topic_off_loop(partition)
+                    await admin.delete_topic(partition)
             await write_off_loop(self._delete_parent, name)
-        finally:
-            broker.deleting.difference_update(names)
 
     def _delete_parent(self, name: TopicName) -> None:
         with self.database.transaction("partitioned_topics.delete", topic=str(name)) as db:
@@ -282,7 +276,7 @@ class PartitionedTopics:
         partition no client ever used holds nothing, and loading it would only create its
         first ledger."""
         return [p for p in self.partition_names(name)
-                if p in admin.broker.topics or admin.metadata.topic_ledgers(p)]
+                if admin.broker.registry.get(p) is not None or admin.metadata.topic_ledgers(p)]
 
     def compact(self, admin: Admin, name: TopicName) -> None:
         """Queue a run of every partition ever opened (each waits for a run slot); a

@@ -1,6 +1,7 @@
-"""The broker core shared by both doors: the topic registry and compaction runs.
+"""The broker core shared by both doors: topics and compaction runs.
 
-``BrokerService`` owns every loaded ``Topic`` (created on first use) and the compactor; it
+``BrokerService`` holds the topic registry (``registry``: ``api.broker.registry.TopicRegistry``,
+the one owner of which topics are loaded, loading, closing and being deleted) and the compactor; it
 knows no sockets: the Pulsar listener, its connections and the limits they share are the
 wire package's (``api.wire.listener``, whose ``PulsarBroker`` is this core served on a
 port), and nothing here imports ``api.wire`` or the HTTP side. It is configured by a typed
@@ -9,7 +10,8 @@ lower layers' configs (shared with ``compactd compact-topic``). It also names pr
 that did not choose a name (``new_producer_name``), which both doors may ask for. It runs
 on one asyncio event loop; it moves off the loop compaction runs, trimming, the sweep,
 topic loads (``load_topic``: one load per name in flight, shared by its callers, on a
-``topic-load`` thread), unloads (``unload_topic``) and (at stop) the topics' seals; cursor
+``topic-load`` thread), unloads (``unload_topic``) and (at stop) the topics' seals, all
+carried out by the registry; cursor
 writes are the cursor store's thread's, admin metadata writes the ``metadata-write``
 thread's (``api.broker.off_loop``). The sync ``get_topic`` loads on its caller's thread
 (offline callers, tests; on the loop only what was loaded off it first). Runs
@@ -30,13 +32,11 @@ loses no acknowledgement).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import itertools
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from api.broker.access import AccessControl
@@ -44,6 +44,7 @@ from api.broker.admin import Admin
 from api.broker.errors import NotAllowedError, TopicNotFoundError
 from api.broker.partitions import PartitionedTopics
 from api.broker.policies import PolicyStore
+from api.broker.registry import TopicRegistry
 from api.broker.schemas import SchemaRegistry
 from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.tenants import Tenants
@@ -115,11 +116,8 @@ class BrokerService:
         self.schemas = SchemaRegistry(data_dir.database, self.policies, settings.schema_compatibility_strategy,
                                       max_size_bytes=settings.schema_max_size_bytes)
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
-        self.topics: dict[str, Topic] = {}
-        self.deleting: set[str] = set()  # topics deleted off the loop right now (Admin.delete_topic_off_loop)
-        self.loading: dict[str, Future[Topic]] = {}  # topics opened off the loop right now (load_topic)
-        self.closing: dict[str, Future[None]] = {}  # topics unloaded right now (unload_topic): loads wait
-        self._load_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="topic-load")
+        # Which topics are loaded, loading, closing and being deleted: the registry's alone.
+        self.registry = TopicRegistry(self._open_topic)
         # The broker's runs go to worker processes, one per run slot (compactor.worker), so
         # that no run holds this interpreter's GIL; compact-topic's stay in its process.
         workers = settings.compaction_max_concurrent_runs if settings.compaction_worker_process else 0
@@ -174,23 +172,12 @@ class BrokerService:
         if self.key_indexes is not None:  # first: the seals below queue nothing (the next start indexes them)
             await asyncio.to_thread(self.key_indexes.close)
         await self.runs.stop()
-        for load in list(self.loading.values()):  # loads in flight end and are published, then closed
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(load)
-        for key, load in list(self.loading.items()):
-            self._publish(key, load)
-        for topic in list(self.topics.values()):
-            try:
-                await topic.close_off_loop()  # seal and cursor writes off the loop
-            except Exception as error:  # noqa: BLE001 - keep closing the others; the data dir syncs the rest
-                log.warning("closing %s: %s", topic.name, error)
-        self.topics.clear()
+        await self.registry.stop()  # seals and cursor writes off the loop; loads in flight end, then close
         try:
             self.cursors.close()  # what is still queued (topics that failed to close) is written
         except Exception as error:  # noqa: BLE001 - the stop goes on; those acks come again
             log.warning("writing the queued cursor states: %s", error)
         self.compactor.close()  # stops the Spark session if the spark engine started one
-        self._load_pool.shutdown(wait=False)
 
     async def _index_sealed_ledgers(self, builds: KeyIndexBuilds) -> None:
         """At start: queue every sealed raw ledger that has no key index yet (the last run
@@ -208,7 +195,7 @@ class BrokerService:
         metadata commit never run on the event loop."""
         while True:
             await asyncio.sleep(TRIM_INTERVAL_S)
-            for topic in list(self.topics.values()):
+            for topic in self.registry.loaded_topics():
                 try:
                     await asyncio.to_thread(topic.ledger.trim)
                 except Exception as error:  # noqa: BLE001 - the next interval tries again
@@ -236,105 +223,35 @@ class BrokerService:
 
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
         """The loaded topic named ``text``, loading or creating it on the caller's thread
-        (the event loop's callers use ``load_topic``: a load in flight is waited for here, a
-        topic being unloaded is refused with ``NotAllowedError``)."""
+        (the event loop's callers use ``load_topic``: on the loop, a load or an unload in
+        flight is refused with ``NotAllowedError``, never waited for; ``TopicRegistry.get_topic``)."""
         name = TopicName.parse(text)
-        key = str(name)
-        topic = self.topics.get(key)
-        if topic is not None:
-            return topic
-        if key in self.closing:  # never waited for here: the loop itself ends the close
-            raise NotAllowedError(f"Topic {key} is being unloaded; try again")
-        load = self.loading.get(key)
-        if load is not None:
-            if _on_an_event_loop():  # a load may wait for a close the loop ends: never block it
-                raise NotAllowedError(f"Topic {key} is being loaded; try again")
-            load.result()  # a sync caller off the loop racing a load
-            self._publish(key, load)
-            return self.get_topic(text, create=create)
-        self.check_loadable(name, create=create)
-        topic = self._open_topic(name, self.loop or asyncio.get_running_loop())
-        self.topics[key] = topic
-        return topic
+        return self.registry.get_topic(name, functools.partial(self.check_loadable, create=create),
+                                       self.loop or asyncio.get_running_loop())
 
     async def load_topic(self, text: str, *, create: bool = True) -> Topic:
         """``get_topic`` with the load (its first ledger's and internal cursors' commits, the
         de-duplication replay) on a ``topic-load`` thread, never on the event loop. One load
         per name is in flight, shared by every caller; it starts once an unload of the name
-        has ended; it is refused as ``get_topic`` refuses (being deleted, missing, not creatable)."""
-        name = TopicName.parse(text)
-        key = str(name)
-        while (topic := self.topics.get(key)) is None:
-            load = self.loading.get(key)
-            if load is None:
-                self.check_loadable(name, create=create)
-                load = self._start_load(name)
-            await asyncio.shield(asyncio.wrap_future(load))  # a cancelled caller cancels no one else's load
-            self._publish(key, load)  # (published on the loop already, as this resumed: _start_load)
-        return topic
+        has ended; it is refused as ``get_topic`` refuses (being deleted, missing, not
+        creatable): ``TopicRegistry.load``."""
+        return await self.registry.load(TopicName.parse(text), functools.partial(self.check_loadable, create=create))
 
     async def settle_loads(self, keys: list[str] | None = None) -> None:
         """Wait until the loads in flight of ``keys`` (None: every load in flight) have
-        ended and their topics are in ``topics`` (a failed load is only forgotten)."""
-        for key in list(self.loading) if keys is None else keys:
-            load = self.loading.get(key)
-            if load is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(asyncio.wrap_future(load))
-                self._publish(key, load)
+        ended and their topics are loaded (a failed load is only forgotten)."""
+        await self.registry.settle(keys)
 
     def check_loadable(self, name: TopicName, *, create: bool) -> None:
         """Refuse loading ``name`` as ``get_topic`` does: being deleted (``NotAllowedError``), missing
         (``TopicNotFoundError`` unless ``create``), not creatable (``check_creatable``)."""
         key = str(name)
-        if key in self.deleting:
-            raise NotAllowedError(f"Topic {key} is being deleted")
+        self.registry.check_not_deleting(key)
         exists = self.data_dir.metadata.topic_exists(key)
         if not create and not exists:
             raise TopicNotFoundError(f"Topic {key} not found")
         if create and not exists:
             self.check_creatable(name)
-
-    def _start_load(self, name: TopicName) -> Future[Topic]:
-        """Open topic ``name`` on a ``topic-load`` thread once an unload in flight has ended
-        (no thread waits for it meanwhile); the loop publishes it in ``topics`` as soon as it
-        is open."""
-        key = str(name)
-        closing = self.closing.get(key)
-        loop = self.loop or asyncio.get_running_loop()
-        load: Future[Topic] = Future()
-        self.loading[key] = load
-
-        def submit(_: object = None) -> None:  # a failed close left its seal to the open's recovery
-            try:
-                opened = self._load_pool.submit(self._open_topic, name, loop)
-            except RuntimeError as error:  # the pool is shut down: the broker stops
-                load.set_exception(error)
-                return
-            opened.add_done_callback(functools.partial(_settle, load))
-
-        if closing is None:
-            submit()
-        else:
-            closing.add_done_callback(submit)
-
-        def publish(done: Future[Topic]) -> None:
-            try:
-                loop.call_soon_threadsafe(self._publish, key, done)
-            except RuntimeError:  # the loop is closed: nobody can use the topic
-                log.debug("topic %s loaded after the loop closed", key)
-
-        load.add_done_callback(publish)
-        return load
-
-    def _publish(self, key: str, load: Future[Topic]) -> None:
-        """On the loop: the topic ``load`` opened enters ``topics`` (once; a failed load is
-        forgotten, its error is its callers')."""
-        if self.loading.get(key) is not load or not load.done():
-            return
-        del self.loading[key]
-        if load.exception() is None:
-            self.topics[key] = load.result()
 
     def _open_topic(self, name: TopicName, loop: asyncio.AbstractEventLoop) -> Topic:
         """The topic ``name``, opened on the caller's thread: its managed ledger (created
@@ -352,20 +269,10 @@ class BrokerService:
             raise
 
     async def unload_topic(self, topic: Topic) -> None:
-        """Drop the loaded ``topic`` from ``topics`` and close it off the loop (its seal on a
-        worker thread, its cursor states by the cursor store's thread), awaited; a load of
-        the name meanwhile waits for the close to end, then opens it again."""
-        key = str(topic.name)
-        if self.topics.get(key) is topic:
-            del self.topics[key]
-        closed: Future[None] = Future()
-        self.closing[key] = closed
-        try:
-            await topic.close_off_loop()
-        finally:
-            closed.set_result(None)
-            if self.closing.get(key) is closed:
-                del self.closing[key]
+        """Drop the loaded ``topic`` and close it off the loop (its seal on a worker thread,
+        its cursor states by the cursor store's thread), awaited; a load of the name
+        meanwhile waits for the close to end, then opens it again (``TopicRegistry.unload``)."""
+        await self.registry.unload(topic)
 
     def check_creatable(self, name: TopicName) -> None:
         """Refuse creating topic ``name`` in a missing namespace (``TopicNotFoundError``)
@@ -384,17 +291,13 @@ class BrokerService:
                 return bool(value)
         return self.settings.broker_deduplication_enabled
 
-    def refresh_deduplication(self) -> None:
-        """Apply a changed ``deduplicationEnabled`` policy to every loaded topic."""
-        for topic in self.topics.values():
-            topic.set_deduplication(self.deduplication_enabled(topic.name))
-
-    async def refresh_deduplication_off_loop(self) -> None:
-        """``refresh_deduplication`` with each start off the loop (``Topic.switch_deduplication``),
+    async def refresh_deduplication(self) -> None:
+        """Apply a changed ``deduplicationEnabled`` policy to every loaded topic, each start
+        off the loop (``Topic.switch_deduplication``),
         awaited: once it returns, the loaded topics de-duplicate as the policy says."""
         await self.settle_loads()  # a load that read the former policy is switched too
         switches = [topic.switch_deduplication(self.deduplication_enabled(topic.name))
-                    for topic in list(self.topics.values())]
+                    for topic in self.registry.loaded_topics()]
         await asyncio.gather(*switches)
 
     def list_topics(self, namespace: str) -> list[str]:
@@ -451,7 +354,7 @@ class BrokerService:
     def scheduler_tick(self, now_ms: int) -> Plan:
         """One scheduler decision over the loaded topics (``compactor.scheduler``); starts
         the planned runs through ``runs``, as the REST trigger does."""
-        candidates = [(self._scheduler_stats(topic), self._policy(topic)) for topic in self.topics.values()]
+        candidates = [(self._scheduler_stats(topic), self._policy(topic)) for topic in self.registry.loaded_topics()]
         running = self.runs.running_count + self.runs.queued_count
         limit = self.settings.compaction_max_concurrent_runs
         self.last_plan = plan(candidates, now_ms=now_ms, running_runs=running, max_concurrent_runs=limit)
@@ -498,23 +401,3 @@ class BrokerService:
         return CompactionPolicy(threshold, pick("minCleanableDirtyRatio"), pick("maxCompactionLagMs"),
                                 self._policy_or(topic, "minCompactionLagMs", self.settings.compaction_min_lag_ms))
 
-
-def _on_an_event_loop() -> bool:
-    """The calling thread runs an asyncio event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _settle(target: Future[Topic], source: Future[Topic]) -> None:
-    """Give ``target`` the outcome of ``source``."""
-    if source.cancelled():
-        target.set_exception(RuntimeError("the topic's load was cancelled"))
-        return
-    error = source.exception()
-    if error is not None:
-        target.set_exception(error)
-    else:
-        target.set_result(source.result())

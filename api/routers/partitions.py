@@ -98,7 +98,7 @@ async def update_partitioned_topic(admin: AdminDependency, topic: TopicFromPath,
 async def delete_partitioned_topic(admin: AdminDependency, topic: TopicFromPath) -> Response:
     """Delete the partitioned topic, its partitions (ledgers, cursors, compacted ledgers)
     and its topic policies; nothing is deleted when any partition is busy."""
-    await admin.broker.partitioned.delete_off_loop(admin, topic)
+    await admin.broker.partitioned.delete(admin, topic)
     return Response(status_code=204)
 
 

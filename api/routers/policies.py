@@ -61,7 +61,7 @@ def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: s
         return Response(status_code=204) if value is None else JSONResponse(value)
 
     async def set_policy(admin: AdminDependency, scope: str, value: Any) -> Response:
-        await admin.set_policy_off_loop(scope, spec.name, value)
+        await admin.set_policy(scope, spec.name, value)
         return Response(status_code=204)
 
     post = router.post(path, tags=tags, status_code=204, response_class=Response,
@@ -91,7 +91,7 @@ def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: s
                    responses={204: {"description": "Removed (also when none was set)."}, **errors(*not_found, 412)},
                    name=f"remove_{where}_{spec.name}")
     async def remove_policy(admin: AdminDependency, scope: Annotated[str, Depends(scope_of)]) -> Response:
-        await admin.remove_policy_off_loop(scope, spec.name)
+        await admin.remove_policy(scope, spec.name)
         return Response(status_code=204)
 
 

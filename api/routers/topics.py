@@ -48,7 +48,7 @@ async def list_topics(admin: AdminDependency, tenant: Tenant, namespace: Namespa
 async def create_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
                        topic: TopicPart) -> Response:
     """Create the persistent topic (topics are also created on first use by a client)."""
-    await admin.create_topic_off_loop(topic_name(tenant, namespace, topic))
+    await admin.create_topic(topic_name(tenant, namespace, topic))
     return Response(status_code=204)
 
 
@@ -65,7 +65,7 @@ async def delete_topic(admin: AdminDependency, tenant: Tenant, namespace: Namesp
                        topic: TopicPart) -> Response:
     """Delete the topic: its ledgers, cursors and compacted ledger. Refused while clients
     are attached (Pulsar's delete without `force`)."""
-    await admin.delete_topic_off_loop(topic_name(tenant, namespace, topic))
+    await admin.delete_topic(topic_name(tenant, namespace, topic))
     return Response(status_code=204)
 
 

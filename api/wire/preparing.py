@@ -145,21 +145,22 @@ def _work(broker: BrokerService, command: pb.BaseCommand) -> Awaitable[object] |
     if command.type == T.PRODUCER:
         request = command.producer
         name = TopicName.parse(request.topic)
-        if str(name) not in broker.topics:
+        loaded = broker.registry.get(str(name))
+        if loaded is None:
             broker.check_loadable(name, create=True)  # a refusal is answered at once
             return broker.load_topic(request.topic)
-        if broker.topics[str(name)].deduplication_starting:  # PRODUCER_SUCCESS carries its last sequence id
-            return broker.topics[str(name)].deduplication_settled()
+        if loaded.deduplication_starting:  # PRODUCER_SUCCESS carries its last sequence id
+            return loaded.deduplication_settled()
         if request.HasField("schema") and broker.schemas.registered(name, schema_data(request.schema)) is None:
             return write_off_loop(broker.schemas.put_if_absent, name, schema_data(request.schema))
-        ledger = broker.topics[str(name)].ledger
+        ledger = loaded.ledger
         ready = ledger.ready_for_appends()
         if not ready.done() or ready.exception() is not None:
             return _stores_appends(str(name), ledger, ready)
     elif command.type == T.SUBSCRIBE:
         subscribe = command.subscribe
         name = TopicName.parse(subscribe.topic)
-        topic = broker.topics.get(str(name))
+        topic = broker.registry.get(str(name))
         if topic is None:
             broker.check_loadable(name, create=True)  # a refusal is answered at once
             return broker.load_topic(subscribe.topic)

@@ -40,7 +40,7 @@ def produce(client: Any, topic: str) -> None:
 def split_view(broker: BrokerHarness, topic: str) -> CompactedView:
     """Replace the topic's one-ledger view with the same entries in several ledgers."""
     assert broker.service is not None and broker.data_dir is not None
-    compacted = broker.service.topics[topic].compacted
+    compacted = broker.service.registry.loaded[topic].compacted
     view = compacted.view
     assert view is not None and len(view.ledger_ids) == 1
     entries = list(view.iter_all())

@@ -56,7 +56,7 @@ def wait_for_mark_delete(broker: Any, topic: str, subscription: str, message_id:
     wanted = Position(message_id.ledger_id(), message_id.entry_id())
 
     def applied() -> bool:
-        loaded = broker.service.topics.get(topic)
+        loaded = broker.service.registry.loaded.get(topic)
         sub = loaded.subscriptions.get(subscription) if loaded is not None else None
         return sub is not None and sub.cursor.mark_delete_position >= wanted
 

@@ -82,7 +82,7 @@ def wait_acknowledged(broker: Any, topic: str, messages: list[Any]) -> None:
     positions = [Position(m.message_id().ledger_id(), m.message_id().entry_id()) for m in messages]
 
     def recorded() -> bool:
-        cursor = broker.service.topics[topic].subscriptions["sub"].cursor
+        cursor = broker.service.registry.loaded[topic].subscriptions["sub"].cursor
         return all(cursor.is_acknowledged(position) for position in positions)
     wait_until("the broker records the acknowledgements", recorded)
 
@@ -182,10 +182,10 @@ def test_a_consumed_compacted_view_is_not_delivered_again_once_its_raw_ledger_is
     consumer.acknowledge_cumulative(got[-1])
     wait_acknowledged(broker, topic, got)
     consumer.close()
-    sealed = broker.service.topics[topic].ledger.ledger_list()[0].ledger_id
+    sealed = broker.service.registry.loaded[topic].ledger.ledger_list()[0].ledger_id
     broker.restart()
     broker.compact(topic)  # nothing new to compact; trims what every cursor consumed
-    assert sealed not in [record.ledger_id for record in broker.service.topics[topic].ledger.ledger_list()]
+    assert sealed not in [record.ledger_id for record in broker.service.registry.loaded[topic].ledger.ledger_list()]
     broker.restart()
 
     consumer = subscribe(client, topic, False)
@@ -202,7 +202,7 @@ def _compacted_then_trimmed(broker: Any, client: Any, batched: bool) -> str:
     broker.compact(topic)
     broker.restart()  # seals the ledger
     broker.compact(topic)  # trims it: only __compaction held it
-    ledgers = broker.service.topics[topic].ledger.ledger_list()
+    ledgers = broker.service.registry.loaded[topic].ledger.ledger_list()
     assert sum(record.entries for record in ledgers) == 0
     publish(client, topic, batched=batched, start=MESSAGES, count=1)
     return topic

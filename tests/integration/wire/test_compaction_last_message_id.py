@@ -83,7 +83,7 @@ def unload(broker: Any) -> None:
 
 
 def raw_ledgers(broker: Any) -> list[Any]:
-    return list(broker.service.topics[TOPIC].ledger.ledger_list())
+    return list(broker.service.registry.loaded[TOPIC].ledger.ledger_list())
 
 
 K0_K1: list[list[Item]] = [[("k0", b"v0"), ("k0", b"v1"), ("k0", b"v2")],

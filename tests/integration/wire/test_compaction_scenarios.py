@@ -133,7 +133,7 @@ def unload(broker: Any) -> None:
 
 def raw_entries(broker: Any) -> int:
     """Entries left in the raw topic (after trimming)."""
-    topic = broker.service.topics[TOPIC]
+    topic = broker.service.registry.loaded[TOPIC]
     return sum(record.entries for record in topic.ledger.ledger_list())
 
 
@@ -674,7 +674,7 @@ def test_testReceiverQueueSize(broker: Any, client: Any) -> None:
     consumer = subscribe(client, "my-sub", earliest=True, receiver_queue_size=1)
 
     async def dispatched() -> tuple[Any, Any, Any]:
-        subscription = broker.service.topics[TOPIC].subscriptions["my-sub"]
+        subscription = broker.service.registry.loaded[TOPIC].subscriptions["my-sub"]
         first, second = (entry.position for entry in subscription.compacted.view.read(0, 1))
         return subscription.cursor.read_position, first, second
 
@@ -715,7 +715,7 @@ def _wait_acknowledged(broker: Any, subscription: str, messages: Sequence[Any]) 
     acknowledged (the client groups acknowledgements for 100 ms)."""
     positions = [Position(m.message_id().ledger_id(), m.message_id().entry_id()) for m in messages]
     deadline = time.monotonic() + RECEIVE_MS / 1000
-    while not all(broker.service.topics[TOPIC].subscriptions[subscription].cursor.is_acknowledged(p)
+    while not all(broker.service.registry.loaded[TOPIC].subscriptions[subscription].cursor.is_acknowledged(p)
                   for p in positions):
         assert time.monotonic() < deadline, "the broker did not record the acknowledgements"
         time.sleep(0.02)
@@ -724,7 +724,7 @@ def _wait_acknowledged(broker: Any, subscription: str, messages: Sequence[Any]) 
 def _wait_reconnected(broker: Any, subscription: str) -> None:
     """Poll (bounded) until the subscription has a consumer again after an unload."""
     deadline = time.monotonic() + RECEIVE_MS / 1000
-    while not ((sub := broker.service.topics[TOPIC].subscriptions.get(subscription)) and sub.consumers):
+    while not ((sub := broker.service.registry.loaded[TOPIC].subscriptions.get(subscription)) and sub.consumers):
         assert time.monotonic() < deadline, "the consumer did not reconnect"
         time.sleep(0.02)
 

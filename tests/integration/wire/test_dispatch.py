@@ -101,7 +101,7 @@ def test_failover_takeover_when_the_active_connection_drops(broker: Any, client:
         got = [first.receive(RECEIVE_MS) for _ in range(4)]
         first.acknowledge_cumulative(got[1])
         deadline = time.monotonic() + 5
-        subscription = broker.service.topics[topic].subscriptions["sub"]
+        subscription = broker.service.registry.loaded[topic].subscriptions["sub"]
         while subscription.cursor.mark_delete_position.entry_id < got[1].message_id().entry_id():
             assert time.monotonic() < deadline, "the acknowledgement never arrived"
             time.sleep(0.02)

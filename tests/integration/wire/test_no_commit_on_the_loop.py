@@ -131,7 +131,7 @@ def other_subscription_then_topic_deleted(client: Any, admin: Callable[..., int]
     for producer in producers:
         producer.close()
     assert admin("DELETE", path) == 204
-    assert harness.service is not None and topic not in harness.service.topics
+    assert harness.service is not None and topic not in harness.service.registry.loaded
 
 
 def test_subscribe_ack_seek_unsubscribe_admin_and_stop_never_commit_on_the_event_loop(
@@ -205,9 +205,9 @@ def test_loads_unloads_policy_switches_partitions_and_admin_writes_never_commit_
         path = "/admin/v2/persistent/" + topic.removeprefix("persistent://")
         producer = client.create_producer(topic, producer_name="switching", batching_enabled=False)
         assert admin("POST", path + "/deduplicationEnabled", False) == 204
-        assert harness.service.topics[topic].dedup is None
+        assert harness.service.registry.loaded[topic].dedup is None
         _send_while(producer, 40, b"a", lambda: admin("POST", path + "/deduplicationEnabled", True))
-        assert harness.service.topics[topic].dedup is not None  # on once the policy was answered
+        assert harness.service.registry.loaded[topic].dedup is not None  # on once the policy was answered
         assert admin("PUT", path + "/unload") == 204  # the seal off the loop
         producer.send(b"after-unload")  # the client reconnects: the topic loads again, off the loop
         consumer = client.subscribe(topic, "all", initial_position=pulsar.InitialPosition.Earliest)
@@ -222,12 +222,12 @@ def test_loads_unloads_policy_switches_partitions_and_admin_writes_never_commit_
         # the __compaction subscription deleted (its view off the loop), the scheduler's look at
         # the topic (no cursor opened), a run that opens it again (on the run's thread)
         assert admin("DELETE", path + "/subscription/__compaction") == 204
-        assert harness.service.topics[topic].compacted.view is None
+        assert harness.service.registry.loaded[topic].compacted.view is None
         harness.call(_scheduler_tick(harness.service))
         assert admin("PUT", path + "/compaction") == 204
         harness.call(harness.service.runs.wait_idle())
         assert harness.service.runs.status(topic) == ("SUCCESS", "")
-        assert harness.service.topics[topic].compacted.view is not None
+        assert harness.service.registry.loaded[topic].compacted.view is not None
         # a partitioned topic: created, used (its partitions load), deleted
         parted = "/admin/v2/persistent/loop-tenant/ns/parted"
         assert admin("PUT", parted + "/partitions", 2) == 204
@@ -236,7 +236,7 @@ def test_loads_unloads_policy_switches_partitions_and_admin_writes_never_commit_
             partitioned.send(b"p%d" % i, partition_key=str(i))
         partitioned.close()
         assert admin("DELETE", parted + "/partitions") == 204
-        assert not [name for name in harness.service.topics if "parted" in name]
+        assert not [name for name in harness.service.registry.loaded if "parted" in name]
         assert admin("DELETE", "/admin/v2/namespaces/loop-tenant/ns/compactionThreshold") == 204
         assert admin("DELETE", "/admin/v2/namespaces/loop-tenant/ns/permissions/reader") == 204
         assert admin("DELETE", "/admin/v2/schemas/loop-tenant/ns/uploaded/schema") == 200

@@ -145,7 +145,7 @@ def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 def _ledger_ids(harness: BrokerHarness, topic: str) -> list[int]:
     assert harness.service is not None
-    return [record.ledger_id for record in harness.service.topics[topic].ledger.ledger_list()]
+    return [record.ledger_id for record in harness.service.registry.loaded[topic].ledger.ledger_list()]
 
 
 def test_produce_ack_seek_unsubscribe_trim_delete_and_stop_never_touch_files_on_the_event_loop(
@@ -225,7 +225,7 @@ def test_loads_unloads_compaction_partitions_and_admin_writes_never_touch_files_
         assert admin("PUT", path + "/compaction") == 204
         harness.call(harness.service.runs.wait_idle())
         assert harness.service.runs.status(topic) == ("SUCCESS", "")
-        view = harness.service.topics[topic].compacted.view
+        view = harness.service.registry.loaded[topic].compacted.view
         assert view is not None
         producer = client.create_producer(topic, batching_enabled=False)
         for i in range(20):
@@ -244,7 +244,7 @@ def test_loads_unloads_compaction_partitions_and_admin_writes_never_touch_files_
             partitioned.send(b"p%d" % i, partition_key=str(i))
         partitioned.close()
         assert admin("DELETE", parted + "/partitions") == 204  # the partitions' files
-        assert not [name for name in harness.service.topics if "parted" in name]
+        assert not [name for name in harness.service.registry.loaded if "parted" in name]
     finally:
         client.close()
     harness.stop()

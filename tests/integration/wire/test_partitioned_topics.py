@@ -204,7 +204,7 @@ def test_a_parent_policy_applies_to_every_partition_and_the_scheduler_keeps_the_
     assert service is not None
 
     async def tick() -> tuple[list[str], int]:
-        service.admin.set_policy(service.admin.topic_scope(topic), "compactionThreshold", 1)
+        await service.admin.set_policy(service.admin.topic_scope(topic), "compactionThreshold", 1)
         plan = service.scheduler_tick(int(time.time() * 1000))
         return list(plan.start), service.runs.running_count + service.runs.queued_count
 

@@ -46,7 +46,7 @@ def _read_all(client: Any, topic: str) -> list[Any]:
 
 def _set_deduplication(broker: Any, enabled: bool) -> None:
     async def apply() -> None:
-        broker.service.admin.set_policy("public/default", "deduplicationEnabled", enabled)
+        await broker.service.admin.set_policy("public/default", "deduplicationEnabled", enabled)
     broker.call(apply())
 
 

@@ -206,7 +206,7 @@ def _wait_for_acks(broker: Any, topic: str, subscription: str, message_ids: list
     wanted = [Position(m.ledger_id(), m.entry_id()) for m in message_ids]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        loaded = broker.service.topics.get(topic)
+        loaded = broker.service.registry.loaded.get(topic)
         sub = loaded.subscriptions.get(subscription) if loaded else None
         if sub is not None and all(sub.cursor.is_acknowledged(p) for p in wanted):
             return
@@ -217,7 +217,7 @@ def _wait_for_acks(broker: Any, topic: str, subscription: str, message_ids: list
 def _wait_for_mark_delete(broker: Any, topic: str, subscription: str, message_id: Any) -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        loaded = broker.service.topics.get(topic)
+        loaded = broker.service.registry.loaded.get(topic)
         sub = loaded.subscriptions.get(subscription) if loaded else None
         if sub is not None:
             md = sub.cursor.mark_delete_position
@@ -393,7 +393,7 @@ def test_negative_ack_redelivers(client: Any, consumer_type: str) -> None:
 def _enable_deduplication(broker: Any) -> None:
     """Turn de-duplication on for the namespace (a policy, persisted like Pulsar's)."""
     async def enable() -> None:
-        broker.service.admin.set_policy("public/default", "deduplicationEnabled", True)
+        await broker.service.admin.set_policy("public/default", "deduplicationEnabled", True)
     broker.call(enable())
 
 

@@ -349,7 +349,7 @@ def _kill(process: subprocess.Popen[str]) -> None:
 
 def _consumer_count(broker: Any, topic: str, subscription: str) -> int:
     async def count() -> int:
-        loaded = broker.service.topics.get(topic)
+        loaded = broker.service.registry.loaded.get(topic)
         sub = loaded.subscriptions.get(subscription) if loaded is not None else None
         return len(sub.consumers) if sub is not None else 0
     result: int = broker.call(count())

@@ -38,7 +38,7 @@ def test_metrics_follow_the_records_and_skip_topics_never_compacted(tmp_path: Pa
         # never compacted: no compaction series, as Pulsar (issue 16's topic families cover
         # every loaded topic, so only the compaction family is checked here)
         assert not any(topic == IDLE for name, topic in samples if name.startswith("pulsar_compaction_"))
-        record = broker.topics[TOPIC].compacted.record
+        record = broker.registry.loaded[TOPIC].compacted.record
         assert samples[("pulsar_compaction_removed_event_count", TOPIC)] == figures.removed_events == 3
         assert samples[("pulsar_compaction_succeed_count", TOPIC)] == 1
         assert samples[("pulsar_compaction_failed_count", TOPIC)] == 0

@@ -202,9 +202,9 @@ def test_topics_list_create_delete(tmp_path: Path) -> None:
         assert (await client.get("/admin/v2/persistent/public/default")).json() == [TOPIC]
         assert (await client.get("/admin/v2/persistent/other/ns")).json() == []
         publish(broker, TOPIC, ("a", b"1"))
-        broker.topics[TOPIC].attach_producer("p", "owner")
+        broker.registry.loaded[TOPIC].attach_producer("p", "owner")
         assert_reason(await client.delete(TOPIC_URL), 412, TOPIC, "active")
-        broker.topics[TOPIC].detach_producer("p", "owner")
+        broker.registry.loaded[TOPIC].detach_producer("p", "owner")
         assert (await client.delete(TOPIC_URL)).status_code == 204
         assert broker.data_dir.ledgers.list() == []
         assert_reason(await client.delete(TOPIC_URL), 404, TOPIC)

@@ -116,11 +116,11 @@ def test_bad_values_are_refused_naming_them(tmp_path: Path) -> None:
 def test_unload_drops_the_topic_and_the_next_use_loads_it_again(tmp_path: Path) -> None:
     async def body(broker: BrokerService, client: httpx.AsyncClient) -> None:
         await store(broker, (message("k", b"v", 1), 1))
-        loaded = broker.topics[TOPIC]
+        loaded = broker.registry.loaded[TOPIC]
         assert (await client.put(URL + "/unload")).status_code == 204
-        assert TOPIC not in broker.topics and loaded.closed
+        assert TOPIC not in broker.registry.loaded and loaded.closed
         assert (await client.get(URL + "/stats")).json()["storageSize"] > 0  # loaded again, data kept
-        assert broker.topics[TOPIC] is not loaded
+        assert broker.registry.loaded[TOPIC] is not loaded
 
     run(tmp_path, body)
 

@@ -97,7 +97,7 @@ def test_a_connect_without_a_valid_credential_is_refused_and_closed(
         assert wire.closed
         assert wire.request(make_command(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=1))) == []
         await asyncio.sleep(0)
-        assert broker.topics == {} and broker.list_topics("public/default") == []
+        assert broker.registry.loaded == {} and broker.list_topics("public/default") == []
 
     _run(tmp_path, _settings(key_url), body)
 
@@ -202,7 +202,7 @@ def test_a_topics_grants_go_with_the_topic(tmp_path: Path, key_url: str) -> None
         broker.get_topic(TOPIC)
         broker.access.grants.grant(TOPIC, "alice", ["produce"])
         broker.access.grants.grant("public/default", "bob", ["consume"])
-        broker.admin.delete_topic(TOPIC)
+        await broker.admin.delete_topic(TOPIC)
         assert broker.access.grants.of_scope(TOPIC) == {}
         assert broker.access.grants.of_scope("public/default") == {"bob": ["consume"]}
 

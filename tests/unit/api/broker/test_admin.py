@@ -54,20 +54,20 @@ async def _with_broker(path: Path, body, settings: Settings | None = None) -> No
 def test_topics_create_list_delete(tmp_path: Path) -> None:
     async def body(broker: BrokerService) -> None:
         admin = broker.admin
-        assert admin.create_topic("admin") == TOPIC
+        assert await admin.create_topic("admin") == TOPIC
         with pytest.raises(TopicExistsError):
-            admin.create_topic(TOPIC)
+            await admin.create_topic(TOPIC)
         assert admin.list_topics("public/default") == [TOPIC]
         publish(broker, TOPIC, ("a", b"1"))
-        broker.topics[TOPIC].attach_producer("p", "owner")
+        broker.registry.loaded[TOPIC].attach_producer("p", "owner")
         with pytest.raises(PreconditionFailedError):
-            admin.delete_topic(TOPIC)
-        broker.topics[TOPIC].detach_producer("p", "owner")
-        admin.delete_topic(TOPIC)
+            await admin.delete_topic(TOPIC)
+        broker.registry.loaded[TOPIC].detach_producer("p", "owner")
+        await admin.delete_topic(TOPIC)
         assert admin.list_topics("public/default") == []
         assert broker.data_dir.ledgers.list() == []
         with pytest.raises(TopicNotFoundError):
-            admin.delete_topic(TOPIC)
+            await admin.delete_topic(TOPIC)
         with pytest.raises(TopicNotFoundError):
             admin.compaction_status("missing")
 
@@ -77,7 +77,7 @@ def test_topics_create_list_delete(tmp_path: Path) -> None:
 def test_compaction_status_is_persisted_across_restarts(tmp_path: Path) -> None:
     async def first(broker: BrokerService) -> None:
         admin = broker.admin
-        admin.create_topic(TOPIC)
+        await admin.create_topic(TOPIC)
         assert admin.compaction_status(TOPIC) == {"status": "NOT_RUN", "lastError": ""}
         publish(broker, TOPIC, ("a", b"1"), ("a", b"2"), ("b", b"1"))
         admin.trigger_compaction(TOPIC)
@@ -112,18 +112,18 @@ def test_scheduler_tick_uses_policies_and_the_concurrency_limit(tmp_path: Path) 
         admin = broker.admin
         for name, size in (("small", 10), ("big", 300), ("mid", 100)):
             topic = f"persistent://public/default/{name}"
-            admin.create_topic(topic)
+            await admin.create_topic(topic)
             publish(broker, topic, *((f"k{i}", b"x" * 10) for i in range(size // 10)))
         assert broker.scheduler_tick(now_ms=10).start == ()  # every threshold is off
-        admin.set_policy("public/default", "compactionThreshold", 50)
-        admin.set_policy(admin.topic_scope("persistent://public/default/mid"), "compactionThreshold", 0)
+        await admin.set_policy("public/default", "compactionThreshold", 50)
+        await admin.set_policy(admin.topic_scope("persistent://public/default/mid"), "compactionThreshold", 0)
         plan = broker.scheduler_tick(now_ms=10)
         assert plan.start == ("persistent://public/default/big",)  # limit 1, largest backlog first
         assert plan.queued == ()  # mid is off at topic level, small is under the namespace threshold
         await admin.wait_for_runs()
         assert admin.compaction_status("persistent://public/default/big")["status"] == "SUCCESS"
         assert broker.scheduler_tick(now_ms=10).start == ()  # nothing new behind __compaction
-        admin.set_policy("public/default", "maxCompactionLagMs", 5)
+        await admin.set_policy("public/default", "maxCompactionLagMs", 5)
         assert set(broker.scheduler_tick(now_ms=10).start + broker.last_plan.queued) == {
             "persistent://public/default/small", "persistent://public/default/mid"}
         await admin.wait_for_runs()
@@ -136,20 +136,20 @@ def test_delete_retention_policy_topic_over_namespace_and_its_runs(tmp_path: Pat
     a run through the broker keeps a tombstone younger than it."""
     async def body(broker: BrokerService) -> None:
         admin = broker.admin
-        admin.create_topic(TOPIC)
+        await admin.create_topic(TOPIC)
         topic = broker.get_topic(TOPIC)
         assert broker.delete_retention_ms(topic) == 0
-        admin.set_policy("public/default", "deleteRetentionMs", 60_000)
+        await admin.set_policy("public/default", "deleteRetentionMs", 60_000)
         assert broker.delete_retention_ms(topic) == 60_000
-        admin.set_policy(TOPIC, "deleteRetentionMs", 3_600_000)
+        await admin.set_policy(TOPIC, "deleteRetentionMs", 3_600_000)
         assert broker.delete_retention_ms(topic) == 3_600_000
         now_ms = int(time.time() * 1000)
         for key, value in (("gone", b"1"), ("gone", b"")):
             topic.ledger.append(entry(key, value, publish_ms=now_ms)).result(timeout=10)
         await broker.compact(TOPIC)
         assert topic.compacted.view is not None and topic.compacted.view.entries == 1  # the tombstone
-        admin.remove_policy(TOPIC, "deleteRetentionMs")
-        admin.remove_policy("public/default", "deleteRetentionMs")
+        await admin.remove_policy(TOPIC, "deleteRetentionMs")
+        await admin.remove_policy("public/default", "deleteRetentionMs")
         topic.ledger.append(entry("other", b"x", publish_ms=now_ms)).result(timeout=10)
         await broker.compact(TOPIC)
         assert topic.compacted.view.entries == 1  # "other" only: the tombstone is dropped now
@@ -180,11 +180,11 @@ def test_a_topic_whose_run_waits_for_a_slot_is_not_deleted(tmp_path: Path) -> No
         with pytest.raises(CompactionInProgressError):
             admin.trigger_compaction(TOPIC)
         with pytest.raises(CompactionInProgressError):
-            admin.delete_topic(TOPIC)
+            await admin.delete_topic(TOPIC)
         release.set()
         await admin.wait_for_runs()
         assert holder.done() and admin.compaction_status(TOPIC)["status"] == "SUCCESS"
-        admin.delete_topic(TOPIC)
+        await admin.delete_topic(TOPIC)
         assert admin.list_topics("public/default") == [OTHER]
     asyncio.run(_with_broker(tmp_path, body))
 
@@ -201,12 +201,12 @@ def test_deduplication_is_topic_policy_then_namespace_policy_then_broker_setting
         tmp_path: Path, broker_default: bool, namespace: bool | None, topic: bool | None, expected: bool) -> None:
     async def body(broker: BrokerService) -> None:
         admin = broker.admin
-        admin.create_topic(TOPIC)
+        await admin.create_topic(TOPIC)
         loaded = broker.get_topic(TOPIC)
         if namespace is not None:
-            admin.set_policy("public/default", "deduplicationEnabled", namespace)
+            await admin.set_policy("public/default", "deduplicationEnabled", namespace)
         if topic is not None:
-            admin.set_policy(TOPIC, "deduplicationEnabled", topic)
+            await admin.set_policy(TOPIC, "deduplicationEnabled", topic)
         assert (loaded.dedup is not None) == expected  # applied to the loaded topic at once
         cursors = broker.cursors.list(TOPIC)
         assert ("pulsar.dedup" in cursors) == expected  # off: no cursor holds data back
@@ -218,15 +218,15 @@ def test_deduplication_is_topic_policy_then_namespace_policy_then_broker_setting
 def test_removing_the_policy_falls_back_and_turning_off_forgets_the_state(tmp_path: Path) -> None:
     async def body(broker: BrokerService) -> None:
         admin = broker.admin
-        admin.create_topic(TOPIC)
-        admin.set_policy(TOPIC, "deduplicationEnabled", True)
+        await admin.create_topic(TOPIC)
+        await admin.set_policy(TOPIC, "deduplicationEnabled", True)
         topic = broker.get_topic(TOPIC)
         assert topic.dedup is not None
         await asyncio.wait_for(asyncio.wrap_future(topic.publish(ProducerSession(), "p", 3, 3, entry("k", b"v"))), 10)
         assert topic.last_sequence_id("p") == 3
-        admin.remove_policy(TOPIC, "deduplicationEnabled")
+        await admin.remove_policy(TOPIC, "deduplicationEnabled")
         assert topic.dedup is None and topic.last_sequence_id("p") == -1
-        admin.set_policy("public/default", "deduplicationEnabled", True)
+        await admin.set_policy("public/default", "deduplicationEnabled", True)
         assert topic.dedup is not None and topic.last_sequence_id("p") == -1  # starts fresh, as Pulsar
 
     asyncio.run(_with_broker(tmp_path, body))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from api.broker.off_loop import submit_off_loop
 from api.broker.service import BrokerService
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
+from api.broker.topic_state import Phase
 from api.config import Settings
 from compactor.encoder import encode_entry
 from compactor.proto import pulsar_api_pb2 as pb
@@ -50,9 +50,9 @@ def test_concurrent_loaders_share_one_load_made_off_the_loop(tmp_path: Path, mon
 
     async def body(broker: BrokerService) -> None:
         topics = await asyncio.gather(*(broker.load_topic(TOPIC) for _ in range(5)))
-        assert all(topic is topics[0] for topic in topics) and broker.topics[TOPIC] is topics[0]
+        assert all(topic is topics[0] for topic in topics) and broker.registry.loaded[TOPIC] is topics[0]
         assert len(opened_on) == 1 and opened_on[0].startswith("topic-load"), opened_on
-        assert await broker.load_topic(TOPIC) is topics[0] and broker.loading == {}
+        assert await broker.load_topic(TOPIC) is topics[0] and broker.registry.loading_topics() == []
 
     _run(tmp_path, body)
 
@@ -63,12 +63,12 @@ def test_a_load_racing_an_unload_waits_for_the_seal_then_opens_the_topic_again(t
         stored = await asyncio.wrap_future(first.ledger.append(_entry(b"kept")))
         unloading = asyncio.ensure_future(broker.unload_topic(first))
         await asyncio.sleep(0)  # the unload has started: the topic is out of the registry
-        assert TOPIC not in broker.topics and TOPIC in broker.closing
+        assert TOPIC not in broker.registry.loaded and broker.registry.phase(TOPIC) is Phase.CLOSING
         with pytest.raises(NotAllowedError):
             broker.get_topic(TOPIC)  # the loop never waits for a seal: a sync load is refused
         again = await broker.load_topic(TOPIC)
         assert unloading.done() and first.closed  # the load started once the seal had ended
-        assert again is not first and broker.topics[TOPIC] is again
+        assert again is not first and broker.registry.loaded[TOPIC] is again
         assert again.ledger.read_entries(stored, 1)[0].data == _entry(b"kept")
         await asyncio.wrap_future(again.ledger.append(_entry(b"after")))  # the new ledger takes appends
         assert again.ledger.current_ledger_id > stored.ledger_id
@@ -82,11 +82,10 @@ def test_a_load_is_refused_as_get_topic_refuses(tmp_path: Path) -> None:
             await broker.load_topic(TOPIC, create=False)
         with pytest.raises(TopicNotFoundError):
             await broker.load_topic("persistent://public/missing/t")  # its namespace does not exist
-        broker.deleting.add(TOPIC)
-        with pytest.raises(NotAllowedError):
-            await broker.load_topic(TOPIC)
-        broker.deleting.clear()
-        assert isinstance(await broker.load_topic(TOPIC), Topic) and broker.loading == {}
+        async with broker.registry.holding([TOPIC]):  # as a partitioned parent's delete holds it
+            with pytest.raises(NotAllowedError):
+                await broker.load_topic(TOPIC)
+        assert isinstance(await broker.load_topic(TOPIC), Topic) and broker.registry.loading_topics() == []
 
     _run(tmp_path, body)
 
@@ -98,11 +97,11 @@ def test_a_sync_load_during_an_unload_and_its_waiting_reload_is_refused_not_dead
         await asyncio.sleep(0)
         reloading = asyncio.ensure_future(broker.load_topic(TOPIC))
         await asyncio.sleep(0)  # the reload waits, on its thread, for the close the loop ends
-        assert TOPIC in broker.loading
+        assert broker.registry.is_loading(TOPIC)
         with pytest.raises(NotAllowedError):
             broker.get_topic(TOPIC)  # waiting here would hold the loop the close needs
         again = await asyncio.wait_for(reloading, 10)
-        assert unloading.done() and again is broker.topics[TOPIC] and again is not first
+        assert unloading.done() and again is broker.registry.loaded[TOPIC] and again is not first
 
     _run(tmp_path, body)
 
@@ -127,31 +126,39 @@ def test_a_partitioned_delete_waits_for_a_partition_load_in_flight_and_deletes_i
         monkeypatch.setattr(ManagedLedger, "open", held_open)
         load = asyncio.ensure_future(broker.load_topic(first))
         await asyncio.sleep(0)
-        deleting = asyncio.ensure_future(broker.partitioned.delete_off_loop(broker.admin, parent))
+        deleting = asyncio.ensure_future(broker.partitioned.delete(broker.admin, parent))
         await asyncio.sleep(0.05)
         assert not deleting.done()  # waits for the load
         go.set()
         await asyncio.wait_for(load, 10)
         await asyncio.wait_for(deleting, 10)
-        assert first not in broker.topics and not broker.data_dir.metadata.topic_exists(first)
+        assert first not in broker.registry.loaded and not broker.data_dir.metadata.topic_exists(first)
         assert broker.data_dir.metadata.topic_ledgers(first) == []
-        assert not broker.partitioned.is_parent(TopicName.parse(parent)) and broker.deleting == set()
+        assert not broker.partitioned.is_parent(TopicName.parse(parent)) and not broker.registry.deleting(first)
     _run(tmp_path, body)
 
 
 def test_a_sync_load_on_the_loop_never_waits_and_a_load_after_an_unload_holds_no_load_thread(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Loads waiting for unloads to end (which only the loop ends) hold none of the
     ``topic-load`` threads, so a fifth topic's load goes on; a synchronous ``get_topic`` on
     the loop during a load is refused, never waited for (it would block the loop that the
-    loads wait for). Four unloads in flight are stood for by their ``closing`` futures."""
+    loads wait for). Four unloads in flight are held in their seals."""
     names = [f"persistent://public/default/t{i}" for i in range(5)]
+    real_close = Topic.close_off_loop
+    held = asyncio.Event()
+
+    async def held_close(self: Topic) -> None:
+        if str(self.name) in names[:4]:
+            await held.wait()
+        await real_close(self)
 
     async def body(broker: BrokerService) -> None:
         for name in names:
             await broker.unload_topic(await broker.load_topic(name))  # they exist, unloaded
-        closes: list[Future[None]] = [Future() for _ in names[:4]]
-        broker.closing.update(zip(names[:4], closes, strict=True))  # four seals still running
+        monkeypatch.setattr(Topic, "close_off_loop", held_close)
+        unloads = [asyncio.ensure_future(broker.unload_topic(await broker.load_topic(name))) for name in names[:4]]
+        await asyncio.sleep(0)  # four seals still running
         reloads = [asyncio.ensure_future(broker.load_topic(name)) for name in names[:4]]
         fifth = asyncio.ensure_future(broker.load_topic(names[4]))
         await asyncio.sleep(0)
@@ -159,11 +166,9 @@ def test_a_sync_load_on_the_loop_never_waits_and_a_load_after_an_unload_holds_no
             broker.get_topic(names[4], create=False)
         await asyncio.wait_for(fifth, 10)  # loaded while the four closes still run
         assert not any(reload.done() for reload in reloads)
-        for name, close in zip(names[:4], closes, strict=True):
-            del broker.closing[name]
-            close.set_result(None)
-        await asyncio.wait_for(asyncio.gather(*reloads), 10)
-        assert all(name in broker.topics for name in names)
+        held.set()
+        await asyncio.wait_for(asyncio.gather(*reloads, *unloads), 10)
+        assert all(name in broker.registry.loaded for name in names)
     _run(tmp_path, body)
 
 
@@ -180,7 +185,7 @@ def test_a_deduplication_policy_set_while_a_topic_loads_applies_to_it(
         monkeypatch.setattr(Topic, "__init__", held_init)
         load = asyncio.ensure_future(broker.load_topic(TOPIC))
         await asyncio.sleep(0.05)
-        policy = asyncio.ensure_future(broker.admin.set_policy_off_loop("public/default", "deduplicationEnabled", True))
+        policy = asyncio.ensure_future(broker.admin.set_policy("public/default", "deduplicationEnabled", True))
         await asyncio.sleep(0.05)
         assert not policy.done()  # the answer waits for the load, then switches it
         go.set()
@@ -203,7 +208,7 @@ def test_a_topic_deleted_while_deduplication_starts_leaves_no_cursor_behind(
         topic = await broker.load_topic(TOPIC)
         monkeypatch.setattr(dedup_module.Deduplication, "__init__", held_init)
         switched = topic.switch_deduplication(True)
-        deleting = asyncio.ensure_future(broker.admin.delete_topic_off_loop(TOPIC))
+        deleting = asyncio.ensure_future(broker.admin.delete_topic(TOPIC))
         await asyncio.sleep(0.05)
         assert not deleting.done()  # waits for the start
         go.set()
@@ -245,3 +250,32 @@ def test_an_unload_waits_for_a_compaction_subscription_delete_in_flight_and_the_
         _run(tmp_path, body)
     finally:
         gate.set()
+
+
+def test_a_stop_while_a_load_waits_for_an_unload_refuses_the_load_and_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load waiting for a close is refused once the stop began (the lifecycle row
+    ``reopening --Closed, stopping--> Forget``): neither it nor the stop waits forever."""
+    real_close = Topic.close_off_loop
+    held = asyncio.Event()
+
+    async def held_close(self: Topic) -> None:
+        await held.wait()
+        await real_close(self)
+
+    async def body(broker: BrokerService) -> None:
+        first = await broker.load_topic(TOPIC)
+        monkeypatch.setattr(Topic, "close_off_loop", held_close)
+        unloading = asyncio.ensure_future(broker.unload_topic(first))
+        await asyncio.sleep(0)
+        reloading = asyncio.ensure_future(broker.load_topic(TOPIC))
+        await asyncio.sleep(0)
+        assert broker.registry.phase(TOPIC) is Phase.REOPENING
+        stopping = asyncio.ensure_future(broker.registry.stop())
+        await asyncio.sleep(0)
+        held.set()
+        await asyncio.wait_for(asyncio.gather(stopping, unloading), 10)
+        with pytest.raises(NotAllowedError, match="stopping"):
+            await asyncio.wait_for(reloading, 10)
+        assert broker.registry.phase(TOPIC) is None and broker.registry.get(TOPIC) is None
+    _run(tmp_path, body)

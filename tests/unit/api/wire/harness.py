@@ -154,9 +154,8 @@ def broker_service(path: Path, settings: Settings | None = None, *,
             connection.close()
         if service.key_indexes is not None:  # its worker process, if a seal started one
             service.key_indexes.close()
-        for topic in list(service.topics.values()):
+        for topic in service.registry.loaded_topics():  # the service is dropped: no registry change
             topic.close()
-        service.topics.clear()
         service.cursors.close()  # writes what the topics' close queued
         service.compactor.close()
         data_dir.close()

@@ -61,12 +61,12 @@ def test_success_waits_for_the_commit_off_the_loop_and_a_failed_write_answers_er
 
             database.fault_points["cursor.save_batch.before"] = fail
             broker.cursors.delete(TOPIC, "s")
-            broker.topics[TOPIC].subscriptions.clear()  # as a fresh broker: the next SUBSCRIBE creates it
+            broker.registry.loaded[TOPIC].subscriptions.clear()  # as a fresh broker: the next SUBSCRIBE creates it
             refused = (await wire.request_durable(_subscribe(8, 4)))[0]
             assert refused.type == T.ERROR and refused.command.error.error == pb.MetadataError
             assert "disk full" in refused.command.error.message
             assert 8 not in wire.protocol.consumers
-            assert broker.topics[TOPIC].subscriptions["s"].consumers == []
+            assert broker.registry.loaded[TOPIC].subscriptions["s"].consumers == []
 
             del database.fault_points["cursor.save_batch.before"]
             assert (await wire.request_durable(_subscribe(9, 5)))[0].type == T.SUCCESS
@@ -166,7 +166,7 @@ def test_with_a_rate_limit_an_ack_receipt_comes_once_applied_before_the_write(tm
             assert [r.request_id for r in _receipts(wire, before)] == [40, 41]  # at once, on the loop
             assert broker.cursors.load_persisted(TOPIC, "s") == created  # not written yet: on the schedule
             assert broker.cursors.queued_count() == 1
-            assert broker.topics[TOPIC].subscriptions["s"].cursor.mark_delete_position.entry_id == \
+            assert broker.registry.loaded[TOPIC].subscriptions["s"].cursor.mark_delete_position.entry_id == \
                 message_ids[1].entryId  # applied in memory
 
     asyncio.run(main())

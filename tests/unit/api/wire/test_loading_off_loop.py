@@ -28,22 +28,22 @@ def test_a_first_producer_or_subscribe_is_answered_after_the_load_off_the_loop(t
             wire = Wire(broker)
             producer = make_command(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=1))
             assert wire.request_bytes(encode_command(producer)) == []  # loading: not answered yet
-            assert TOPIC not in broker.topics
+            assert TOPIC not in broker.registry.loaded
             await settle(lambda: len(wire.answers()) >= 2)  # CONNECTED, then PRODUCER_SUCCESS
             assert [frame.type for frame in wire.answers()][-1] == T.PRODUCER_SUCCESS
-            assert TOPIC in broker.topics and broker.loading == {}
+            assert TOPIC in broker.registry.loaded and broker.registry.loading_topics() == []
             subscribe = make_command(pb.CommandSubscribe(
                 topic=TOPIC + "-sub", subscription="s", subType=pb.CommandSubscribe.Exclusive, consumer_id=1,
                 request_id=2))
             answers = await wire.request_durable(subscribe)
-            assert [frame.type for frame in answers] == [T.SUCCESS] and TOPIC + "-sub" in broker.topics
+            assert [frame.type for frame in answers] == [T.SUCCESS] and TOPIC + "-sub" in broker.registry.loaded
             missing = make_command(pb.CommandProducer(topic="persistent://public/nowhere/t", producer_id=2,
                                                       request_id=3))
             refused = wire.request_bytes(encode_command(missing))  # refused at once, nothing loaded
             assert [frame.type for frame in refused] == [T.ERROR]
             assert refused[0].command.error.error == pb.TopicNotFound
             await asyncio.sleep(0)
-            assert broker.loading == {}
+            assert broker.registry.loading_topics() == []
 
     asyncio.run(main())
 
@@ -69,8 +69,8 @@ def test_a_producer_or_consumer_closed_while_its_topic_loads_is_never_attached(t
             refusals = [frame.command.error for frame in wire.answers()[3:]]
             assert sorted(error.request_id for error in refusals) == [1, 3]
             assert {error.error for error in refusals} == {pb.NotAllowedError}
-            assert broker.topics[TOPIC].producers == {} and wire.protocol.producers == {}
-            subscription = broker.topics[TOPIC + "-sub"].subscriptions.get("s")
+            assert broker.registry.loaded[TOPIC].producers == {} and wire.protocol.producers == {}
+            subscription = broker.registry.loaded[TOPIC + "-sub"].subscriptions.get("s")
             assert subscription is None or not subscription.consumers
             assert wire.protocol.consumers == {}
             again = make_command(pb.CommandProducer(topic=TOPIC, producer_id=2, request_id=5, producer_name="p"))

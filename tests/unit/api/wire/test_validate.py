@@ -110,7 +110,7 @@ def test_topic_names_with_control_characters_are_refused_on_every_wire_door(
             answer = wire.request(make_command(pb.CommandGetTopicsOfNamespace(namespace=namespace, request_id=5)))
             assert answer[0].command.error.error == pb.InvalidTopicName
         assert len(answer) == 1 and not wire.closed
-        assert broker.topics == {}
+        assert broker.registry.loaded == {}
         assert broker.data_dir.metadata.list_topics() == []
     _run(tmp_path, body)
 
@@ -130,8 +130,8 @@ def test_a_send_with_a_sequence_id_above_int64_is_refused_and_the_producer_name_
         answer = wire.request_bytes(_send(wire, 0, encode_entry(
             _metadata("big", SIGNED_64_MAX + 1), b"v", with_checksum=False)))
         assert [frame.type for frame in answer] == [T.SEND_ERROR]
-        assert broker.topics[TOPIC].ledger.entries_added_counter == 0
-        assert broker.topics[TOPIC].last_sequence_id("big") == -1
+        assert broker.registry.loaded[TOPIC].ledger.entries_added_counter == 0
+        assert broker.registry.loaded[TOPIC].last_sequence_id("big") == -1
         # a later producer of that name works (once this one closed), and so does a send
         closed = wire.request_bytes(encode_command(make_command(pb.CommandCloseProducer(producer_id=1, request_id=99))))
         assert [frame.type for frame in closed] == [T.SUCCESS]
@@ -176,7 +176,7 @@ def test_a_send_whose_payload_does_not_decode_is_refused_and_stores_nothing(tmp_
         good = encode_entry(_metadata("p", 1), b"good", with_checksum=False)
         wire.feed(_send(wire, 1, good))
         await settle(lambda: any(f.type == T.SEND_RECEIPT for f in wire.answers()))
-        entries = broker.topics[TOPIC].ledger.read_entries(broker.topics[TOPIC].ledger.first_position(), 10)
+        entries = broker.registry.loaded[TOPIC].ledger.read_entries(broker.registry.loaded[TOPIC].ledger.first_position(), 10)
         assert [e.data for e in entries] == [good]
     _run(tmp_path, body)
 
