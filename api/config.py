@@ -46,8 +46,8 @@ from api.schema_names import SchemaStrategyName
 from api.wire.frames import MESSAGE_BYTES_MAX
 from api.wire.limits import WireLimits
 from compactor.engine import EngineName
-from compactor.manifest import GRACE_PERIOD_S_DEFAULT
-from compactor.runner import CompactionConfig
+from compactor.runs.runner import CompactionConfig
+from compactor.view.manifest import GRACE_PERIOD_S_DEFAULT
 from cursor.store import MARK_DELETE_RATE_LIMIT
 from ledger.errors import CompactionServiceError
 from ledger.managed_ledger import ManagedLedgerConfig

@@ -11,7 +11,7 @@ the ``StderrHandler`` already installed, never a handler someone else added.
 ``text`` writes ``TIME LEVEL LOGGER: MESSAGE``; ``json`` writes one JSON object a line
 (``JsonFormatter``): ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``, every
 ``extra`` field the record carries (a compaction run's ``topic``, ``engine``,
-``entries_read`` … — ``compactor.run_log`` — and a lifecycle event's ``event``), and
+``entries_read`` … — ``compactor.runs.run_log`` — and a lifecycle event's ``event``), and
 ``exception`` with the traceback text only for an unexpected error.
 """
 

@@ -12,7 +12,7 @@ triggered run, in this order:
    ledger would create it;
 5. load the topic: its managed ledger (the broker's ledger settings) and
    ``CompactedTopic.restore`` (which opens the durable ``__compaction`` cursor);
-6. run it once through the broker's run executor (``compactor.runs.CompactionRuns``, one
+6. run it once through the broker's run executor (``compactor.runs.runs.CompactionRuns``, one
    slot), with the broker's settings (retain null key, phase-one read timeout) and the
    topic's ``deleteRetentionMs``, ``minCompactionLagMs`` and ``compactionMaxBytesPerSecond``
    policies (else its namespace's, else the broker default): the executor records
@@ -96,10 +96,10 @@ def compact_offline(
     from api.broker.policies import PolicyStore
     from api.broker.service import compaction_config, ledger_config
     from api.broker.topic_name import TopicName
-    from compactor.runner import Compactor, collect_orphans
-    from compactor.runs import CompactionRuns, RunJob
-    from compactor.status import CompactionStatusStore
-    from compactor.topic import CompactedTopic
+    from compactor.runs.runner import Compactor, collect_orphans
+    from compactor.runs.runs import CompactionRuns, RunJob
+    from compactor.runs.status import CompactionStatusStore
+    from compactor.view.topic import CompactedTopic
     from cursor.store import CursorStore
     from ledger.data_dir import DataDir
     from ledger.managed_ledger import ManagedLedger

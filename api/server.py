@@ -52,7 +52,7 @@ from api.http import create_app
 from api.http_connections import capped_http_protocol
 from api.listener import listening_socket, quiet_accept_errors
 from api.logs import logging_to_stderr
-from compactor.runner import collect_orphans
+from compactor.runs.runner import collect_orphans
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
 from ledger.storage.base import SyncPolicy

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compactor.compression import compress
-from compactor.encoder import encode_batch, encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.managed_ledger import Entry
 from ledger.position import Position
+from message.compression import compress
+from message.encoder import encode_batch, encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = ["CODECS", "Workload"]
 

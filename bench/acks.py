@@ -51,7 +51,7 @@ import pulsar
 from api.wire.frames import FrameDecoder, encode_command, make_command
 from bench._peer_brokers import cpu_seconds
 from bench.wire import Server
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 
 RECEIVE_TIMEOUT_MS = 30_000
 DRAIN_TIMEOUT_S = 120.0

@@ -21,7 +21,7 @@ another's. Peak RSS is the child's ``VmHWM`` (``/proc/self/status``): Linux carr
 
 * **pure**: the entries are built in memory (positions as a managed ledger with the
   default roll-over would give them); ``phase_one`` and ``phase_two`` of
-  ``compactor.algorithm`` are timed over that list. Records/s = messages read / phase time.
+  ``compactor.local.algorithm`` are timed over that list. Records/s = messages read / phase time.
   Bytes per live key = the key map's ``nbytes`` (merged) / live keys, next to a plain
   ``dict[str, Position]`` (Pulsar's key → message id map) built over the same keys and
   positions in the same process, measured with ``tracemalloc``. The peak RSS of this child
@@ -38,10 +38,10 @@ another's. Peak RSS is the child's ``VmHWM`` (``/proc/self/status``): Linux carr
   key = what phase one's result still holds when it returns (the merged key map and its
   packer) / live keys; the peak it held at once (update buffer, merge copies) beside it.
 * **index** (unless ``--no-key-index``): once per layout, after the setup, the key index of
-  every sealed ledger is built (``compactor.key_index.ensure_index``, what the broker's
+  every sealed ledger is built (``compactor.local.key_index.ensure_index``, what the broker's
   background builder does when a ledger is sealed), timed: ``index_build_records_per_s``
   = index rows / seconds. The runs' copies carry the indexes, so a run reads them
-  (``compactor.indexed``); the runner child imports pyarrow before its timer starts, as a
+  (``compactor.local.indexed``); the runner child imports pyarrow before its timer starts, as a
   worker process has after its first round. ``--no-key-index`` measures the parsing rounds.
   With the key index, (e) is measured by ``child_memory_indexed`` instead: one round's
   phase one over the indexes of every sealed ledger, under ``tracemalloc`` (retained: the
@@ -80,14 +80,14 @@ from bench._child import current_rss_bytes, peak_rss_bytes
 from bench._io_floor import io_floor
 from bench._io_floor import ledger_files as _ledger_files
 from bench._workload import CODECS, Workload
-from compactor.algorithm import phase_one, phase_two
 from compactor.engine import LedgerRange
-from compactor.index_source import IndexSource
-from compactor.indexed import DELETED, IndexedRound
-from compactor.key_index import ensure_index
-from compactor.rounds import capacity_keys
-from compactor.runner import CompactionConfig, Compactor
-from compactor.topic import CompactedTopic
+from compactor.local.algorithm import phase_one, phase_two
+from compactor.local.index_source import IndexSource
+from compactor.local.indexed import DELETED, IndexedRound
+from compactor.local.key_index import ensure_index
+from compactor.local.rounds import capacity_keys
+from compactor.runs.runner import CompactionConfig, Compactor
+from compactor.view.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
@@ -232,7 +232,7 @@ def child_memory(spec: dict[str, Any]) -> dict[str, Any]:
 
 def child_memory_indexed(spec: dict[str, Any]) -> dict[str, Any]:
     """``child_memory`` for a run over the key indexes: the phase one of one round over
-    every sealed ledger of the topic in ``spec["dir"]`` (``compactor.indexed``), under
+    every sealed ledger of the topic in ``spec["dir"]`` (``compactor.local.indexed``), under
     ``tracemalloc``: ``retained`` is the merged key map (high, low, value per key),
     ``peak`` the most phase one held at once (index columns of one ledger, keyed rows
     waiting to be merged, the merge's copies)."""
@@ -450,7 +450,7 @@ def print_tables(idle: float, setups: dict[str, dict[str, Any]], pure: dict[str,
               f"{setup['bytes'] / MIB:,.1f} MiB, written in {setup['seconds']:.1f} s")
 
     print()
-    print("(a) pure phases over in-memory entries (compactor.algorithm)")
+    print("(a) pure phases over in-memory entries (compactor.local.algorithm)")
     print(f"  {'layout':<14} {'entries':>9} {'phase 1 rec/s':>14} {'phase 2 rec/s':>14} {'p1 s':>7} {'p2 s':>7} "
           f"{'kept msgs':>10} {'merges':>6}")
     for name, results in pure.items():

@@ -8,7 +8,7 @@ uniformly, ``--value-bytes`` random bytes each, a ``--tombstones`` fraction of t
 batch entries of ``--batch-size`` slots (a producer with batching on). It is written once
 into a data dir (``DataDir`` + ``ManagedLedger``, ``--entries-per-ledger`` entries a ledger,
 ``SyncPolicy.NONE`` for setup speed), beside a ten-message warm-up topic, and its sealed
-ledgers are given their key indexes (``compactor.key_index``), as the broker's background
+ledgers are given their key indexes (``compactor.local.key_index``), as the broker's background
 builds give them (``--no-index``: left without, so the first run builds them); the data dir
 is copied afresh for each run.
 
@@ -18,7 +18,7 @@ Each run is a fresh child process, the *broker*, that opens its copy and times
 * **local** (``local_engine``): the whole run with the default memory budget, its rounds in a
   worker process as the broker runs them (``--local-in-process``: in the broker's process);
 * **local-bounded** (``--bounded``): the same with ``--bounded-budget-bytes`` as the budget,
-  so the run goes in rounds (``compactor.rounds``);
+  so the run goes in rounds (``compactor.local.rounds``);
 * **spark**, once per master of ``--masters`` (``masters``): the run as Spark jobs on that
   master; the session is started and warmed by compacting the warm-up topic *before* the
   timed run, and that start is reported apart (``session_s``): a broker keeps its session
@@ -54,9 +54,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import _child
 from bench._child import peak_rss_bytes
 from bench._workload import Workload
-from compactor.key_index import ensure_index
-from compactor.runner import CompactionConfig, Compactor
-from compactor.topic import CompactedTopic
+from compactor.local.key_index import ensure_index
+from compactor.runs.runner import CompactionConfig, Compactor
+from compactor.view.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig

@@ -2,8 +2,8 @@
 
 Two engines exist:
 
-* ``local``: ``compactor.algorithm``'s two phases in this process, in rounds within the
-  memory budget (``compactor.rounds``), writing one compacted ledger per round;
+* ``local``: ``compactor.local.algorithm``'s two phases in this process, in rounds within the
+  memory budget (``compactor.local.rounds``), writing one compacted ledger per round;
 * ``spark``: ``compactor.spark.engine.SparkEngine``, the whole pipeline on Apache Spark
   (``RewriteEngine``): given the input stream as ranges of ledgers (``RewriteInput``),
   phase one's aggregation and phase two's rewrite both run on the executors, read straight
@@ -14,7 +14,7 @@ Two engines exist:
   ledgers).
 
 ``choose_engine`` is the pure selection rule: ``local`` and ``spark`` are what they say.
-The local engine never needs more than the memory budget (``compactor.rounds``: when the
+The local engine never needs more than the memory budget (``compactor.local.rounds``: when the
 key set would pass it, the run goes in rounds), so Spark can only help where it saves the
 local engine's extra rounds *without* costing the broker more memory than the budget.
 ``auto`` therefore picks ``spark`` only when all of these hold:
@@ -76,7 +76,7 @@ __all__ = [
 ]
 
 EngineName = Literal["auto", "local", "spark"]
-# What one live key costs the local key map (compactor.keymap: two hash halves and a packed
+# What one live key costs the local key map (compactor.local.keymap: two hash halves and a packed
 # position, three uint64); the merge buffer adds at most a quarter more.
 KEY_MAP_BYTES_PER_KEY = 24
 # What the Spark engine (compactor.spark.engine) costs the driver per live key: nothing,
@@ -121,7 +121,7 @@ class LedgerRange:
         first_entry_id, last_entry_id: the inclusive range; ``last_entry_id`` is at most
             the ledger's last confirmed entry, so the range is immutable even in an open
             ledger.
-        compacted: the ledger is a compacted ledger (entries in ``compactor.view``'s
+        compacted: the ledger is a compacted ledger (entries in ``compactor.view.view``'s
             format, carrying their original positions), not a raw one.
     """
 
@@ -142,7 +142,7 @@ class RewriteInput:
             the raw ledgers after the horizon up to the stop marker, in stream order.
         stop: the stop marker (the last entry of the stream).
         metadata: the custom metadata of every output ledger (component, topic, compactedTo).
-        retain_null_key, keep_tombstones_since_ms: as ``compactor.algorithm``'s phases.
+        retain_null_key, keep_tombstones_since_ms: as ``compactor.local.algorithm``'s phases.
     """
 
     ledgers_root: str
@@ -159,7 +159,7 @@ class RewriteResult:
 
     Attributes:
         ledger_ids: the output ledgers in stream order; their entries concatenated are
-            what ``compactor.algorithm.compact`` gives of the input stream. At least one
+            what ``compactor.local.algorithm.compact`` gives of the input stream. At least one
             (one empty ledger when nothing survives).
         keys_kept: live keys after the run.
         entries_read, messages_read, bytes_read, markers, opaque_entries: phase one's
@@ -193,7 +193,7 @@ class OutputLedgers(Protocol):
 
 class RewriteEngine(Protocol):
     """Runs a whole compaction elsewhere; the output ledgers' entries, concatenated, must
-    equal ``compactor.algorithm.compact``'s over the same stream, byte for byte.
+    equal ``compactor.local.algorithm.compact``'s over the same stream, byte for byte.
     ``driver_bytes_per_key``: what it brings back to the driver per live key."""
 
     driver_bytes_per_key: int

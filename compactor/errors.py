@@ -12,21 +12,19 @@
         │   │                                Java missing, a failed job, an unusable store)
         │   └── SparkWorkerImportError       a Spark Python worker lacks a module compactd
         │                                    needs (spark/shipping.py)
-        ├── KeyMapLimitError (keymap.py)     a position does not fit the key map's packing
-        └── MalformedEntryError (ValueError) entry bytes that are not a valid Pulsar message
-            └── UndecodablePayloadError      metadata parsed, but the payload (batch body or
-                                             compressed value) cannot be decoded
+        └── KeyMapLimitError (local/keymap.py) a position does not fit the key map's packing
 
-The split matters to compaction: an entry whose metadata cannot be parsed has no key and
-no batch count, while an ``UndecodablePayloadError`` entry still has both, and Pulsar's
-compactor keeps such a batch whole instead of failing the run. Errors carry the entry's
-position as attributes when the caller knows it (``ledger_id``, ``entry_id``); the codec
-itself works on bytes and leaves them ``None``.
+The message format's errors (``MalformedEntryError``, ``UndecodablePayloadError``) belong
+to the ``message`` package, which sits below the compactor (``message.errors``; they
+derive from ``CompactionServiceError`` and ``ValueError``, not from ``CompactorError``).
+They are re-exported here, the very same classes, so
+``except compactor.errors.MalformedEntryError`` keeps working.
 """
 
 from __future__ import annotations
 
 from ledger.errors import CompactionServiceError
+from message.errors import MalformedEntryError, UndecodablePayloadError
 
 __all__ = [
     "CompactedLedgerMissingError",
@@ -91,24 +89,6 @@ class CompactionTimeoutError(CompactorError):
     """A phase-one read did not complete within ``phase_one_read_timeout_s``."""
 
     retriable = True
-
-
-class MalformedEntryError(CompactorError, ValueError):
-    """Entry bytes do not form a Pulsar message: bad framing, checksum or metadata.
-
-    Never retriable: the same bytes fail the same way.
-    """
-
-    def __init__(
-        self, message: str, *, ledger_id: int | None = None, entry_id: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.ledger_id = ledger_id
-        self.entry_id = entry_id
-
-
-class UndecodablePayloadError(MalformedEntryError):
-    """The metadata is valid but the payload cannot be decompressed or split into slots."""
 
 
 class SparkEngineError(CompactorError):

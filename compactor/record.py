@@ -45,7 +45,7 @@ class RunFigures:
         throttled_s: time the run waited on its I/O throttle (``compactor.throttle``).
         io_bytes: bytes the run read and appended, as charged to its throttle.
         rounds: views the run published: more than one when the local engine's key map
-            reached the memory budget (``compactor.rounds``); 0 when nothing was compacted.
+            reached the memory budget (``compactor.local.rounds``); 0 when nothing was compacted.
     """
 
     ledger_id: int = -1

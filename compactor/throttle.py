@@ -8,7 +8,7 @@ A ``Throttle`` is a token bucket that starts empty and never holds more than
 ``N / bytes_per_second``. A limit of 0 means unlimited: nothing waits, nothing is counted
 as throttled.
 
-The throttle is the run's own (``compactor.runner`` makes one per run from the run's
+The throttle is the run's own (``compactor.runs.runner`` makes one per run from the run's
 ``max_bytes_per_second``), so two runs at once each get the limit. It is the only owner
 of the time a run spent waiting (``throttled_s``), which the run reports in its figures.
 Time and waiting come from the ``clock`` and ``sleep`` given (``time.monotonic`` and

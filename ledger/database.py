@@ -9,7 +9,7 @@ one ``Database``, and brings them up to date with its own migrations:
 * ``cursor``: durable cursors and their properties (``cursor.store.CursorStore``);
 * ``policies``: policy values per scope (``api.broker.policies.PolicyStore``);
 * ``compaction``: the last compaction status of each topic
-  (``compactor.status.CompactionStatusStore``);
+  (``compactor.runs.status.CompactionStatusStore``);
 * ``permissions``: produce/consume grants of roles (``api.broker.grants.GrantStore``).
 
 The file is created owner-only (0600); SQLite gives its ``-wal`` and ``-shm`` the same mode.

@@ -1,14 +1,14 @@
 """Regenerate the committed protobuf code of compactd from its own ``.proto``.
 
-compactd commits ``compactor/proto/pulsar_api_pb2.py`` and ``pulsar_api_pb2.pyi`` so that
+compactd commits ``message/proto/pulsar_api_pb2.py`` and ``pulsar_api_pb2.pyi`` so that
 neither an install nor an import needs ``protoc``. This script is the one way to produce
 them: it runs ``grpc_tools.protoc`` (the dev dependency ``grpcio-tools``) from the repository
 root, so the generated ``# source:`` line and the module's import path are both
-``compactor/proto/pulsar_api.proto`` / ``compactor.proto.pulsar_api_pb2``.
+``message/proto/pulsar_api.proto`` / ``message.proto.pulsar_api_pb2``.
 
 Usage (from anywhere)::
 
-    python scripts/gen_proto.py            # rewrite compactor/proto/pulsar_api_pb2.py(i)
+    python scripts/gen_proto.py            # rewrite message/proto/pulsar_api_pb2.py(i)
     python scripts/gen_proto.py --check    # regenerate to a temp dir; exit 1 on any difference
     python scripts/gen_proto.py --out-dir DIR   # write the generated files into DIR instead
 
@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROTO_PATH = Path("compactor/proto/pulsar_api.proto")
+PROTO_PATH = Path("message/proto/pulsar_api.proto")
 """The one .proto, relative to the repository root (protoc's include path)."""
 GENERATED_NAMES = ("pulsar_api_pb2.py", "pulsar_api_pb2.pyi")
 """The files protoc writes beside the .proto, in the package directory."""
@@ -45,7 +45,7 @@ PROTOC_TIMEOUT_S = 120
 def generate(out_dir: Path) -> dict[str, bytes]:
     """Run protoc on the committed .proto; return ``{file name: content}`` of what it wrote.
 
-    The files land in ``out_dir / "compactor/proto"``; ``out_dir`` must exist.
+    The files land in ``out_dir / "message/proto"``; ``out_dir`` must exist.
     Raises ``RuntimeError`` with protoc's output when protoc fails.
     """
     command = [
@@ -100,7 +100,7 @@ def differences(expected: dict[str, bytes], actual: dict[str, bytes]) -> list[st
 
 
 def write_in_place() -> None:
-    """Regenerate straight into ``compactor/proto``."""
+    """Regenerate straight into ``message/proto``."""
     generate(REPO_ROOT)
 
 

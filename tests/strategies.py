@@ -37,13 +37,13 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-from compactor.compression import compress
-from compactor.encoder import encode_batch, encode_entry
-from compactor.errors import MalformedEntryError
-from compactor.message import BROKER_ENTRY_MAGIC, Chunk, iter_messages, parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.managed_ledger import Entry
 from ledger.position import Position
+from message.compression import compress
+from message.encoder import encode_batch, encode_entry
+from message.entry import BROKER_ENTRY_MAGIC, Chunk, iter_messages, parse_entry
+from message.errors import MalformedEntryError
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = [
     "CODECS",
@@ -89,7 +89,7 @@ class MessageSpec:
     """Written as ``null_value`` (``send(None)``); the value is then empty."""
     null_key_flag: bool = False
     """Key-less written as ``null_partition_key=True`` rather than with the key absent."""
-    chunk: Chunk | None = None  # which chunk, as compactor.message reads it back
+    chunk: Chunk | None = None  # which chunk, as message.entry reads it back
     """The chunk this message is; ``value`` is then its piece of the compressed whole."""
 
     @property

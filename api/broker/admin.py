@@ -10,7 +10,7 @@ before an operation on it).
   compacted ledger; refused while clients are attached, as Pulsar refuses without force),
   list per namespace.
 * Compaction: ``trigger_compaction`` queues a run on the broker's run executor
-  (``compactor.runs.CompactionRuns``; ``TopicNotFoundError``, ``CompactionInProgressError``);
+  (``compactor.runs.runs.CompactionRuns``; ``TopicNotFoundError``, ``CompactionInProgressError``);
   the executor persists its status — NOT_RUN, RUNNING, SUCCESS, ERROR with ``lastError``
   — so it survives a restart (a run cut short by a stop reads ERROR afterwards), and is the
   one answer to "is a run in flight?" that topic and ``__compaction`` deletion ask.
@@ -38,7 +38,7 @@ from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNo
 from api.broker.off_loop import write_off_loop
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
-from compactor.topic import COMPACTION_SUBSCRIPTION
+from compactor.view.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import ManagedCursor
 from ledger.errors import CompactionServiceError
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from api.broker.policies import PolicyStore
     from api.broker.registry import TopicRegistry
     from api.broker.tenants import Tenants
-    from compactor.runs import CompactionRuns
+    from compactor.runs.runs import CompactionRuns
     from ledger.data_dir import DataDir
 
 __all__ = ["POLICY_NAMES", "Admin", "AdminBroker"]

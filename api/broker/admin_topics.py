@@ -38,15 +38,15 @@ from api.broker.errors import PreconditionFailedError, SubscriptionNotFoundError
 from api.broker.seek import find_by_publish_time
 from api.broker.topic_stats import TopicCounters
 from compactor.errors import CompactionInProgressError, MalformedEntryError
-from compactor.message import decoded_payload, is_batch, parse_entry, partition_key_of
 from cursor.cursor import ManagedCursor
 from cursor.errors import CursorError
 from ledger.position import Position
+from message.entry import decoded_payload, is_batch, parse_entry, partition_key_of
 
 if TYPE_CHECKING:
     from api.broker.registry import TopicRegistry
     from api.broker.topic import Topic
-    from compactor.runs import CompactionRuns
+    from compactor.runs.runs import CompactionRuns
 
 __all__ = ["AdminCore", "PeekedEntry", "TopicOperations", "shown_name"]
 

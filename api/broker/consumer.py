@@ -10,8 +10,8 @@ import abc
 import enum
 from dataclasses import dataclass
 
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = ["Consumer", "Delivery", "KeySharedMode", "KeySharedPolicy"]
 

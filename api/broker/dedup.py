@@ -42,14 +42,14 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from compactor.errors import MalformedEntryError
-from compactor.message import chunk_of, parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger.errors import LedgerError
 from ledger.managed_ledger import Entry, ManagedLedger
 from ledger.position import Position
+from message.entry import chunk_of, parse_entry
+from message.errors import MalformedEntryError
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = ["DEDUP_CURSOR", "SNAPSHOT_INTERVAL_ENTRIES", "WINDOW_ENTRIES", "Deduplication", "ProducerSession",
            "Send", "describe_send"]

@@ -24,9 +24,9 @@ import heapq
 import time
 from collections.abc import Callable
 
-from compactor.errors import MalformedEntryError
-from compactor.message import parse_header
 from ledger.position import Position
+from message.entry import parse_header
+from message.errors import MalformedEntryError
 
 __all__ = ["DelayedDeliveryTracker", "deliver_at_ms"]
 

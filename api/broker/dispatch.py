@@ -27,7 +27,7 @@ the wire layer implements it over a connection, tests implement it in memory. Ru
   ``writable`` (its connection's write buffer is over its high-water mark) gets nothing
   until its connection drains and dispatches again, so what waits for a slow consumer is
   bounded by its transport's buffer, not by its permits.
-* **Reading** goes through the subscription's ``compactor.reader.CompactedReader``, which
+* **Reading** goes through the subscription's ``compactor.view.reader.CompactedReader``, which
   owns where the subscription reads: rewinds, seeks, and for **read-compacted**
   subscriptions (Exclusive and Failover only) the first-read-from-earliest rule, the
   sought position, the read position and index in the topic's compacted view (then the raw
@@ -55,8 +55,8 @@ from api.broker.delayed import DelayedDeliveryTracker
 from api.broker.entry_facts import entry_facts
 from api.broker.errors import ConsumerBusyError, NotAllowedError
 from api.broker.key_shared import KeySharedDispatcher, KeySharedPolicy
-from compactor.reader import CompactedReader
-from compactor.topic import CompactedTopic
+from compactor.view.reader import CompactedReader
+from compactor.view.topic import CompactedTopic
 from cursor.cursor import ManagedCursor
 from cursor.errors import CursorError
 from ledger.errors import LedgerError

@@ -5,7 +5,7 @@ it uses: a batch's ``num_messages_in_batch``, else 1) and, on Shared and Key_Sha
 it is due (``deliver_at_time``, delayed delivery). ``entry_facts`` answers both from one
 parse of the ``MessageMetadata``. Entries as the broker stores them (``metadataSize ·
 metadata · payload``, no checksum or broker-entry prefix: SEND accepted only entries whose
-metadata parses) take a short path; anything else goes through ``compactor.message``'s
+metadata parses) take a short path; anything else goes through ``message.entry``'s
 full parser. An entry whose metadata does not parse counts as one message, due at once
 (its consumer's client reports it), as before.
 """
@@ -16,9 +16,9 @@ import struct
 
 from google.protobuf.message import DecodeError
 
-from compactor.errors import MalformedEntryError
-from compactor.message import BROKER_ENTRY_MAGIC, CHECKSUM_MAGIC, is_batch, parse_header
-from compactor.proto import pulsar_api_pb2 as pb
+from message.entry import BROKER_ENTRY_MAGIC, CHECKSUM_MAGIC, is_batch, parse_header
+from message.errors import MalformedEntryError
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = ["entry_facts"]
 

@@ -40,10 +40,10 @@ from typing import Protocol
 
 from api.broker.consumer import Consumer, Delivery, KeySharedMode, KeySharedPolicy
 from api.broker.errors import BrokerError, ConsumerBusyError
-from compactor.errors import MalformedEntryError
-from compactor.message import parse_header
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
+from message.entry import parse_header
+from message.errors import MalformedEntryError
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = [
     "HASH_RANGE",

@@ -45,7 +45,7 @@ from api.broker.topic_name import TopicName
 
 if TYPE_CHECKING:
     from api.broker.registry import TopicRegistry
-    from compactor.runs import CompactionRuns
+    from compactor.runs.runs import CompactionRuns
     from ledger.database import Database
     from ledger.metadata import MetadataStore
 

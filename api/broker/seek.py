@@ -7,10 +7,10 @@ first entry whose ``publish_time`` is at least the target, reading ``O(log n)`` 
 
 from __future__ import annotations
 
-from compactor.errors import MalformedEntryError
-from compactor.message import parse_entry
 from ledger.managed_ledger import ManagedLedger
 from ledger.position import Position
+from message.entry import parse_entry
+from message.errors import MalformedEntryError
 
 __all__ = ["find_by_publish_time", "publish_time"]
 

@@ -15,7 +15,7 @@ carried out by the registry; cursor
 writes are the cursor store's thread's, admin metadata writes the ``metadata-write``
 thread's (``api.broker.off_loop``). The sync ``get_topic`` loads on its caller's thread
 (offline callers, tests; on the loop only what was loaded off it first). Runs
-belong to one executor, ``runs`` (``compactor.runs.CompactionRuns``: slots —
+belong to one executor, ``runs`` (``compactor.runs.runs.CompactionRuns``: slots —
 ``compaction_max_concurrent_runs`` —, queue, tasks, persisted status), which the REST
 trigger (``request_compaction``), the scheduler (``scheduler_tick``) and ``compact`` (a run
 awaited) all go through; the core only builds each run's ``RunJob`` (the topic and its
@@ -23,7 +23,7 @@ awaited) all go through; the core only builds each run's ``RunJob`` (the topic a
 policy, else namespace policy, else the broker default). Lifecycle: ``start_tasks`` starts the periodic work (trimming, the
 compaction scheduler, the sweep of replaced compacted ledgers past their grace period) and, with
 ``compaction_key_index``, queues the sealed ledgers without a key index for the background
-builds (``compactor.index_builds``: each sealed ledger is indexed in a worker process); ``stop`` ends it, cancels queued runs and waits for the running
+builds (``compactor.local.index_builds``: each sealed ledger is indexed in a worker process); ``stop`` ends it, cancels queued runs and waits for the running
 ones, then seals every topic's current ledger, which makes (or fails) every pending append
 before it returns, and writes every queued cursor state (``cursor.store``: a clean stop
 loses no acknowledgement).
@@ -52,18 +52,18 @@ from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
 from api.config import Settings
 from compactor.errors import CompactionInProgressError
-from compactor.index_builds import KeyIndexBuilds, unindexed_ledgers
+from compactor.local.index_builds import KeyIndexBuilds, unindexed_ledgers
 from compactor.record import RunFigures
-from compactor.runner import CompactionConfig, Compactor, sweep_compacted_garbage
-from compactor.runs import CompactionRuns, RunJob
-from compactor.scheduler import (
+from compactor.runs.runner import CompactionConfig, Compactor, sweep_compacted_garbage
+from compactor.runs.runs import CompactionRuns, RunJob
+from compactor.runs.scheduler import (
     CompactionPolicy,
     Plan,
     TopicCompactionStats,
     effective_threshold,
     plan,
 )
-from compactor.status import CompactionStatusStore
+from compactor.runs.status import CompactionStatusStore
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -118,14 +118,14 @@ class BrokerService:
         self.compaction_statuses = CompactionStatusStore(data_dir.database)
         # Which topics are loaded, loading, closing and being deleted: the registry's alone.
         self.registry = TopicRegistry(self._open_topic)
-        # The broker's runs go to worker processes, one per run slot (compactor.worker), so
+        # The broker's runs go to worker processes, one per run slot (compactor.local.worker), so
         # that no run holds this interpreter's GIL; compact-topic's stay in its process.
         workers = settings.compaction_max_concurrent_runs if settings.compaction_worker_process else 0
         self.compactor = Compactor(dataclasses.replace(compaction_config(settings), worker_processes=workers))
         self.ledger_config = ledger_config(settings)
         self.runs = CompactionRuns(self.compactor, self.compaction_statuses,
                                    max_concurrent_runs=settings.compaction_max_concurrent_runs)
-        # Each sealed raw ledger's key index, built in a worker process (compactor.index_builds).
+        # Each sealed raw ledger's key index, built in a worker process (compactor.local.index_builds).
         self.key_indexes = (KeyIndexBuilds(data_dir.ledgers.root) if settings.compaction_key_index
                             and isinstance(data_dir.ledgers, FileLedgerStore) else None)
         self._index_task: asyncio.Task[None] | None = None
@@ -203,7 +203,7 @@ class BrokerService:
 
     async def _sweep_periodically(self) -> None:
         """Delete the replaced compacted ledgers whose grace period is over
-        (``compactor.manifest``), each interval, on a worker thread (the start's sweep is
+        (``compactor.view.manifest``), each interval, on a worker thread (the start's sweep is
         ``collect_orphans``'s)."""
         while True:
             await asyncio.sleep(GARBAGE_SWEEP_INTERVAL_S)
@@ -352,7 +352,7 @@ class BrokerService:
                 log.exception("compaction scheduler tick failed")
 
     def scheduler_tick(self, now_ms: int) -> Plan:
-        """One scheduler decision over the loaded topics (``compactor.scheduler``); starts
+        """One scheduler decision over the loaded topics (``compactor.runs.scheduler``); starts
         the planned runs through ``runs``, as the REST trigger does."""
         candidates = [(self._scheduler_stats(topic), self._policy(topic)) for topic in self.registry.loaded_topics()]
         running = self.runs.running_count + self.runs.queued_count

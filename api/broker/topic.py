@@ -49,7 +49,7 @@ from api.broker.errors import NotAllowedError, ProducerBusyError, SubscriptionNo
 from api.broker.off_loop import submit_off_loop
 from api.broker.topic_name import TopicName
 from api.broker.topic_stats import TopicCounters
-from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.view.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger.managed_ledger import ManagedLedger

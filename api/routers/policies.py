@@ -12,7 +12,7 @@ The POST body is a bare JSON value, validated here: an integer in [0, 2^63-1], f
 ratio a number in [0, 1], for a switch true or false. A value of the wrong type answers 400, one out of range 412
 (Pulsar's "compactionThreshold must be 0 or more"). GET of an unset policy answers 204
 with no body. The topic policy wins over the namespace policy, which wins over the broker
-default (``compactor.scheduler.effective_threshold``).
+default (``compactor.runs.scheduler.effective_threshold``).
 
 (No ``from __future__ import annotations`` here: the handlers are built per policy and
 scope in closures, and FastAPI must resolve their annotations at definition.)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from api.broker.access import AccessControl, AuthenticationError, Credentials
 from api.wire.codec import U64_MAX, server_error
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = ["admit", "certificate_cn"]
 

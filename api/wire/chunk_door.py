@@ -15,7 +15,7 @@ chunks it sees in topic order, can only ever assemble that message:
 * chunks come in order: chunk k follows chunk k - 1; a chunk sent again (a client's
   resend after a reconnect) is the same bytes as the first time;
 * their payloads add up to at most ``total_chunk_msg_size``, and at the last chunk the
-  whole decodes as ``compactor.compression.decompress`` decodes any payload (unless it is
+  whole decodes as ``message.compression.decompress`` decodes any payload (unless it is
   encrypted: the broker cannot open it).
 
 A chunk k > 0 of a uuid this door has not seen (its chunk 0 came before the broker
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import crc32c
 
 from api.broker.errors import BrokerError, NotAllowedError
-from compactor.compression import decompress
-from compactor.errors import MalformedEntryError
-from compactor.message import is_encrypted, parse_header
+from message.compression import decompress
+from message.entry import is_encrypted, parse_header
+from message.errors import MalformedEntryError
 
 __all__ = ["CHUNKED_MESSAGES_OPEN_MAX", "CHUNK_BUFFER_BUDGET_BYTES", "ChunkDoor", "may_be_chunk"]
 

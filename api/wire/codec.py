@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import cast
 
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = [
     "CONNECTION_COMMANDS", "U64_MAX", "fill_message_id", "from_message_id", "request_id_of", "server_error",

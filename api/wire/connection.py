@@ -84,9 +84,9 @@ from api.wire.schema_commands import (
     refused_response,
 )
 from api.wire.validate import frame_problem
-from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
 from ledger.errors import CompactionServiceError
+from message.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService

@@ -11,7 +11,7 @@ a message. All integers are big-endian unsigned 32-bit::
     entry          = u32:metadataSize MessageMetadata(metadataSize bytes) payload
 
 ``entry`` is what the broker stores verbatim and replays in MESSAGE frames; the layout
-inside it is ``compactor/message.py``'s, and parsing it is compaction's job, not this
+inside it is ``message/entry.py``'s, and parsing it is compaction's job, not this
 module's. The codec only checks the entry's outer shape: at least 4 bytes, and a
 metadataSize of 1 or more that fits in what follows it (an empty MessageMetadata cannot
 carry its required fields). The magics are unambiguous because a metadataSize starting
@@ -50,9 +50,9 @@ import crc32c
 from google.protobuf.message import Message as ProtobufMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from compactor.message import BROKER_ENTRY_MAGIC, CHECKSUM_MAGIC, parse_proto
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError
+from message.entry import BROKER_ENTRY_MAGIC, CHECKSUM_MAGIC, parse_proto
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = [
     "FRAME_BYTES_MAX",

@@ -47,8 +47,8 @@ from api.broker.schemas import schema_base
 from api.broker.topic_name import TopicName
 from api.wire.codec import request_id_of, server_error
 from api.wire.schema_commands import get_or_create_schema_response, schema_data
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
+from message.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService

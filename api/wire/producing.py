@@ -39,9 +39,9 @@ from api.wire.frames import Frame
 from api.wire.outbox import Outbox
 from api.wire.preparing import Creations, ready_to_create
 from api.wire.schema_commands import producer_schema_version
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError, LedgerError
 from ledger.position import Position
+from message.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from api.broker.errors import BrokerError
 from api.broker.schemas import SchemaData, version_bytes
 from api.wire.codec import server_error
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError
+from message.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService

@@ -50,9 +50,8 @@ from google.protobuf.message import Message as ProtobufMessage
 from api.broker.errors import BrokerError, InvalidTopicNameError, NotAllowedError
 from api.broker.topic_name import TopicName, parse_namespace
 from api.wire.frames import Frame
-from compactor.compression import UNCOMPRESSED_BYTES_MAX
-from compactor.errors import MalformedEntryError, UndecodablePayloadError
-from compactor.message import (
+from message.compression import UNCOMPRESSED_BYTES_MAX
+from message.entry import (
     check_slot_count,
     decoded_payload,
     is_batch,
@@ -60,7 +59,8 @@ from compactor.message import (
     parse_entry,
     read_slot,
 )
-from compactor.proto import pulsar_api_pb2 as pb
+from message.errors import MalformedEntryError, UndecodablePayloadError
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = ["CHUNKED_MESSAGE_BYTES_MAX", "CHUNKS_MAX", "SIGNED_64_MAX", "TIME_MS_MAX", "entry_problem",
            "frame_problem"]

@@ -7,7 +7,7 @@
   a DataFrame (``spark.read.format("compactd")``).
 * ``SparkEngine`` (``compactor.spark.engine``): the whole compaction pipeline on Spark
   (both phases on the executors; the driver plans and commits), the ``spark`` engine of
-  ``compactor.runner.Compactor``.
+  ``compactor.runs.runner.Compactor``.
 
 This package is the only one that imports PySpark, and it does so lazily: importing
 ``compactor.spark`` loads nothing; the names above load their module (and PySpark) on

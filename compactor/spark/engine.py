@@ -15,7 +15,7 @@ in parallel into new files, commit once.
    its piece's group. Keyed rows are grouped by key hash and the greatest position kept
    (``max(struct(ledger_id, entry_id, batch_index, ...))``: the stream is in position
    order, so that is the key's last update); a key whose last update deletes it is dropped.
-   Chunked messages (``compactor.chunks``): each uuid's chunks, sorted, tell every chunk
+   Chunked messages (``compactor.local.chunks``): each uuid's chunks, sorted, tell every chunk
    where its instance completes; an instance that completes is dropped unless its last
    chunk is its key's latest (key-less: unless ``retain_null_key``). The dropped chunks'
    positions, the live positions and one figures row per group are the *decision rows*,
@@ -24,7 +24,7 @@ in parallel into new files, commit once.
    Spark partition per group, by a key whose hash is the group's index
    (``partition_keys``) — and each group's task rewrites its pieces into one sealed
    compacted ledger at its reserved id (``compactor.spark.rewrite.rewrite_group``), keeping
-   exactly what ``compactor.algorithm.phase_two`` keeps. Nothing is broadcast from the
+   exactly what ``compactor.local.algorithm.phase_two`` keeps. Nothing is broadcast from the
    driver (joins are sort-merge joins), nothing per key is collected.
 4. Commit (driver, O(groups)): each task returns one report row; ``commit_reports`` accepts
    them only if every group reported exactly once, at its reserved id (Spark keeps one
@@ -433,7 +433,7 @@ def _decisions(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[G
 
 def _dropped_chunks(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec],
                     filesystem: Any) -> Any:
-    """The chunks dropped with their chunked message (``compactor.chunks``), as ``seq``:
+    """The chunks dropped with their chunked message (``compactor.local.chunks``), as ``seq``:
     each chunk's instance completes at the first last chunk of its uuid at or after it (a
     window over the uuid's chunks, in stream order); a completed keyed instance survives
     iff that last chunk is its key's latest (in ``latest``), a key-less one iff

@@ -1,8 +1,8 @@
 """What an executor makes of one piece through its ledger's key index: array work, no parse.
 
 The Spark engine's tasks read each piece of a run's stream (a ``LedgerRange``) through the
-key index of its ledger (``compactor.key_index``: a Parquet ``.kidx`` beside each sealed
-ledger), as the local engine's indexed rounds do (``compactor.indexed``):
+key index of its ledger (``compactor.local.key_index``: a Parquet ``.kidx`` beside each sealed
+ledger), as the local engine's indexed rounds do (``compactor.local.indexed``):
 
 * ``PieceIndex`` opens a piece: a **sealed** ledger's index is read as Arrow through a
   ``pyarrow.fs.FileSystem`` (``filesystem``; None: the local one), every column read
@@ -21,7 +21,7 @@ ledger), as the local engine's indexed rounds do (``compactor.indexed``):
   retained positions, dropped chunks, packed into sorted ``uint64`` arrays, 8 bytes each):
   the keep rule of ``rewrite.group_phase_two`` as array work; an entry all of whose live
   messages survive is copied as stored, a batch that loses slots is rewritten
-  (``compactor.indexed``'s batch cut: one metadata parse, no slot parse), an entry with
+  (``compactor.local.indexed``'s batch cut: one metadata parse, no slot parse), an entry with
   no survivor is never read.
 
 Memory: a piece's index columns (the ledger's, for the columns asked, while the piece is
@@ -38,11 +38,10 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from compactor.algorithm import CompactedEntry
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
-from compactor.indexed import _batch as rewritten_batch
-from compactor.key_index import (
+from compactor.local.indexed import _batch as rewritten_batch
+from compactor.local.key_index import (
     FLAG_CHUNK,
     FLAG_COMPACTED_OUT,
     FLAG_KEYLESS,
@@ -55,10 +54,10 @@ from compactor.key_index import (
     ledger_path,
     sealed_index,
 )
-from compactor.keymap import key_hash
-from compactor.scan import scan_entry
+from compactor.local.keymap import key_hash
+from compactor.local.scan import scan_entry
 from compactor.spark.rows import open_store, read_range
-from compactor.view import decode_compacted_entry
+from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
 from ledger.storage.sealed_file import SealedFile
 
@@ -193,7 +192,7 @@ def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int |
     if keep_tombstones_since_ms is not None:
         deletes &= rows["publish_time"][at] < keep_tombstones_since_ms
     ends = np.flatnonzero(valued & chunk)
-    if len(ends):  # a keyed chunk: only a last chunk is a value (compactor.chunks)
+    if len(ends):  # a keyed chunk: only a last chunk is a value (compactor.local.chunks)
         ends = ends[_chunk_scans(index, ends)[1]]
         at = np.concatenate([at, ends])
         deletes = np.concatenate([deletes, np.zeros(len(ends), bool)])

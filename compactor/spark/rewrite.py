@@ -4,18 +4,18 @@ The Spark engine (``compactor.spark.engine``) cuts a run's input stream into pie
 the pieces into contiguous *groups*; phase one's decisions reach each group's task
 co-partitioned with it (never through the driver). A task rewrites its group alone:
 
-* ``group_phase_two`` keeps exactly what ``compactor.algorithm.phase_two`` keeps of the
+* ``group_phase_two`` keeps exactly what ``compactor.local.algorithm.phase_two`` keeps of the
   group's entries, given the group's share of phase one's decisions: ``retained``, the
   positions ``(ledger_id, entry_id, batch_index)`` that are some key's latest (a young
   tombstone included; a keyed last chunk at batch index -1), and ``dropped_chunks``, the
   entries ``(ledger_id, entry_id)`` of chunks whose chunked message completes in the run's
-  stream and does not survive (``compactor.chunks``; the message may complete in a later
+  stream and does not survive (``compactor.local.chunks``; the message may complete in a later
   group, so this is decided over the whole stream, not here). Key-less messages survive
   iff ``retain_null_key``; old tombstones and markers never survive; opaque entries
   survive whole. It is ``algorithm.phase_two`` with the lookups given as sets rather than
   a key map, and reuses its helpers (``kept_entry``, ``is_young``, ``scan_entry``).
 * ``rewrite_group`` reads the group's pieces straight from the ledger files (a read-only
-  ``FileLedgerStore``), encodes the survivors (``compactor.view.encode_compacted_entry``)
+  ``FileLedgerStore``), encodes the survivors (``compactor.view.view.encode_compacted_entry``)
   and writes them as one whole sealed ledger at the id the driver reserved for the group
   (``ledger.storage.sealed_writer``: temporary file, fsync, atomic rename). A retried or
   speculative attempt writes the same bytes again (the plan fixes ``created_at_ms``), so
@@ -47,11 +47,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from compactor.algorithm import CompactedEntry, is_young, kept_entry
 from compactor.engine import LedgerRange
-from compactor.keymap import KeyMapLimitError, PositionPacker
-from compactor.scan import scan_entry
-from compactor.view import encode_compacted_entry
+from compactor.local.algorithm import CompactedEntry, is_young, kept_entry
+from compactor.local.keymap import KeyMapLimitError, PositionPacker
+from compactor.local.scan import scan_entry
+from compactor.view.view import encode_compacted_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 from ledger.storage.sealed_writer import write_sealed_ledger
@@ -117,7 +117,7 @@ class GroupReport:
         messages_kept: messages the compacted entries deliver.
         keys_kept: live keys whose latest position lies in the group.
         entries_read, messages_read, bytes_read, markers, opaque_entries: phase one's
-            figures of the group's pieces (``compactor.algorithm.PhaseOneResult``'s).
+            figures of the group's pieces (``compactor.local.algorithm.PhaseOneResult``'s).
     """
 
     group: int
@@ -165,7 +165,7 @@ def group_phase_two(
 
 
 class PackedSlots(Collection[Slot]):
-    """A group's retained positions, 8 bytes each: packed (``compactor.keymap.PositionPacker``,
+    """A group's retained positions, 8 bytes each: packed (``compactor.local.keymap.PositionPacker``,
     order-preserving) into one sorted ``uint64`` array, looked up by bisection."""
 
     def __init__(self, ledger_ids: npt.NDArray[np.int64], entry_ids: npt.NDArray[np.int64],

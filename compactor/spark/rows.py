@@ -15,12 +15,12 @@ Both Spark data sources read ledger files directly through a read-only ``FileLed
   chunked message gives one row per chunk, whose ``value`` is the chunk's piece of the
   compressed whole as stored (the rows are not put back together).
 * ``phase_one_batches`` — phase one's view of one piece of the stream
-  (``PHASE_ONE_SCHEMA``), exactly what ``compactor.algorithm.phase_one`` reads, every row
+  (``PHASE_ONE_SCHEMA``), exactly what ``compactor.local.algorithm.phase_one`` reads, every row
   tagged with the piece's group (``grp``): one row per keyed live message with its key's
   128-bit hash (two signed int64 halves), its position and whether it deletes the key (an
   old tombstone; a young one counts as a value); for a chunked message, only its last
   chunk gives a keyed row; every chunk gives a *chunk* row (null hash; the hash of its
-  uuid, its position, whether it is the last chunk and key-less: ``compactor.chunks``); and
+  uuid, its position, whether it is the last chunk and key-less: ``compactor.local.chunks``); and
   one *figures* row per piece (null hashes) counting entries, messages, bytes, markers
   and opaque entries.
 
@@ -36,16 +36,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from compactor.algorithm import CompactedEntry
 from compactor.engine import LedgerRange
-from compactor.errors import MalformedEntryError
-from compactor.keymap import key_hash
-from compactor.message import Message, is_marker, iter_messages, parse_entry
-from compactor.scan import scan_entry
-from compactor.view import decode_compacted_entry
+from compactor.local.keymap import key_hash
+from compactor.local.scan import scan_entry
+from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 from ledger.storage.file import FileLedgerStore
+from message.entry import Message, is_marker, iter_messages, parse_entry
+from message.errors import MalformedEntryError
 
 __all__ = [
     "MESSAGE_SCHEMA",
@@ -254,7 +253,7 @@ class _KeyColumns:
         self.keyless.append(None)
 
     def add_chunk(self, uuid: str, position: Position, last: bool, keyless: bool) -> None:
-        """A chunk of a chunked message (``compactor.chunks``)."""
+        """A chunk of a chunked message (``compactor.local.chunks``)."""
         high, low = key_hash(uuid)
         row = (None, None, position.ledger_id, position.entry_id, -1, None,
                high - (1 << 64) if high >= _SIGN else high, low - (1 << 64) if low >= _SIGN else low, last, keyless)
@@ -275,7 +274,7 @@ class _KeyColumns:
 
 
 def _add_keys(keys: _KeyColumns, entry: CompactedEntry, figures: list[int], cutoff: int | None) -> None:
-    """One entry as ``compactor.algorithm.phase_one`` reads it."""
+    """One entry as ``compactor.local.algorithm.phase_one`` reads it."""
     figures[0] += 1
     figures[2] += len(entry.data)
     scan = scan_entry(entry.data)
@@ -286,7 +285,7 @@ def _add_keys(keys: _KeyColumns, entry: CompactedEntry, figures: list[int], cuto
         figures[3] += 1
         return
     figures[1] += len(scan.messages)
-    if scan.chunk is not None:  # only a last chunk counts as a value, at its position (compactor.chunks)
+    if scan.chunk is not None:  # only a last chunk counts as a value, at its position (compactor.local.chunks)
         [(_, key, _)] = scan.messages
         keys.add_chunk(scan.chunk.uuid, entry.position, scan.chunk.is_last, key is None)
         if scan.chunk.is_last and key is not None:

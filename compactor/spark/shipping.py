@@ -4,7 +4,7 @@ A PySpark data source runs in Python workers started by Spark (on the driver to 
 read, on the executors to read), with the interpreter of ``spark.pyspark.python`` /
 ``PYSPARK_PYTHON`` — not the driver's. Those workers must import ``compactor.spark.source``
 and what it imports, so ``register`` ships compactd's own packages (``ledger``,
-``cursor``, ``compactor``: the code a read needs, never ``api``) as one zip through
+``message``, ``cursor``, ``compactor``: the code a read needs, never ``api``) as one zip through
 ``SparkContext.addPyFile``: every later task and planning worker has the zip on its
 ``sys.path``, whether or not compactd is installed where it runs.
 
@@ -43,7 +43,7 @@ from compactor.errors import SparkEngineError
 __all__ = ["SHIPPED_PACKAGES", "WORKER_MODULES", "SparkWorkerImportError", "code_zip", "probe_worker", "register",
            "ship_code"]
 
-SHIPPED_PACKAGES = ("ledger", "cursor", "compactor")
+SHIPPED_PACKAGES = ("ledger", "message", "cursor", "compactor")
 STREAMING_FILES_DIR = "streaming_job"  # the job artifact id of PySpark's streaming source runner
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # a fixed timestamp: the same code gives the same zip
 # What a worker imports to read a topic: the spark extra's third-party modules, then compactd's

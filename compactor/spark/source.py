@@ -53,9 +53,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
-from compactor.manifest import CompactedManifests
 from compactor.spark import rows
-from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
+from compactor.view.manifest import CompactedManifests
+from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
 from cursor.store import CursorStore
 from ledger.errors import LedgerNotFoundError
 from ledger.metadata import LedgerRecord, MetadataStore
@@ -89,7 +89,7 @@ def _flag(options: Any, name: str, default: str = "false") -> bool:
 
 class CompactedSnapshot(NamedTuple):
     """A topic's published compacted view as persisted: its ledgers in stream order (the
-    manifest, ``compactor.manifest``) and its horizon (the ``__compaction`` mark-delete)."""
+    manifest, ``compactor.view.manifest``) and its horizon (the ``__compaction`` mark-delete)."""
 
     ledger_ids: tuple[int, ...]
     horizon: Position

@@ -26,7 +26,7 @@ fixed by its two offsets (a task retry or a restarted query reads the same entri
 snapshot names its compacted ledgers and the raw entries never change once confirmed. A
 later compaction publishes a new view; the query keeps the one it started from for its
 snapshot batch, which stays readable for the broker's grace period
-(``compacted_ledger_grace_period_s``, ``compactor.manifest``) and reads the raw ledgers
+(``compacted_ledger_grace_period_s``, ``compactor.view.manifest``) and reads the raw ledgers
 after it.
 
 ``next_end`` and ``tail_ranges`` are the pure planning steps over the topic's readable
@@ -43,10 +43,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError, MalformedEntryError
-from compactor.message import parse_entry
 from compactor.spark import rows
 from ledger.errors import LedgerNotFoundError
 from ledger.position import Position
+from message.entry import parse_entry
 
 __all__ = ["StreamReader", "next_end", "offset", "tail_ranges"]
 

@@ -3,7 +3,7 @@
 ``FileLedgerStore`` loads a ledger by scanning every record of its file (a CRC32C each)
 to learn where its entries are: a few microseconds per entry in Python, the main cost of
 reading a topic of small messages once. A sealed file never changes, so a reader that
-kept the entries' offsets (``compactor.key_index`` records them) needs no scan:
+kept the entries' offsets (``compactor.local.key_index`` records them) needs no scan:
 
 * ``SealedFile.open`` checks the file's MAGIC and its trailing SEAL record (the file is
   sealed; the SEAL gives the entry count and size), nothing else;

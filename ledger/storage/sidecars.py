@@ -2,7 +2,7 @@
 
 A sealed ledger never changes, so an upper layer may keep facts derived from it in a file
 beside it, named ``<ledger file><suffix>`` (the compactor's key index,
-``compactor.key_index``: ``.kidx``). The ledger layer does not read them, and imports
+``compactor.local.key_index``: ``.kidx``). The ledger layer does not read them, and imports
 nothing of their owners; it only makes sure none outlives its ledger:
 
 * ``FileLedgerStore.delete`` removes a ledger's sidecars with its file (``sidecar_paths``);

@@ -23,7 +23,7 @@ pulsar = pytest.importorskip("pulsar")
 from api.config import Settings
 from api.wire.listener import PulsarBroker
 from compactor.record import RunFigures
-from compactor.runner import collect_orphans
+from compactor.runs.runner import collect_orphans
 from ledger.data_dir import DataDir
 
 START_TIMEOUT_S = 30

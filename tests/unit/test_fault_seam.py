@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from api.broker.policies import PolicyStore
-from compactor.status import CompactionStatusStore
+from compactor.runs.status import CompactionStatusStore
 from cursor.store import CursorStore
 from ledger.database import Database
 from ledger.metadata import MetadataStore

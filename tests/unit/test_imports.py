@@ -1,4 +1,10 @@
-"""The packages import downwards only (ledger < cursor < compactor < api) and without cycles.
+"""The packages import downwards only (ledger < message < cursor < compactor < api) and without cycles.
+
+``message`` (Pulsar's message format) is a floor of its own: of compactd it imports
+``ledger.errors`` only (the root error class). Inside ``compactor`` the floors are, bottom
+up: its shared ground (the modules directly in ``compactor/``), ``compactor.view``,
+``compactor.local``, ``compactor.spark``, ``compactor.runs``; a module imports its own
+floor and the ones below, never one above.
 
 Inside ``api``, the broker core (``api.broker``: the topic registry, which knows no sockets)
 imports neither of its doors: not the wire package (the Pulsar listener, its connections
@@ -19,14 +25,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("ledger", "cursor", "compactor", "api")
+LAYERS = ("ledger", "message", "cursor", "compactor", "api")
 BROKER_CORE = "api.broker"
 # What serves the broker core to clients; the core imports none of it.
 DOORS = ("api.wire", "api.http", "api.routers", "api.server", "api.listener")
+# What the message format may import of compactd.
+MESSAGE_ALLOWED = ("message", "ledger.errors")
+# The compactor's floors, bottom up; a module directly in ``compactor/`` is on the ground.
+# (The package's own ``__init__`` re-exports lazily from every floor: it counts as above them.)
+COMPACTOR_FLOORS = ("compactor", "compactor.view", "compactor.local", "compactor.spark", "compactor.runs")
 
 
 def _modules(root: Path) -> dict[str, Path]:
-    """Every module of the four packages by dotted name (generated ``*_pb2`` left out)."""
+    """Every module of the layered packages by dotted name (generated ``*_pb2`` left out)."""
     found = {}
     for package in LAYERS:
         for path in (root / package).rglob("*.py"):
@@ -117,7 +128,64 @@ def door_imports(graph: dict[str, set[str]]) -> list[str]:
             for b in sorted(targets) if any(within(b, door) for door in DOORS)]
 
 
-def test_no_module_of_the_four_packages_is_part_of_an_import_cycle() -> None:
+def message_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import by a module of ``message`` of compactd beyond ``MESSAGE_ALLOWED``."""
+    return [f"{a} imports {b}" for a, targets in sorted(graph.items()) if a.split(".")[0] == "message"
+            for b in sorted(targets) if not any(b == ok or b.startswith(ok + ".") for ok in MESSAGE_ALLOWED)]
+
+
+def compactor_floor(module: str) -> int:
+    """The index in ``COMPACTOR_FLOORS`` of a module of the compactor; the package itself
+    (its ``__init__``, the public names loaded lazily) stands above them all."""
+    if module == "compactor":
+        return len(COMPACTOR_FLOORS)
+    parts = module.split(".")
+    inner = ".".join(parts[:2])
+    return COMPACTOR_FLOORS.index(inner) if inner in COMPACTOR_FLOORS else 0
+
+
+def compactor_upward(graph: dict[str, set[str]]) -> list[str]:
+    """Each import by a module of the compactor of a module on a higher compactor floor."""
+    def inside(module: str) -> bool:
+        return module.split(".")[0] == "compactor"
+    return [f"{a} imports {b}" for a, targets in sorted(graph.items()) if inside(a)
+            for b in sorted(targets) if inside(b) and compactor_floor(b) > compactor_floor(a)]
+
+
+def test_the_message_format_imports_nothing_of_compactd_but_ledger_errors() -> None:
+    graph = import_graph(ROOT)
+    assert any(name.startswith("message.") for name in graph)
+    assert message_imports(graph) == []
+
+
+def test_no_module_of_the_compactor_imports_a_floor_above_its_own() -> None:
+    graph = import_graph(ROOT)
+    assert {name.split(".")[1] for name in graph if name.count(".") >= 2 and name.startswith("compactor.")} \
+        >= {"view", "local", "spark", "runs"}
+    assert compactor_upward(graph) == []
+
+
+def test_imports_of_the_floors_are_reported(tmp_path: Path) -> None:
+    sources = {
+        "message/entry.py": "from ledger.errors import CompactionServiceError\nfrom ledger.position import P\n",
+        "message/errors.py": "def f():\n    import compactor.errors\n",
+        "compactor/errors.py": "from message.errors import E\n",
+        "compactor/view/view.py": "from compactor.local.algorithm import phase_two\n",
+        "compactor/local/algorithm.py": "from compactor.view.view import CompactedEntry\n",
+        "compactor/runs/runner.py": "def f():\n    from compactor.spark.engine import S\n",
+        "compactor/spark/engine.py": "from compactor.runs.runner import R\n",
+        "ledger/errors.py": "", "ledger/position.py": "",
+    }
+    for relative, text in sources.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text, encoding="utf-8")
+    graph = import_graph(tmp_path)
+    assert message_imports(graph) == ["message.entry imports ledger.position", "message.errors imports compactor.errors"]
+    assert compactor_upward(graph) == [
+        "compactor.spark.engine imports compactor.runs.runner", "compactor.view.view imports compactor.local.algorithm"]
+
+
+def test_no_module_of_the_layered_packages_is_part_of_an_import_cycle() -> None:
     assert cycles(import_graph(ROOT)) == []
 
 

@@ -44,7 +44,7 @@ from api.http import create_app
 from api.routers import ROUTERS
 from api.wire.connection import HANDLERS
 from api.wire.frames import FrameDecoder, encode_command, encode_payload_command, make_command
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.serve_process import ServeProcess
 
 pulsar = pytest.importorskip("pulsar")

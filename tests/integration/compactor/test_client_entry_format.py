@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from compactor.message import Message, is_batch, iter_messages, parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
+from message.entry import Message, is_batch, iter_messages, parse_entry
+from message.proto import pulsar_api_pb2 as pb
 
 pulsar = pytest.importorskip("pulsar")
 

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from compactor.index_builds import INDEX_MIN_ENTRIES
-from compactor.key_index import INDEX_SUFFIX, TEMP_SUFFIX, index_path, read_index
+from compactor.local.index_builds import INDEX_MIN_ENTRIES
+from compactor.local.key_index import INDEX_SUFFIX, TEMP_SUFFIX, index_path, read_index
 from ledger.storage.base import LedgerState
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_writer import ledger_file_name

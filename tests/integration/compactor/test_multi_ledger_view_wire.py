@@ -16,7 +16,7 @@ from typing import Any
 import pulsar
 import pytest
 
-from compactor.view import CompactedView, encode_compacted_entry
+from compactor.view.view import CompactedView, encode_compacted_entry
 from tests.integration.conftest import BrokerHarness
 from tests.integration.wire.helpers import read_available, unique_topic
 

@@ -3,7 +3,7 @@
 ``TopicDir`` is a data dir as the broker keeps it (file ledgers with small ledgers, so a
 topic spans several; SQLite metadata; the lock held while it is open), with one topic, its
 ``__compaction`` cursor and a compactor. ``local_messages`` is the reference the data
-source must agree with: every message ``compactor.message.iter_messages`` gives, read
+source must agree with: every message ``message.entry.iter_messages`` gives, read
 through the local stores, as the rows ``compactor.spark.rows.MESSAGE_SCHEMA_DDL`` names.
 """
 
@@ -16,18 +16,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from compactor.algorithm import CompactedEntry
-from compactor.errors import MalformedEntryError
-from compactor.message import is_marker, iter_messages, parse_entry
 from compactor.record import RunFigures
-from compactor.runner import Compactor
-from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.runs.runner import Compactor
+from compactor.view.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.view.view import CompactedEntry
 from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
+from message.entry import is_marker, iter_messages, parse_entry
+from message.errors import MalformedEntryError
 
 TOPIC = "persistent://public/default/spark-topic"
 # A fixed clock: both engines compute the same tombstone cut-off (now - deleteRetentionMs).
@@ -179,7 +179,7 @@ def published_compacted_ledger(path: Path) -> tuple[Position, list[bytes]]:
         store.shutdown()
 
 
-COMPACTD_NAMES = frozenset({"ledger", "cursor", "compactor", "api", "bench"})
+COMPACTD_NAMES = frozenset({"ledger", "message", "cursor", "compactor", "api", "bench"})
 
 
 def bare_interpreter(directory: Path, *, hidden: Iterable[str] = ()) -> Path:

@@ -33,8 +33,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from compactor.encoder import encode_batch, encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
+from message.encoder import encode_batch, encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.spark.support import (
     TOPIC,
     TopicDir,

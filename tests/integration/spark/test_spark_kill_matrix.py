@@ -54,10 +54,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from compactor.encoder import encode_entry
 from compactor.errors import SparkEngineError
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.runs.runner import CompactionConfig, Compactor, collect_orphans
 from compactor.spark import SparkEngine
 from compactor.spark.rewrite import FAULT_ENV
 from ledger import SimulatedCrash
@@ -65,6 +63,8 @@ from ledger.data_dir import DataDir
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 from ledger.storage.sealed_writer import TEMP_PREFIX
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.spark.support import NOW_S, TOPIC, TopicDir, local_messages
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -31,14 +31,13 @@ pytest.importorskip("pyspark")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.algorithm import CompactedEntry
 from compactor.engine import LedgerRange, OutputLedgers, RewriteInput, RewriteResult
 from compactor.errors import SparkEngineError
-from compactor.runner import CompactionConfig, Compactor
+from compactor.runs.runner import CompactionConfig, Compactor
 from compactor.spark import CompactdDataSource, SparkEngine
 from compactor.spark.engine import partition_keys
 from compactor.spark.rewrite import GroupReport, GroupSpec
-from compactor.view import decode_compacted_entry, encode_compacted_entry
+from compactor.view.view import CompactedEntry, decode_compacted_entry, encode_compacted_entry
 from ledger.position import Position
 from tests.integration.spark.support import NOW_S, TopicDir, local_messages, run_both, spark_rows
 from tests.strategies import stream_entries
@@ -211,8 +210,8 @@ def test_phase_one_reaches_the_groups_through_the_shuffle_never_through_the_driv
 
 
 def _chunk(uuid: str, key: str, chunk_id: int, chunks: int) -> bytes:
-    from compactor.encoder import encode_entry
-    from compactor.proto import pulsar_api_pb2 as pb
+    from message.encoder import encode_entry
+    from message.proto import pulsar_api_pb2 as pb
 
     metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=int(NOW_S * 1000), uuid=uuid,
                                   chunk_id=chunk_id, num_chunks_from_msg=chunks, total_chunk_msg_size=chunks * 4,
@@ -282,7 +281,7 @@ def test_auto_moves_a_run_to_spark_only_where_one_local_round_would_not_do(
         compactor = Compactor(CompactionConfig(engine="auto", memory_budget_bytes=budget),
                               spark_engine=counting)
         caplog.clear()
-        with caplog.at_level(logging.DEBUG, logger="compactor.runner"):
+        with caplog.at_level(logging.DEBUG, logger="compactor.runs.runner"):
             outcomes[name] = run_both([data], tmp_path / name, {"auto": compactor})["auto"]
         assert counting.runs == spark_runs, name
         assert ("phase one on the spark engine" in caplog.text) is bool(spark_runs)
@@ -291,8 +290,8 @@ def test_auto_moves_a_run_to_spark_only_where_one_local_round_would_not_do(
 
 
 def _message(key: str | None, value: bytes) -> bytes:
-    from compactor.encoder import encode_entry
-    from compactor.proto import pulsar_api_pb2 as pb
+    from message.encoder import encode_entry
+    from message.proto import pulsar_api_pb2 as pb
 
     metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=int(NOW_S * 1000))
     if key is not None:

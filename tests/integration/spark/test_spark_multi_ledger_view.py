@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.runner import Compactor
+from compactor.runs.runner import Compactor
 from compactor.spark import SparkEngine
-from compactor.view import CompactedView, encode_compacted_entry
+from compactor.view.view import CompactedView, encode_compacted_entry
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.spark.support import NOW_S, TopicDir, local_messages, spark_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

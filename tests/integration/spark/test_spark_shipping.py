@@ -30,8 +30,8 @@ pytest.importorskip("pyspark")
 
 from google.protobuf.internal import api_implementation
 
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.spark.support import TOPIC, TopicDir, bare_interpreter
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -23,12 +23,12 @@ pytest.importorskip("pyspark")
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.runner import Compactor
+from compactor.runs.runner import Compactor
 from compactor.spark import SparkEngine
 from compactor.spark.stream import next_end, tail_ranges
 from ledger.position import Position
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.spark.support import NOW_S, TopicDir, local_messages, spark_rows
 
 BASE_MS = int(NOW_S * 1000)

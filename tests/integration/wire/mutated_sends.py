@@ -20,8 +20,8 @@ from collections.abc import Callable
 import crc32c
 from google.protobuf.message import DecodeError
 
-from compactor.compression import compress
-from compactor.proto import pulsar_api_pb2 as pb
+from message.compression import compress
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = ["mutate", "send_frame", "valid_entries"]
 

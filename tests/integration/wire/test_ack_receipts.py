@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from api.wire.frames import Frame, FrameDecoder, encode_command, make_command
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.helpers import RECEIVE_MS, drain, unique_topic
 from tests.serve_process import ServeProcess
 

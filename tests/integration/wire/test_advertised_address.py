@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from api.wire.frames import FrameDecoder, encode_command, make_command
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.serve_process import PROCESS_TIMEOUT_S, ServeProcess
 
 pulsar = pytest.importorskip("pulsar")

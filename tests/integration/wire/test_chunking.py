@@ -4,7 +4,7 @@ A producer with ``chunking_enabled=True`` splits a message larger than the 5 MB 
 announces in CONNECTED into chunks, one SEND and one entry each, all with the same
 sequence id, uuid, key and properties. Readers and consumers get every chunk and the
 client puts the value back together; a consumer's ack of the whole message acknowledges
-every chunk. Compaction keeps or drops a chunked value whole (``compactor.chunks``): a
+every chunk. Compaction keeps or drops a chunked value whole (``compactor.local.chunks``): a
 key whose latest value is chunked reads back whole through ``is_read_compacted=True``,
 and a chunked value superseded by a small one disappears with all its chunks.
 
@@ -28,8 +28,8 @@ import pulsar
 import pytest
 
 from api.config import Settings
-from compactor.message import chunk_of, parse_entry
 from ledger.position import Position
+from message.entry import chunk_of, parse_entry
 from tests.integration.conftest import BrokerHarness
 from tests.integration.wire.helpers import RECEIVE_MS, drain, read_available, unique_topic
 

@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from api.config import Settings
 from api.wire.frames import Frame, FrameDecoder, encode_command, make_command
 from compactor.engine import EngineName
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.backup import take_backup
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.conftest import BrokerHarness
 from tests.integration.wire.helpers import unique_topic
 from tests.integration.wire.mutated_sends import send_frame

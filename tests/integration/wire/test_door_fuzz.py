@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from api.wire.frames import FrameDecoder, encode_command, make_command
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.mutated_sends import mutate, send_frame, valid_entries
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from api.wire import connection, producing
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import LedgerIOError
 from ledger.storage import file as file_store
 from ledger.storage import file_io
 from ledger.storage.faulty import FaultyLedgerStore
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.helpers import unique_topic
 from tests.integration.wire.test_robustness import _Raw
 from tests.unit.ledger.test_managed_ledger_failures import FullDisk

@@ -20,8 +20,8 @@ import pulsar
 import pytest
 
 from api.wire.frames import FrameDecoder, encode_command
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.helpers import RECEIVE_MS, SILENCE_MS
 from tests.integration.wire.helpers import drain as _drain
 from tests.integration.wire.helpers import unique_topic as _topic

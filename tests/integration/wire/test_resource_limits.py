@@ -32,7 +32,7 @@ import pulsar
 import pytest
 
 from api.wire.frames import FRAME_BYTES_MAX, FrameDecoder, encode_command, make_command
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.serve_process import ServeProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

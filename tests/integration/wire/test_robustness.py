@@ -51,7 +51,7 @@ from api.wire.frames import (
     encode_payload_command,
     make_command,
 )
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.helpers import RECEIVE_MS
 from tests.integration.wire.helpers import drain as _drain
 from tests.integration.wire.helpers import unique_topic as _topic

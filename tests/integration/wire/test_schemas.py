@@ -20,7 +20,7 @@ import pytest
 
 from api.broker.schemas import schema_base
 from api.wire.frames import make_command
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.integration.wire.helpers import RECEIVE_MS, read_available, unique_topic
 from tests.integration.wire.test_robustness import _Raw
 

@@ -11,7 +11,7 @@ import pytest
 
 from api.logs import JsonFormatter, StderrHandler, logging_to_stderr
 from compactor.record import RunFigures
-from compactor.run_log import log_run
+from compactor.runs.run_log import log_run
 
 
 def _record(message: str, *args: object, **extra: object) -> logging.LogRecord:

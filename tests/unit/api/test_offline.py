@@ -21,15 +21,15 @@ from typer.testing import CliRunner, Result
 from api.broker.policies import PolicyStore
 from api.cli import app
 from api.offline import summary
-from compactor.encoder import encode_entry
-from compactor.message import iter_messages, parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from compactor.record import RunFigures
-from compactor.status import CompactionStatusStore
-from compactor.topic import CompactedTopic
+from compactor.runs.status import CompactionStatusStore
+from compactor.view.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger
+from message.encoder import encode_entry
+from message.entry import iter_messages, parse_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.serve_process import ServeProcess
 
 TOPIC = "persistent://public/default/offline"

@@ -13,11 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli import app
-from compactor.encoder import encode_entry
-from compactor.manifest import CompactedManifests
-from compactor.proto import pulsar_api_pb2 as pb
+from compactor.view.manifest import CompactedManifests
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/offline-grace"
 

@@ -23,11 +23,11 @@ from api.broker.service import BrokerService
 from api.config import Settings
 from api.http import HEALTH_PATH, create_app
 from api.schemas import POLICIES
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from compactor.record import RunFigures
 from cursor.cursor import InitialPosition, ManagedCursor
 from ledger import DataDir
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/rest"
 TOPIC_URL = "/admin/v2/persistent/public/default/rest"

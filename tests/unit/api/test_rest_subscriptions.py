@@ -10,9 +10,9 @@ import httpx
 
 from api.broker.dedup import ProducerSession
 from api.broker.service import BrokerService
-from compactor.encoder import encode_batch, encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition, ManagedCursor
+from message.encoder import encode_batch, encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.test_rest import assert_reason, run
 
 TOPIC = "persistent://public/default/subs"

@@ -24,7 +24,7 @@ from api.broker.service import compaction_config, ledger_config
 from api.config import Settings, SettingSpec, setting_specs
 from api.wire.limits import WireLimits
 from api.wire.listener import wire_limits
-from compactor.runner import CompactionConfig
+from compactor.runs.runner import CompactionConfig
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedgerConfig
 from ledger.storage.base import SyncPolicy

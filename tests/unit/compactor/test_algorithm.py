@@ -1,10 +1,10 @@
-"""The pure compaction core (``compactor.algorithm``) against an obviously correct model.
+"""The pure compaction core (``compactor.local.algorithm``) against an obviously correct model.
 
 The model (``reference``) reads the generator's own record of each entry (``StreamEntry``)
 rather than the entry bytes, and keeps a plain dict ``key -> (message id, value)`` in
 stream order. A chunked message is its key's value at its last chunk; ``chunk_ends`` says
 for every chunk where its instance completes (None: pending, always kept). The output is read back with ``decode``, a parser written here from the
-format in ``compactor/message.py``'s docstring, so that neither side of a comparison
+format in ``message/entry.py``'s docstring, so that neither side of a comparison
 borrows the code under test.
 """
 
@@ -19,14 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor import keymap
-from compactor.algorithm import CompactedEntry, compact, phase_one, phase_two
-from compactor.compression import compress, decompress
-from compactor.encoder import encode_batch, encode_entry
-from compactor.keymap import key_hash
-from compactor.proto import pulsar_api_pb2 as pb
+from compactor.local import keymap
+from compactor.local.algorithm import CompactedEntry, compact, phase_one, phase_two
+from compactor.local.keymap import key_hash
 from ledger.managed_ledger import Entry
 from ledger.position import Position
+from message.compression import compress, decompress
+from message.encoder import encode_batch, encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.strategies import (
     CODECS,
     MessageSpec,
@@ -122,7 +122,7 @@ def reference(stream: list[StreamEntry], *, retain_null_key: bool) -> list[Expec
     return result
 
 
-# --- reading the output back, independently of compactor.message --------------------------
+# --- reading the output back, independently of message.entry --------------------------
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Chunked messages through compaction runs (``compactor.chunks``), on a real managed ledger.
+"""Chunked messages through compaction runs (``compactor.local.chunks``), on a real managed ledger.
 
 The phases' rules are checked against the model over generated streams in
 ``test_algorithm.py``; here, whole runs: a chunked message straddling a run's stop marker
@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import pytest
 
-from compactor.algorithm import CompactedEntry, phase_one
-from compactor.chunks import ChunkedMessages
-from compactor.compression import compress
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.reader import CompactedReader
-from compactor.runner import Compactor
-from compactor.topic import CompactedTopic
+from compactor.local.algorithm import CompactedEntry, phase_one
+from compactor.local.chunks import ChunkedMessages
+from compactor.runs.runner import Compactor
+from compactor.view.reader import CompactedReader
+from compactor.view.topic import CompactedTopic
 from cursor import CursorStore, ManagedCursor
 from ledger import ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.managed_ledger import Entry
 from ledger.position import EARLIEST, Position
+from message.compression import compress
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/chunks"
 

@@ -1,4 +1,4 @@
-"""Structure: the ``__compaction`` cursor belongs to ``compactor.topic.CompactedTopic``.
+"""Structure: the ``__compaction`` cursor belongs to ``compactor.view.topic.CompactedTopic``.
 
 No module outside the compactor package opens that cursor by name, or reads, writes or
 deletes its rows: they take ``CompactedTopic.cursor`` (admin stats may still list it with
@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 CURSOR_CALLS = {"open_durable", "open_non_durable", "load_cursor", "save_cursor", "delete_cursor"}
 OUTSIDE = ("api", "cursor", "ledger", "bench", "scripts")
-OWNER = "compactor/topic.py"
+OWNER = "compactor/view/topic.py"
 ROW_READER = "compactor/spark/source.py"
 
 

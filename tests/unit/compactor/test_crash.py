@@ -15,7 +15,7 @@ SQLite metadata) whose ledger store is wrapped in ``FaultyLedgerStore``:
    and the lock released; the data dir is reopened, ``collect_orphans`` runs, the topic is
    restored;
 6. readers get exactly the old view or exactly the new one, never a mix: the expectation is
-   ``compactor.algorithm.compact`` over the raw entries up to that horizon, followed by the
+   ``compactor.local.algorithm.compact`` over the raw entries up to that horizon, followed by the
    raw tail. The ``CompactedTopicLedger`` property always names a sealed ledger that exists,
    the orphan collector removes exactly the unreferenced ledger, and a further run converges
    on the compaction of everything with no ledger left over.
@@ -47,13 +47,11 @@ from typing import Any
 
 import pytest
 
-from compactor.algorithm import CompactedEntry, compact
-from compactor.encoder import encode_batch, encode_entry
 from compactor.errors import CompactionTimeoutError
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.reader import CompactedReader
-from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.local.algorithm import CompactedEntry, compact
+from compactor.runs.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.view.reader import CompactedReader
+from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor import ManagedCursor
 from cursor.store import CursorRecord, CursorStore
 from ledger import (
@@ -68,6 +66,8 @@ from ledger import (
     Position,
     SimulatedCrash,
 )
+from message.encoder import encode_batch, encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/crash"
 KEYS = tuple(f"key-{index}" for index in range(12))  # few keys: they collide often

@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from compactor.algorithm import PhaseOneResult, phase_one, phase_two
-from compactor.chunks import ChunkedMessages
 from compactor.engine import (
     KEY_MAP_BYTES_PER_KEY,
     LOCAL_ENTRIES_PER_S,
@@ -32,7 +30,9 @@ from compactor.engine import (
     spark_break_even_entries,
     spark_cores,
 )
-from compactor.keymap import KeyMap, KeyMapLimitError, PositionPacker
+from compactor.local.algorithm import PhaseOneResult, phase_one, phase_two
+from compactor.local.chunks import ChunkedMessages
+from compactor.local.keymap import KeyMap, KeyMapLimitError, PositionPacker
 from ledger.metadata import LedgerRecord
 from ledger.position import Position
 from tests.strategies import StreamEntry, entries_of, streams
@@ -124,7 +124,7 @@ def test_pack_many_packs_as_pack_does_and_refuses_what_does_not_fit() -> None:
 
 
 def test_importing_compactd_loads_no_pyspark() -> None:
-    code = ("import sys, compactor, compactor.spark, compactor.engine, compactor.runner, "
+    code = ("import sys, compactor, compactor.spark, compactor.engine, compactor.runs.runner, "
             "api.broker.service, api.offline, api.cli\n"
             "assert 'pyspark' not in sys.modules, 'pyspark was imported'\n"
             "assert 'pyarrow' not in sys.modules, 'pyarrow was imported'\n")

@@ -1,4 +1,4 @@
-"""The phases' lean decoding (``compactor.scan``) against the reference reader, as an oracle.
+"""The phases' lean decoding (``compactor.local.scan``) against the reference reader, as an oracle.
 
 ``iter_messages`` builds complete ``Message`` values and stays the reference: for every
 generated entry (the shared streams, encrypted entries, and any of those corrupted at
@@ -21,13 +21,22 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor import compression, keymap
-from compactor.algorithm import CompactedEntry, PhaseOneResult, phase_one, phase_two
-from compactor.compression import compress, decompress
-from compactor.encoder import encode_entry, rewrite_batch
-from compactor.errors import MalformedEntryError
-from compactor.keymap import AscendingLookup, KeyMap, KeyMapLimitError, PositionPacker, key_hash
-from compactor.message import (
+from compactor.local import keymap
+from compactor.local.algorithm import CompactedEntry, PhaseOneResult, phase_one, phase_two
+from compactor.local.keymap import (
+    AscendingLookup,
+    KeyMap,
+    KeyMapLimitError,
+    PositionPacker,
+    key_hash,
+)
+from compactor.local.scan import EntryKind, EntryScan, scan_entry
+from ledger.managed_ledger import Entry
+from ledger.position import Position
+from message import compression
+from message.compression import compress, decompress
+from message.encoder import encode_entry, rewrite_batch
+from message.entry import (
     Chunk,
     batch_slots,
     is_batch,
@@ -36,10 +45,8 @@ from compactor.message import (
     iter_messages,
     parse_entry,
 )
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.scan import EntryKind, EntryScan, scan_entry
-from ledger.managed_ledger import Entry
-from ledger.position import Position
+from message.errors import MalformedEntryError
+from message.proto import pulsar_api_pb2 as pb
 from tests.strategies import (
     CODECS,
     KEYS,

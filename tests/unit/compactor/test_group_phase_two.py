@@ -1,7 +1,7 @@
 """Phase two of one group (``compactor.spark.rewrite.group_phase_two``), the Spark engine's
 executor-side rewrite: cut a stream anywhere into contiguous groups, give each group its
 share of phase one's decisions (the retained positions, the dropped chunks), and the
-groups' outputs, concatenated, are ``compactor.algorithm.phase_two``'s, byte for byte, over
+groups' outputs, concatenated, are ``compactor.local.algorithm.phase_two``'s, byte for byte, over
 generated streams (batches, tombstones young and old, key-less messages with and without
 ``retain_null_key``, chunked messages, markers, opaque entries)."""
 
@@ -13,9 +13,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor.algorithm import PhaseOneResult, phase_one, phase_two
-from compactor.keymap import key_hash
-from compactor.scan import scan_entry
+from compactor.local.algorithm import PhaseOneResult, phase_one, phase_two
+from compactor.local.keymap import key_hash
+from compactor.local.scan import scan_entry
 from compactor.spark.rewrite import At, PackedSlots, Slot, group_phase_two
 from ledger.managed_ledger import Entry
 from tests.strategies import entries_of, streams

@@ -1,11 +1,11 @@
-"""Rounds over key indexes (``compactor.indexed``) agree with rounds that parse.
+"""Rounds over key indexes (``compactor.local.indexed``) agree with rounds that parse.
 
 * Agreement, pure: over generated streams of every entry kind but chunks (keyed, key-less,
   tombstones young and old, batches with emptied slots, markers, undecodable entries,
   broker-entry prefixes, every codec), split into several runs and into rounds by a key
   map of a few keys, each indexed round stops where the parsing round stops, counts what
   it counts, and writes its entries byte for byte; the last view is
-  ``compactor.algorithm.compact``'s.
+  ``compactor.local.algorithm.compact``'s.
 * A round whose input holds a chunk gives up on the index (``IndexUnavailable``) before
   writing anything, and so does one with two keys whose hashes share their high half.
 * Agreement, storage: a compactor over the indexes publishes, run after run and round
@@ -25,15 +25,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor import indexed
-from compactor.algorithm import CompactedEntry, compact
 from compactor.engine import KEY_MAP_BYTES_PER_KEY, LedgerRange
-from compactor.indexed import IndexedRound, IndexUnavailable
-from compactor.key_index import INDEX_SUFFIX, KeyIndex, build_index
-from compactor.rounds import round_phase_one, round_phase_two
-from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import CompactedTopic
-from compactor.view import encode_compacted_entry
+from compactor.local import indexed
+from compactor.local.algorithm import CompactedEntry, compact
+from compactor.local.indexed import IndexedRound, IndexUnavailable
+from compactor.local.key_index import INDEX_SUFFIX, KeyIndex, build_index
+from compactor.local.rounds import round_phase_one, round_phase_two
+from compactor.runs.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.view.topic import CompactedTopic
+from compactor.view.view import encode_compacted_entry
 from cursor.store import CursorStore
 from ledger import EARLIEST
 from ledger.data_dir import DataDir
@@ -72,7 +72,7 @@ class _Ledgers:
     def load(self, whole: LedgerRange, columns: tuple[str, ...]) -> KeyIndex:
         entries = self.ledgers[(whole.compacted, whole.ledger_id)]
         if whole.compacted:
-            from compactor.view import decode_compacted_entry
+            from compactor.view.view import decode_compacted_entry
             inner = {stored: decode_compacted_entry(data) for stored, (_, _, data) in entries.items()}
             return build_index((stored, e.position.ledger_id, e.position.entry_id, e.data)
                                for stored, e in inner.items())
@@ -162,7 +162,7 @@ def test_a_round_whose_input_holds_a_chunk_parses_instead(stream: list[StreamEnt
 
 
 def _is_chunk(entry: StreamEntry) -> bool:
-    from compactor.scan import scan_entry
+    from compactor.local.scan import scan_entry
     return scan_entry(entry.data).chunk is not None
 
 
@@ -183,8 +183,8 @@ def test_two_keys_sharing_the_high_half_of_their_hash_make_the_round_parse() -> 
 
 
 def _keyed_stream(keys: list[str]) -> list[StreamEntry]:
-    from compactor.encoder import encode_entry
-    from compactor.proto import pulsar_api_pb2 as pb
+    from message.encoder import encode_entry
+    from message.proto import pulsar_api_pb2 as pb
     stream = []
     for entry_id, key in enumerate(keys):
         metadata = pb.MessageMetadata(producer_name="p", sequence_id=entry_id, publish_time=PUBLISHED_AT,
@@ -253,7 +253,7 @@ def test_the_indexes_a_run_needed_are_written_beside_sealed_ledgers_and_read_by_
     sealed = {f"{record.ledger_id:020d}.ledger" for record in topic.ledger.ledger_list()[:-1]}
     assert sealed and sealed <= indexed_ledgers
     _append(topic.ledger, _workload(2, 30))
-    from compactor import key_index
+    from compactor.local import key_index
     written: list[str] = []
     real_write = key_index.write_index
 
@@ -274,7 +274,7 @@ def test_the_indexes_a_run_needed_are_written_beside_sealed_ledgers_and_read_by_
 def test_a_damaged_index_is_never_used_the_run_parses_that_ledger_and_writes_it_again(
     tmp_path: Path, opened: list[DataDir], damage: str,
 ) -> None:
-    from compactor.key_index import ensure_index
+    from compactor.local.key_index import ensure_index
     views = {}
     for key_index in (False, True):
         topic = _open(tmp_path / str(key_index), opened)
@@ -290,7 +290,7 @@ def test_a_damaged_index_is_never_used_the_run_parses_that_ledger_and_writes_it_
         Compactor(CompactionConfig(engine="local", key_index=key_index)).compact(topic)
         views[key_index] = _view(topic)
     assert views[True] == views[False]
-    from compactor.key_index import IndexedLedger, read_index
+    from compactor.local.key_index import IndexedLedger, read_index
     from ledger.storage.sealed_file import SealedFile
     ledgers = os.path.join(str(tmp_path / "True"), "ledgers")
     checked = 0
@@ -323,7 +323,7 @@ def _damage(path: str, how: str) -> None:
 def test_a_sealed_ledger_read_at_the_offsets_its_index_recorded_gives_the_stores_entries(
     tmp_path: Path, opened: list[DataDir],
 ) -> None:
-    from compactor.index_source import IndexSource
+    from compactor.local.index_source import IndexSource
     topic = _open(tmp_path, opened)
     _append(topic.ledger, _workload(3, 40))
     store = topic.ledger.store

@@ -1,7 +1,7 @@
 """The key index says what the reference reader says, and a bad index file is never used.
 
-``build_index`` (``compactor.key_index``) is checked row by row against the reference
-reader (``compactor.message``: ``parse_entry``, ``iter_messages``, ``batch_slots``) over
+``build_index`` (``compactor.local.key_index``) is checked row by row against the reference
+reader (``message.entry``: ``parse_entry``, ``iter_messages``, ``batch_slots``) over
 the generated entries of ``test_fast_path`` (batched and not, keyed and key-less,
 tombstones, ``compacted_out`` slots, markers, chunks, every codec, encrypted entries, and
 any of those corrupted at random): the key hash, the flags, the batch index and size, the
@@ -26,15 +26,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.algorithm import CompactedEntry
-from compactor.encoder import encode_batch, encode_entry
-from compactor.index_builds import (
+from compactor.local.index_builds import (
     INDEX_MIN_ENTRIES,
     KeyIndexBuilds,
     build_key_index,
     unindexed_ledgers,
 )
-from compactor.key_index import (
+from compactor.local.key_index import (
     FLAG_CHUNK,
     FLAG_COMPACTED_OUT,
     FLAG_KEYLESS,
@@ -52,16 +50,17 @@ from compactor.key_index import (
     read_index,
     write_index,
 )
-from compactor.keymap import key_hash
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.scan import scan_entry
-from compactor.view import encode_compacted_entry
+from compactor.local.keymap import key_hash
+from compactor.local.scan import scan_entry
+from compactor.view.view import CompactedEntry, encode_compacted_entry
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_writer import ledger_file_name
 from ledger.storage.sidecars import SIDECAR_SUFFIXES, TEMP_SIDECAR_SUFFIXES
+from message.encoder import encode_batch, encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.compactor.test_fast_path import any_entries, reference_seen
 
 LEDGER_ID = 7
@@ -119,7 +118,7 @@ def _flags(key: str | None, tombstone: bool) -> int:
 
 
 def seen_publish_time(data: bytes) -> int:
-    from compactor.message import parse_entry
+    from message.entry import parse_entry
 
     return int(parse_entry(data).metadata.publish_time)
 

@@ -1,6 +1,6 @@
 """A crash while a key index is written never leaves half an index under its name.
 
-A real child process (``python -c``, the code of ``compactor.index_builds.build_key_index``
+A real child process (``python -c``, the code of ``compactor.local.index_builds.build_key_index``
 as the background builds run it) indexes a sealed ledger of a real data dir and is killed
 with SIGKILL at one point of the matrix:
 
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from compactor.key_index import TEMP_SUFFIX, ensure_index, index_path, read_index
-from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import CompactedTopic
+from compactor.local.key_index import TEMP_SUFFIX, ensure_index, index_path, read_index
+from compactor.runs.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.view.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -51,7 +51,7 @@ Pristine = tuple[Path, int, int, View]
 CHILD = """
 import io, os, signal, sys
 import pyarrow.parquet as pq
-from compactor.index_builds import build_key_index
+from compactor.local.index_builds import build_key_index
 
 root, ledger_id, point = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 

@@ -1,4 +1,4 @@
-"""The key map and the position packing of phase one (``compactor.keymap``).
+"""The key map and the position packing of phase one (``compactor.local.keymap``).
 
 ``KeyMap`` is checked against a dict under random puts and deletes, with the buffer
 shrunk (``BUFFER_UPDATES_MIN``) so that a few dozen updates merge many times.
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor import keymap
 from compactor.errors import CompactorError
-from compactor.keymap import KeyMap, KeyMapLimitError, PositionPacker, key_hash
+from compactor.local import keymap
+from compactor.local.keymap import KeyMap, KeyMapLimitError, PositionPacker, key_hash
 from ledger.position import Position
 
 PROPERTY = settings(max_examples=100, deadline=None)

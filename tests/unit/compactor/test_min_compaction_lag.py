@@ -1,6 +1,6 @@
 """The minimum compaction lag (``minCompactionLagMs``): a run never compacts a young message.
 
-The pure core (``compactor.lag``) against a model over generated publish times, then the
+The pure core (``compactor.runs.lag``) against a model over generated publish times, then the
 runner with a fake clock over a real managed ledger: its horizon stops before the first
 entry published within the lag, older entries are compacted as before, and a later run,
 once the clock has moved on, covers what aged. Last, the scheduler does not start a run
@@ -12,17 +12,17 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor.algorithm import CompactedEntry, compact
-from compactor.encoder import encode_entry
-from compactor.lag import stop_before_young, young_after
-from compactor.message import iter_messages, parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.runner import Compactor
-from compactor.scheduler import CompactionPolicy, TopicCompactionStats, should_compact
-from compactor.topic import CompactedTopic
+from compactor.local.algorithm import CompactedEntry, compact
+from compactor.runs.lag import stop_before_young, young_after
+from compactor.runs.runner import Compactor
+from compactor.runs.scheduler import CompactionPolicy, TopicCompactionStats, should_compact
+from compactor.view.topic import CompactedTopic
 from cursor import CursorStore
 from ledger import ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.position import Position
+from message.encoder import encode_entry
+from message.entry import iter_messages, parse_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/lag"
 HORIZON = Position(0, -1)

@@ -15,8 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactor.algorithm import CompactedEntry
-from compactor.view import CompactedView, encode_compacted_entry
+from compactor.view.view import CompactedEntry, CompactedView, encode_compacted_entry
 from ledger import MemoryLedgerStore
 from ledger.errors import LedgerNotFoundError, PositionOutOfRangeError
 from ledger.position import Position

@@ -6,10 +6,10 @@ import inspect
 
 import pytest
 
-from compactor.reader import CompactedReader
-from compactor.runner import Compactor
-from compactor.topic import CompactedTopic
-from compactor.view import CompactedView
+from compactor.runs.runner import Compactor
+from compactor.view.reader import CompactedReader
+from compactor.view.topic import CompactedTopic
+from compactor.view.view import CompactedView
 from cursor import CursorStore, InitialPosition, ManagedCursor
 from ledger import ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.position import EARLIEST, Position

@@ -1,7 +1,7 @@
-"""The local engine in bounded memory (``compactor.rounds``): rounds within the budget.
+"""The local engine in bounded memory (``compactor.local.rounds``): rounds within the budget.
 
 * Agreement: over generated streams, compacting in rounds whose key map holds a few keys
-  gives exactly ``compactor.algorithm.compact``'s entries, byte for byte (one round or many;
+  gives exactly ``compactor.local.algorithm.compact``'s entries, byte for byte (one round or many;
   in one run or several).
 * Bounded: no round's key map, by its own accounting (``KeyMap.nbytes``), ever holds more
   than the budget's keys (or one entry's, when a single entry has more).
@@ -20,13 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor import keymap
-from compactor.algorithm import CompactedEntry, compact
 from compactor.engine import KEY_MAP_BYTES_PER_KEY
-from compactor.keymap import KeyMap, key_hash
-from compactor.rounds import capacity_keys, round_phase_one, round_phase_two
-from compactor.runner import CompactionConfig, Compactor
-from compactor.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.local import keymap
+from compactor.local.algorithm import CompactedEntry, compact
+from compactor.local.keymap import KeyMap, key_hash
+from compactor.local.rounds import capacity_keys, round_phase_one, round_phase_two
+from compactor.runs.runner import CompactionConfig, Compactor
+from compactor.view.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor.store import CursorStore
 from ledger import EARLIEST, SimulatedCrash
 from ledger.managed_ledger import Entry
@@ -104,8 +104,8 @@ def test_compacting_in_rounds_of_a_small_key_map_gives_the_unbounded_compaction_
 
 
 def _keyed(key: str, value: bytes) -> Entry:
-    from compactor.encoder import encode_entry
-    from compactor.proto import pulsar_api_pb2 as pb
+    from message.encoder import encode_entry
+    from message.proto import pulsar_api_pb2 as pb
 
     metadata = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, partition_key=key)
     return Entry(Position(0, 0), encode_entry(metadata, value, with_checksum=False))

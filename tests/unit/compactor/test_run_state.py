@@ -1,4 +1,4 @@
-"""The run state machine (``compactor.run_state``): every transition as a table, no I/O.
+"""The run state machine (``compactor.runs.run_state``): every transition as a table, no I/O.
 
 Each row: the events that bring topic T to a state, one more event, the actions it must
 return and T's phase after it. The invariants over any sequence of events are checked
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor.run_state import (
+from compactor.runs.run_state import (
     ERROR,
     INTERRUPTED,
     RUNNING,

@@ -1,4 +1,4 @@
-"""The run executor (``compactor.runs.CompactionRuns``) over real ledgers and SQLite status.
+"""The run executor (``compactor.runs.runs.CompactionRuns``) over real ledgers and SQLite status.
 
 Runs are held in their worker thread by a progress callback that waits for an event
 (bounded), so that what the executor does while a run is in flight can be observed.
@@ -15,19 +15,19 @@ from typing import Any
 
 import pytest
 
-from compactor.encoder import encode_entry
 from compactor.errors import CompactionInProgressError, CompactionStoppedError
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.run_state import INTERRUPTED
-from compactor.runner import Compactor, Progress
-from compactor.runs import CompactionRuns, RunJob
-from compactor.status import CompactionStatusStore
-from compactor.topic import CompactedTopic
+from compactor.runs.run_state import INTERRUPTED
+from compactor.runs.runner import Compactor, Progress
+from compactor.runs.runs import CompactionRuns, RunJob
+from compactor.runs.status import CompactionStatusStore
+from compactor.view.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig
 from ledger.errors import LedgerNotFoundError
 from ledger.storage import file as file_module
 from ledger.storage.sealed_writer import ledger_file_name
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 T, U = "persistent://public/default/t", "persistent://public/default/u"
 HOLD_S = 10.0  # the most a held run waits for its release

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compactor.scheduler import (
+from compactor.runs.scheduler import (
     CompactionPolicy,
     Plan,
     TopicCompactionStats,

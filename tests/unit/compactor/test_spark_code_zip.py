@@ -23,8 +23,8 @@ def test_the_code_zip_holds_the_reader_packages_only_and_is_stable(monkeypatch: 
     path = code_zip()
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
-    assert {name.split("/")[0] for name in names} == {"ledger", "cursor", "compactor"}
-    assert {"compactor/spark/rows.py", "compactor/proto/pulsar_api_pb2.py", "ledger/storage/file.py",
+    assert {name.split("/")[0] for name in names} == {"ledger", "message", "cursor", "compactor"}
+    assert {"compactor/spark/rows.py", "message/proto/pulsar_api_pb2.py", "ledger/storage/file.py",
             "cursor/store.py"} <= set(names)
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
     monkeypatch.setattr(shipping, "_built", None)  # built again: the same bytes, the same name

@@ -2,11 +2,11 @@
 
 * Phase one: the keyed rows read from the pieces' key indexes, folded by key to their
   greatest ``v`` (as Spark's aggregation does), keep exactly the live keys of
-  ``compactor.algorithm.phase_one``, at its positions, over generated streams of every
+  ``compactor.local.algorithm.phase_one``, at its positions, over generated streams of every
   entry kind (chunks included), in sealed and open ledgers, cut into pieces anywhere,
   with tombstone retention or without.
 * Phase two: groups rewritten from the indexes, given their share of phase one's
-  decisions, concatenate to ``compactor.algorithm.phase_two``'s entries byte for byte.
+  decisions, concatenate to ``compactor.local.algorithm.phase_two``'s entries byte for byte.
 * The index: a missing one is built by the first read and written (temporary file,
   rename) for the next, which parses nothing; a damaged one fails its CRC check and is
   rebuilt; the reads go through the ``pyarrow.fs.FileSystem`` given.
@@ -27,10 +27,10 @@ import pyarrow.fs as pafs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactor import key_index
-from compactor.algorithm import phase_one, phase_two
 from compactor.engine import LedgerRange
-from compactor.keymap import key_hash
+from compactor.local import key_index
+from compactor.local.algorithm import phase_one, phase_two
+from compactor.local.keymap import key_hash
 from compactor.spark import index_scan
 from ledger.managed_ledger import Entry
 from ledger.position import Position

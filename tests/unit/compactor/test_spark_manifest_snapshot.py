@@ -13,18 +13,18 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from compactor.algorithm import CompactedEntry, compact
-from compactor.encoder import encode_entry
 from compactor.engine import LedgerRange
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.runner import Compactor, sweep_compacted_garbage
+from compactor.local.algorithm import CompactedEntry, compact
+from compactor.runs.runner import Compactor, sweep_compacted_garbage
 from compactor.spark import rows
 from compactor.spark.source import plan_ranges, topic_state
 from compactor.spark.stream import EARLIEST, StreamReader
-from compactor.topic import CompactedTopic
-from compactor.view import CompactedView, encode_compacted_entry
+from compactor.view.topic import CompactedTopic
+from compactor.view.view import CompactedView, encode_compacted_entry
 from cursor import CursorStore
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, Position
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/spark-manifest"
 NOW_S = 1_700_000_000.0

@@ -13,10 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from compactor.algorithm import CompactedEntry
-from compactor.encoder import encode_entry
 from compactor.engine import LedgerRange
-from compactor.proto import pulsar_api_pb2 as pb
 from compactor.spark.rewrite import (
     DECISION_FIGURES,
     DECISION_RETAINED,
@@ -25,10 +22,12 @@ from compactor.spark.rewrite import (
     RewriteJob,
     rewrite_group,
 )
-from compactor.view import encode_compacted_entry
+from compactor.view.view import CompactedEntry, encode_compacted_entry
 from ledger.position import Position
 from ledger.storage import FileLedgerStore, SyncPolicy
 from ledger.storage.sealed_writer import TEMP_PREFIX, ledger_file_name
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 KEYS = ("k0", "k1", "k2")
 META = {"component": "compacted-ledger", "topic": "t", "compactedTo": "1:8"}

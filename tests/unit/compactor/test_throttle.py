@@ -18,17 +18,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compactor.encoder import encode_entry
 from compactor.errors import CompactionInterruptedError
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.runner import CompactionConfig, Compactor
-from compactor.runs import CompactionRuns, RunJob
-from compactor.status import CompactionStatusStore
+from compactor.runs.runner import CompactionConfig, Compactor
+from compactor.runs.runs import CompactionRuns, RunJob
+from compactor.runs.status import CompactionStatusStore
 from compactor.throttle import Throttle
-from compactor.topic import CompactedTopic
+from compactor.view.topic import CompactedTopic
 from cursor import CursorStore
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.position import Position
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/throttled"
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compactor.algorithm import CompactedEntry, compact
-from compactor.encoder import encode_batch, encode_entry
-from compactor.message import iter_messages, parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
+from compactor.local.algorithm import CompactedEntry, compact
 from ledger.managed_ledger import Entry
 from ledger.position import Position
+from message.encoder import encode_batch, encode_entry
+from message.entry import iter_messages, parse_entry
+from message.proto import pulsar_api_pb2 as pb
 
 KEYS = ("a", "b", "c")
 

@@ -6,19 +6,23 @@ from pathlib import Path
 
 import pytest
 
-from compactor.algorithm import CompactedEntry
-from compactor.encoder import encode_batch, encode_entry
 from compactor.errors import CompactedLedgerMissingError, CompactorError
-from compactor.message import iter_messages, parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.reader import NO_MESSAGE, CompactedReader, last_message_id
-from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
-from compactor.view import CompactedView, decode_compacted_entry, encode_compacted_entry
+from compactor.runs.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.view.reader import NO_MESSAGE, CompactedReader, last_message_id
+from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.view.view import (
+    CompactedEntry,
+    CompactedView,
+    decode_compacted_entry,
+    encode_compacted_entry,
+)
 from cursor import CursorStore, ManagedCursor
 from ledger import DataDir, ManagedLedger, ManagedLedgerConfig, MemoryLedgerStore, MetadataStore
 from ledger.errors import LedgerNotFoundError
 from ledger.position import EARLIEST, Position
+from message.encoder import encode_batch, encode_entry
+from message.entry import iter_messages, parse_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/view"
 
@@ -170,7 +174,7 @@ def test_restore_from_cursor_properties_and_missing_ledger(tmp_path: Path) -> No
 
 
 def test_a_run_does_not_publish_over_a_view_another_run_published_meanwhile(ml: ManagedLedger) -> None:
-    """One run per topic is the executor's rule (``compactor.runs``); a direct second run
+    """One run per topic is the executor's rule (``compactor.runs.runs``); a direct second run
     that overlaps still cannot replace the view it did not start from."""
     append(ml, message("a", b"1"), message("a", b"2"))
     topic = CompactedTopic.restore(ml, CursorStore(ml.metadata.database))

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from compactor.manifest import CompactedManifests
-from compactor.runner import Compactor
-from compactor.topic import COMPACTION_SUBSCRIPTION
+from compactor.runs.runner import Compactor
+from compactor.view.manifest import CompactedManifests
+from compactor.view.topic import COMPACTION_SUBSCRIPTION
 from cursor import CursorStore
 from tests.unit.compactor.test_view_manifest import (  # noqa: F401 - _close_data_dirs: the autouse fixture
     TOPIC,

@@ -3,7 +3,7 @@ grace period of replaced ledgers and orphan collection (issue 13, point 1).
 
 Every test runs a real data dir (file ledgers, SQLite). A view of several ledgers is made
 as a Spark run's phase two would: the reference compaction of the raw entries up to a stop
-(``compactor.algorithm.compact``) is split into sealed compacted ledgers (some empty),
+(``compactor.local.algorithm.compact``) is split into sealed compacted ledgers (some empty),
 published with ``Compactor._publish``. A "kill" abandons the topic unsealed and closes the
 stores; a start runs ``collect_orphans`` and restores the topic, as compactd does.
 """
@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from compactor.algorithm import CompactedEntry, compact
-from compactor.encoder import encode_entry
 from compactor.errors import CompactedLedgerMissingError, CompactorError
-from compactor.manifest import CompactedManifests
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.reader import CompactedReader
-from compactor.runner import Compactor, collect_orphans, sweep_compacted_garbage
-from compactor.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
-from compactor.view import CompactedView, encode_compacted_entry
+from compactor.local.algorithm import CompactedEntry, compact
+from compactor.runs.runner import Compactor, collect_orphans, sweep_compacted_garbage
+from compactor.view.manifest import CompactedManifests
+from compactor.view.reader import CompactedReader
+from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.view.view import CompactedView, encode_compacted_entry
 from cursor import CursorStore, ManagedCursor
 from ledger import EARLIEST, DataDir, ManagedLedger, ManagedLedgerConfig, Position, SimulatedCrash
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/manifest"
 NOW_S = 1_700_000_000.0

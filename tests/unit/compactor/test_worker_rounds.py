@@ -1,4 +1,4 @@
-"""The local engine's rounds in a worker process (``compactor.worker``).
+"""The local engine's rounds in a worker process (``compactor.local.worker``).
 
 * Agreement: over several runs and budgets (one round or many), a compactor whose rounds
   run in a child process publishes exactly the views an in-process compactor publishes,
@@ -23,9 +23,9 @@ import pytest
 
 from compactor.engine import KEY_MAP_BYTES_PER_KEY
 from compactor.errors import CompactionInterruptedError, CompactorError
-from compactor.runner import CompactionConfig, Compactor, collect_orphans
-from compactor.topic import CompactedTopic
-from compactor.worker import CHILD_NICE
+from compactor.local.worker import CHILD_NICE
+from compactor.runs.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.view.topic import CompactedTopic
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -184,7 +184,7 @@ def test_a_worker_whose_broker_died_before_it_started_exits_at_once() -> None:
     """kill -9 of the broker between a worker's spawn and its initializer: asking to die
     with the parent is too late then (it died already), so the worker compares its parent
     with the broker it was started by, and exits instead of staying behind."""
-    code = ("import os, sys\nfrom compactor.worker import _child_started\n"
+    code = ("import os, sys\nfrom compactor.local.worker import _child_started\n"
             "_child_started(os.getppid())\nprint('kept', flush=True)\n"
             "_child_started(os.getppid() + 1)\nprint('stayed', flush=True)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)

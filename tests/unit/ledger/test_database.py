@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from api.broker.policies import PolicyStore
-from compactor.status import CompactionStatusStore
+from compactor.runs.status import CompactionStatusStore
 from cursor.store import CursorRecord, CursorStore
 from ledger.data_dir import DataDir
 from ledger.database import LAYOUT, Database

@@ -26,9 +26,9 @@ from api.config import Settings
 from api.http import HEALTH_PATH, create_app
 from api.wire.frames import make_command
 from api.wire.listener import PulsarBroker
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.data_dir import DataDir
 from ledger.database import Database
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import T, Wire, broker_service
 
 TOPIC = "persistent://public/default/guarded"

@@ -14,12 +14,12 @@ from api.broker.dedup import ProducerSession
 from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
 from api.broker.service import BrokerService
 from api.config import Settings
-from compactor.encoder import encode_entry
 from compactor.errors import CompactionInProgressError
-from compactor.proto import pulsar_api_pb2 as pb
 from compactor.record import RunFigures
-from compactor.runs import RunJob
+from compactor.runs.runs import RunJob
 from ledger import DataDir
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/admin"
 

@@ -13,9 +13,9 @@ import pytest
 from api.broker import service as service_module
 from api.broker.service import BrokerService
 from api.config import Settings
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger import DataDir
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/garbage-sweep"
 GRACE_S = 0.5

@@ -19,12 +19,12 @@ from api.broker.dedup import (
     Send,
     describe_send,
 )
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger
 from ledger.position import Position
 from ledger.storage.record import scan
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/dedup"
 

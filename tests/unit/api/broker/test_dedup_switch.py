@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from api.broker.dedup import ProducerSession
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger
 from ledger.position import Position
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/switched"
 

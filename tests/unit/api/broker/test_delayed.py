@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from api.broker import dispatch
 from api.broker.delayed import DelayedDeliveryTracker
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.topic import CompactedTopic
+from compactor.view.topic import CompactedTopic
 from cursor.cursor import ManagedCursor
 from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger
 from ledger.position import EARLIEST, Position
 from ledger.storage.base import SyncPolicy
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 
 class _Clock:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
-from compactor.reader import CompactedReader
-from compactor.runner import Compactor
-from compactor.topic import CompactedTopic
-from compactor.view import CompactedView
+from compactor.runs.runner import Compactor
+from compactor.view.reader import CompactedReader
+from compactor.view.topic import CompactedTopic
+from compactor.view.view import CompactedView
 from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger import ManagedLedger, MemoryLedgerStore, MetadataStore

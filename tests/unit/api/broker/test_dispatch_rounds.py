@@ -14,13 +14,13 @@ import pytest
 
 from api.broker import dispatch
 from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.topic import CompactedTopic
+from compactor.view.topic import CompactedTopic
 from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger
 from ledger.storage.base import SyncPolicy
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/rounds"
 

@@ -1,7 +1,7 @@
 """The broker indexes its sealed ledgers in the background, unless told not to (issue 12).
 
 With ``compaction_key_index`` (the default) a topic's ledger sealed by a roll-over gets its
-key index (``compactor.index_builds``), and at start the sealed ledgers that lack one are
+key index (``compactor.local.index_builds``), and at start the sealed ledgers that lack one are
 indexed; ``stop`` ends the builds first, so that the seals of the stop queue nothing. With
 ``--no-compaction-key-index`` nothing is indexed (a run parses the ledgers).
 """
@@ -16,14 +16,14 @@ from pathlib import Path
 from api.broker.admin_topics import TopicOperations
 from api.broker.service import BrokerService
 from api.config import Settings
-from compactor.encoder import encode_entry
-from compactor.index_builds import INDEX_MIN_ENTRIES
-from compactor.key_index import INDEX_SUFFIX, index_path, read_index
-from compactor.proto import pulsar_api_pb2 as pb
+from compactor.local.index_builds import INDEX_MIN_ENTRIES
+from compactor.local.key_index import INDEX_SUFFIX, index_path, read_index
 from ledger import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_writer import ledger_file_name
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.compactor.test_key_index import ledger_facts, reference_index, same_index
 
 TOPIC = "persistent://public/default/key-index-builds"

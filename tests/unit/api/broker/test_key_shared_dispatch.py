@@ -29,14 +29,14 @@ from api.broker.key_shared import (
     murmur3_32,
     sticky_key,
 )
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.topic import CompactedTopic
+from compactor.view.topic import CompactedTopic
 from cursor.cursor import ManagedCursor
 from cursor.store import CursorStore
 from ledger import DataDir, ManagedLedger
 from ledger.position import EARLIEST, Position
 from ledger.storage.base import SyncPolicy
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/key-shared"
 KEYS = [f"k{i}" for i in range(6)]

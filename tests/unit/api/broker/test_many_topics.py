@@ -20,8 +20,8 @@ import asyncio, os, resource, sys
 from api.broker.dedup import ProducerSession
 from api.broker.service import BrokerService
 from api.config import Settings
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from ledger import DataDir
 
 root, topics, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -29,11 +29,11 @@ from api.broker.dedup import ProducerSession
 from api.broker.dispatch import SubType
 from api.broker.service import BrokerService
 from api.config import Settings
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger import DataDir
 from ledger.errors import CompactionServiceError
 from ledger.position import Position
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 
 PARENT = "persistent://public/default/parted"
 PARTITIONS = (PARENT + "-partition-0", PARENT + "-partition-1")

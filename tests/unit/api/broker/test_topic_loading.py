@@ -19,11 +19,11 @@ from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
 from api.broker.topic_state import Phase
 from api.config import Settings
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.runner import Compactor
-from compactor.topic import COMPACTION_SUBSCRIPTION
+from compactor.runs.runner import Compactor
+from compactor.view.topic import COMPACTION_SUBSCRIPTION
 from ledger.managed_ledger import ManagedLedger
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.broker.test_admin import _with_broker
 
 TOPIC = "persistent://public/default/loaded"

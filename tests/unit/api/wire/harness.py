@@ -20,9 +20,9 @@ from api.wire.connection import ServerConnection
 from api.wire.frames import Frame, FrameDecoder, encode_command, make_command
 from api.wire.listener import PulsarBroker
 from api.wire.validate import frame_problem
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.data_dir import DataDir
 from ledger.storage.base import SyncPolicy
+from message.proto import pulsar_api_pb2 as pb
 
 T = pb.BaseCommand
 

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.wire import validate
-from compactor.encoder import encode_batch, encode_slot
-from compactor.errors import MalformedEntryError
-from compactor.message import check_slot_count, read_slot
-from compactor.proto import pulsar_api_pb2 as pb
+from message.encoder import encode_batch, encode_slot
+from message.entry import check_slot_count, read_slot
+from message.errors import MalformedEntryError
+from message.proto import pulsar_api_pb2 as pb
 
 
 def _read_slot_verdict(body: bytes, count: int) -> bool:

@@ -14,7 +14,7 @@ from api.broker.service import BrokerService
 from api.config import Settings
 from api.wire.frames import encode_command, make_command
 from api.wire.limits import PartialFrameBudget
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import T, Wire, broker_service, settle
 
 PING = encode_command(make_command(pb.CommandPing()))

@@ -11,8 +11,8 @@ import pytest
 from api.wire.chunk_door import ChunkDoor, may_be_chunk
 from api.wire.frames import Frame, make_command
 from api.wire.validate import CHUNKED_MESSAGE_BYTES_MAX, TIME_MS_MAX, entry_problem, frame_problem
-from compactor.compression import compress
-from compactor.proto import pulsar_api_pb2 as pb
+from message.compression import compress
+from message.proto import pulsar_api_pb2 as pb
 
 _U32 = struct.Struct(">I")
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from api.config import Settings
 from api.wire.frames import encode_command, encode_payload_command, make_command
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import MetadataError
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import Wire, broker_service, settle
 
 T = pb.BaseCommand

@@ -23,10 +23,10 @@ from api.wire.frames import (
     encode_payload_command,
     make_command,
 )
-from compactor.encoder import encode_entry
-from compactor.message import parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.errors import CompactionServiceError
+from message.encoder import encode_entry
+from message.entry import parse_entry
+from message.proto import pulsar_api_pb2 as pb
 
 T = pb.BaseCommand
 

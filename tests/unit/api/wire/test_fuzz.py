@@ -35,10 +35,10 @@ from hypothesis import strategies as st
 from api.broker.service import BrokerService
 from api.config import Settings
 from api.wire.frames import encode_command, encode_payload_command, make_command
-from compactor.compression import compress
-from compactor.encoder import encode_batch, encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.storage.base import SyncPolicy
+from message.compression import compress
+from message.encoder import encode_batch, encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import Wire, broker_service, settle
 
 FUZZ_INPUTS = int(os.environ.get("COMPACTD_FUZZ_INPUTS", "100000"))

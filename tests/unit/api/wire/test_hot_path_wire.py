@@ -23,11 +23,11 @@ from api.wire.frames import Frame, encode_message, encode_payload_command, make_
 from api.wire.outbox import FLUSH_BYTES, Outbox
 from api.wire.producing import SendCompletions
 from api.wire.validate import SIGNED_64_MAX, _slots_fit, frame_problem, message_problem
-from compactor.encoder import encode_batch, encode_entry
-from compactor.errors import MalformedEntryError
-from compactor.message import check_slot_count, read_slot
-from compactor.proto import pulsar_api_pb2 as pb
 from ledger.position import Position
+from message.encoder import encode_batch, encode_entry
+from message.entry import check_slot_count, read_slot
+from message.errors import MalformedEntryError
+from message.proto import pulsar_api_pb2 as pb
 
 U64 = st.integers(0, (1 << 64) - 1)
 IDS = st.one_of(st.integers(0, 1000), st.just((1 << 64) - 1), st.integers(SIGNED_64_MAX - 2, (1 << 64) - 1), U64)

@@ -14,8 +14,8 @@ from api.broker.dedup import ProducerSession
 from api.broker.errors import NotAllowedError
 from api.wire.frames import encode_command, make_command
 from api.wire.preparing import Creations
-from compactor.encoder import encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
+from message.encoder import encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import Wire, broker_service, settle
 
 T = pb.BaseCommand

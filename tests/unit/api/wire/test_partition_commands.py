@@ -12,7 +12,7 @@ from pathlib import Path
 
 from api.wire.frames import make_command
 from api.wire.listener import PulsarBroker
-from compactor.proto import pulsar_api_pb2 as pb
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import T, Wire, broker_service
 
 PARENT = "persistent://public/default/parent"

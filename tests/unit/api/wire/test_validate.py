@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from api.broker.service import BrokerService
 from api.wire.frames import encode_command, encode_payload_command, make_command
 from api.wire.validate import SIGNED_64_MAX, entry_problem
-from compactor.encoder import encode_batch, encode_entry
-from compactor.proto import pulsar_api_pb2 as pb
+from message.encoder import encode_batch, encode_entry
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.api.wire.harness import T, Wire, broker_service, settle
 
 TOPIC = "persistent://public/default/validated"
@@ -198,7 +198,7 @@ def test_every_entry_a_producer_writes_passes(
                   value) for key, value in messages]
         entry = encode_batch(template, slots, codec, with_checksum=False)
     else:
-        from compactor.compression import compress
+        from message.compression import compress
         value = messages[0][1]
         template.compression, template.uncompressed_size = codec, len(value)
         entry = encode_entry(template, compress(codec, value), with_checksum=False)

@@ -11,7 +11,7 @@ Nothing here is faked beyond what a test must play itself:
   what a topic unload does to storage: close the managed ledger (sealing its ledger), reopen
   it (a fresh ledger), restore the compacted view from the ``__compaction`` cursor, trim.
 * **Client**: ``Client`` is a consumer or reader. It reads through the broker's own
-  ``compactor.reader.CompactedReader`` (what ``api.broker.dispatch.Subscription`` reads
+  ``compactor.view.reader.CompactedReader`` (what ``api.broker.dispatch.Subscription`` reads
   through): the first-read-from-earliest rule, the read position in the compacted view,
   the raw tail, rewinds and seeks are production code; the client plays only what a
   consumer and the broker's subscribe do around it (a reconnect builds a new reader over
@@ -32,22 +32,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from compactor.algorithm import CompactedEntry
-from compactor.compression import compress
-from compactor.encoder import encode_batch, encode_entry
-from compactor.message import is_batch, is_encrypted, is_marker, iter_messages, parse_entry
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.reader import NO_MESSAGE, CompactedReader, last_message_id
 from compactor.record import RunFigures
-from compactor.runner import CompactionConfig, Compactor
-from compactor.topic import CompactedTopic
-from compactor.view import decode_compacted_entry
+from compactor.runs.runner import CompactionConfig, Compactor
+from compactor.view.reader import NO_MESSAGE, CompactedReader, last_message_id
+from compactor.view.topic import CompactedTopic
+from compactor.view.view import CompactedEntry, decode_compacted_entry
 from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import EARLIEST, Position
 from ledger.storage.base import LedgerInfo, LedgerStore
+from message.compression import compress
+from message.encoder import encode_batch, encode_entry
+from message.entry import is_batch, is_encrypted, is_marker, iter_messages, parse_entry
+from message.proto import pulsar_api_pb2 as pb
 
 __all__ = [
     "TOPIC",
@@ -267,7 +266,7 @@ class Client:
     def last_message_id(self) -> Position:
         """``getLastMessageId`` as the broker answers this client.
 
-        ``compactor.reader.last_message_id`` is the answer for read-compacted clients, and for
+        ``compactor.view.reader.last_message_id`` is the answer for read-compacted clients, and for
         every client of a topic never compacted (the rules coincide there). A plain client of
         a compacted topic gets the raw topic's answer (Pulsar's ``readCompacted=false``
         branch of ``ServerCnx.getLargestBatchIndexWhenPossible``), which compactd has no

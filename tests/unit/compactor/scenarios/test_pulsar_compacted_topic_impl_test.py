@@ -12,8 +12,7 @@ import math
 
 import pytest
 
-from compactor.algorithm import CompactedEntry
-from compactor.view import CompactedView, encode_compacted_entry
+from compactor.view.view import CompactedEntry, CompactedView, encode_compacted_entry
 from ledger.position import Position
 from ledger.storage import FaultyLedgerStore, MemoryLedgerStore
 

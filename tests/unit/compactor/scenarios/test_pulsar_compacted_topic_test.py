@@ -6,8 +6,7 @@ import random
 
 import pytest
 
-from compactor.algorithm import CompactedEntry
-from compactor.view import CompactedView, encode_compacted_entry
+from compactor.view.view import CompactedEntry, CompactedView, encode_compacted_entry
 from ledger.position import Position
 from ledger.storage import MemoryLedgerStore
 from tests.unit.compactor.scenarios.support import MakeHarness, batch, message

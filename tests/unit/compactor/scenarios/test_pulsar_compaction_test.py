@@ -30,15 +30,15 @@ from pathlib import Path
 
 import pytest
 
-from compactor.proto import pulsar_api_pb2 as pb
-from compactor.runner import CompactionConfig
-from compactor.topic import COMPACTION_SUBSCRIPTION
+from compactor.runs.runner import CompactionConfig
+from compactor.view.topic import COMPACTION_SUBSCRIPTION
 from cursor.cursor import InitialPosition
 from cursor.store import CursorRecord
 from ledger.managed_ledger import ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import EARLIEST
 from ledger.storage import FileLedgerStore, SyncPolicy
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.compactor.scenarios.support import (
     REPLICATED_SUBSCRIPTION_SNAPSHOT_REQUEST,
     TXN_ABORT,

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from compactor.errors import CompactionTimeoutError
-from compactor.message import iter_messages, parse_entry
-from compactor.runner import CompactionConfig, Compactor
+from compactor.runs.runner import CompactionConfig, Compactor
+from message.entry import iter_messages, parse_entry
 from tests.unit.compactor.scenarios.support import (
     Harness,
     MakeHarness,

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from compactor.proto import pulsar_api_pb2 as pb
 from cursor.cursor import InitialPosition
 from ledger.errors import MetadataError
 from ledger.position import Position
+from message.proto import pulsar_api_pb2 as pb
 from tests.unit.compactor.scenarios.support import Client, Harness, MakeHarness, batch, message
 
 NO_MESSAGE = Position(-1, -1)

@@ -7,8 +7,8 @@ ledger) have no counterpart yet.
 
 from __future__ import annotations
 
-from compactor.message import iter_messages, parse_entry
 from ledger.position import EARLIEST
+from message.entry import iter_messages, parse_entry
 from tests.unit.compactor.scenarios.support import MakeHarness, message
 
 

@@ -1,0 +1,379 @@
+"""A round of the local engine over key indexes: phase one as array work, phase two as copying.
+
+``compactor.local.rounds`` parses every entry of a round twice. Over ledgers with a key index
+(``compactor.local.key_index``) a round needs no parsing at all, except of the batches it must
+rewrite:
+
+* **Phase one** (``IndexedRound.plan``) reads each input ledger's index, not its entries.
+  The clean part (the previous view's ledgers) is only counted. The dirty part's keyed rows
+  become arrays ``(hash_high, hash_low, value)`` where the value is the row's number in the
+  dirty stream, or ``DELETED`` for a tombstone that is no longer young; a stable sort by
+  hash keeps each key's last value (Kafka's cleaner's offset map, built in bulk). The map
+  holds at most ``capacity_keys`` keys, as a parsing round's does: the rows wait unsorted
+  while the map and they fit the budget (24 bytes each, as the map's), and when a ledger's
+  rows would pass it they are merged and the round stops before the first entry whose new
+  key would not fit (a round takes at least one dirty entry). Then the clean part's keyed
+  rows are looked up in the map: a clean value survives iff the dirty part never wrote its
+  key. Keys are compared by their high 64 bits, with the low 64 bits checked wherever the
+  high ones match: two keys differing only in the low half (about one chance in 2**64 per
+  pair of keys) make the round give up on the index (``IndexUnavailable``) and parse.
+* **Phase two** (``IndexedRound.survivors``) decides every row from arrays, then reads
+  only the entries with a survivor: an entry all of whose messages survive is copied as
+  stored (no parse); a batch with some dropped slots is decompressed, cut into slots at the
+  index's ``slot_end`` and rewritten (``message.encoder.rewrite_slots``: one metadata
+  parse, no slot parse); an entry with no survivor is never read.
+
+The rules are ``compactor.local.rounds``' and ``compactor.local.algorithm``'s (tombstones, young
+tombstones, key-less messages, markers, undecodable entries kept whole, ``compacted_out``
+slots), so an indexed round's view equals a parsing round's byte for byte
+(``tests/unit/compactor/test_indexed.py``). A round whose input holds a chunk gives up on
+the index (``IndexUnavailable``): chunks need ``compactor.local.chunks``' bookkeeping, which
+parses. Where a round stops when the budget fills may differ from a parsing round's (the
+parsing round counts a batch's keys before it dedups them); every round's view is valid,
+and the run's last view is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from compactor.engine import LedgerRange
+from compactor.errors import CompactorError
+from compactor.local.key_index import (
+    FLAG_CHUNK,
+    FLAG_COMPACTED_OUT,
+    FLAG_KEYLESS,
+    FLAG_MARKER,
+    FLAG_OPAQUE,
+    FLAG_TOMBSTONE,
+    KeyIndex,
+    entry_starts,
+)
+from compactor.view.view import CompactedEntry, decode_compacted_entry
+from ledger.position import Position
+from message.compression import decompress
+from message.encoder import COMPACTED_OUT_SLOT, reframe_batch
+from message.entry import parse_header
+
+__all__ = ["DELETED", "IndexUnavailable", "IndexedRound"]
+
+U64 = npt.NDArray[np.uint64]
+Mask = npt.NDArray[np.bool_]
+Rows = dict[str, npt.NDArray[Any]]
+"""Index columns by name (``compactor.local.key_index``), some rows of them."""
+
+DELETED = np.uint64((1 << 64) - 1)
+"""The value of a key whose last message in the dirty part is a tombstone that is not young."""
+_NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
+_NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
+_BYTES_PER_KEY = 24  # a row waiting to be merged, and a key in the map: high, low, value
+# The index columns each step reads.
+# (``publish_time`` too, where tombstones may be young.)
+_PHASE_ONE = ("flags", "hash_high", "hash_low", "entry_bytes")
+_CLEAN = ("flags", "hash_high", "hash_low")
+_PHASE_TWO = ("batch_index", "batch_size", "flags", "slot_end")
+_POSITIONS = ("ledger_id", "entry_id")  # a compacted range's (a raw one's are its ledger and stored index)
+# Entries with a survivor asked for at once in phase two.
+READ_BATCH_ENTRIES_MAX = 1000
+
+
+class IndexUnavailable(CompactorError):
+    """The round's input cannot be compacted from its indexes (a chunk, or two keys whose
+    hashes share their high 64 bits): the caller parses instead."""
+
+
+@dataclass
+class _KeyMap:
+    """The dirty part's keys: high halves (sorted, distinct), low halves and values."""
+
+    high: U64 = field(default_factory=lambda: np.empty(0, np.uint64))
+    low: U64 = field(default_factory=lambda: np.empty(0, np.uint64))
+    value: U64 = field(default_factory=lambda: np.empty(0, np.uint64))
+    waiting: list[tuple[U64, U64, U64]] = field(default_factory=list)
+    waiting_rows: int = 0
+    nbytes_max: int = 0
+
+    def add(self, high: U64, low: U64, value: U64) -> None:
+        """Rows in stream order, merged later."""
+        self.waiting.append((high, low, value))
+        self.waiting_rows += len(high)
+        self.nbytes_max = max(self.nbytes_max, (len(self.high) + self.waiting_rows) * _BYTES_PER_KEY)
+
+    def merge(self) -> None:
+        """Fold the waiting rows in: a stable sort by high half keeps each key's last value."""
+        if not self.waiting:
+            return
+        parts = [(self.high, self.low, self.value), *self.waiting] if len(self.high) else self.waiting
+        self.waiting, self.waiting_rows = [], 0
+        high = parts[0][0] if len(parts) == 1 else np.concatenate([part[0] for part in parts])
+        order = np.argsort(high, kind="stable")
+        high = high[order]  # one sorted column at a time: the unsorted one is let go at once
+        same = high[1:] == high[:-1]
+        last = np.ones(len(high), dtype=bool)
+        last[:-1] = ~same
+        low = (parts[0][1] if len(parts) == 1 else np.concatenate([part[1] for part in parts]))[order]
+        if np.any(same & (low[1:] != low[:-1])):
+            raise IndexUnavailable("two keys' hashes share their high 64 bits")
+        del same
+        value = (parts[0][2] if len(parts) == 1 else np.concatenate([part[2] for part in parts]))[order[last]]
+        del parts, order
+        self.high, self.low, self.value = high[last], low[last], value
+
+    def find(self, high: U64, low: U64) -> Mask:
+        """Which of the keys ``(high, low)`` the (merged) map holds, deleted or not."""
+        if not len(self.high):
+            return np.zeros(len(high), dtype=bool)
+        at = np.searchsorted(self.high, high)
+        inside = at < len(self.high)
+        found = np.zeros(len(high), dtype=bool)
+        found[inside] = self.high[at[inside]] == high[inside]
+        if np.any(found & (self.low[np.minimum(at, len(self.low) - 1)] != low)):
+            raise IndexUnavailable("two keys' hashes share their high 64 bits")
+        return found
+
+    def new_keys(self, high: U64) -> Mask:
+        """Which of ``high`` (stream order) is the first of its key, a key not in the (merged)
+        map."""
+        at = np.searchsorted(self.high, high)
+        inside = at < len(self.high)
+        new = np.ones(len(high), dtype=bool)
+        new[inside] = self.high[at[inside]] != high[inside]
+        first = np.zeros(len(high), dtype=bool)
+        _, first_at = np.unique(high[new], return_index=True)
+        first[np.flatnonzero(new)[first_at]] = True
+        return first
+
+
+@dataclass
+class _Source:
+    """One range of the round's input and its index rows (those of the range's entries)."""
+
+    range: LedgerRange
+    rows: int  # how many of the range's rows the round takes (all but where it stopped)
+    dirty_base: int = 0  # the dirty-stream number of the first row (dirty sources)
+    clean_keep: Mask | None = None  # the clean part's surviving rows, decided in phase one
+
+
+class IndexedRound:
+    """One round over indexes (see the module docstring).
+
+    ``load(range, columns)`` gives the index of a range's ledger (at least ``columns``); ``read(range, stored)`` the stored
+    bytes of its entries ``stored`` (ascending indexes in the ledger; charged to the run's
+    throttle by the caller).
+    """
+
+    def __init__(
+        self, ranges: tuple[LedgerRange, ...], *, capacity_keys: int, keep_tombstones_since_ms: int | None,
+        retain_null_key: bool, load: Callable[[LedgerRange, tuple[str, ...]], KeyIndex],
+        read: Callable[[LedgerRange, list[int]], list[bytes]],
+    ) -> None:
+        self.ranges = ranges
+        self.capacity_keys = capacity_keys
+        self.keep_since = keep_tombstones_since_ms
+        self._young: tuple[str, ...] = () if keep_tombstones_since_ms is None else ("publish_time",)
+        self.retain_null_key = retain_null_key
+        self._load, self._read = load, read
+        self.key_map = _KeyMap()
+        self.filled = False
+        self.stop: Position | None = None
+        self.entries_read = self.messages_read = self.bytes_read = 0
+        self.clean_keys_kept = 0
+        self._plan: list[_Source] = []
+
+    @property
+    def keys_kept(self) -> int:
+        """Live keys of the view this round writes (known once ``survivors`` is consumed)."""
+        return self.clean_keys_kept + int(np.count_nonzero(self.key_map.value != DELETED))
+
+    # -- phase one ------------------------------------------------------------------------
+
+    def plan(self) -> None:
+        """Phase one; raises ``IndexUnavailable`` when the round must parse instead."""
+        dirty_rows = 0
+        for whole in self.ranges:
+            rows = self._rows(whole, _PHASE_ONE + self._young)
+            if np.any(rows["flags"] & FLAG_CHUNK):
+                raise IndexUnavailable(f"ledger {whole.ledger_id} holds a chunked message")
+            source = _Source(whole, len(rows["flags"]), dirty_rows)
+            if not whole.compacted:
+                rows = self._fold(rows, dirty_rows, first=not self._dirty_planned())
+                source.rows = len(rows["flags"])
+                dirty_rows += source.rows
+            self._count(whole, rows)
+            self._plan.append(source)
+            if self.filled:
+                break
+        self.key_map.merge()
+        for source in self._plan:
+            if source.range.compacted:
+                source.clean_keep = self._clean_keep(self._rows(source.range, _CLEAN + self._young))
+
+    def _dirty_planned(self) -> bool:
+        return any(not source.range.compacted for source in self._plan)
+
+    def _rows(self, whole: LedgerRange, columns: tuple[str, ...]) -> Rows:
+        """The index rows of ``whole``'s entries (``columns`` of them, and ``stored``)."""
+        index = self._load(whole, columns)
+        stored = index["stored"]
+        first, last = np.searchsorted(stored, [whole.first_entry_id, whole.last_entry_id + 1])
+        return {name: column[first:last] for name, column in index.columns.items()}
+
+    def _fold(self, rows: Rows, base: int, *, first: bool) -> Rows:
+        """Add one dirty range's keyed rows to the map; when the budget fills, the rows are
+        cut before the first entry that does not fit (the round's stop), and returned."""
+        flags = rows["flags"]
+        keyed = np.flatnonzero((flags & _NOT_A_VALUE) == 0)
+        high, low = rows["hash_high"][keyed], rows["hash_low"][keyed]
+        value = keyed.astype(np.uint64) + np.uint64(base)
+        deleted = (flags[keyed] & FLAG_TOMBSTONE) != 0
+        if self.keep_since is not None:
+            deleted &= rows["publish_time"][keyed] < self.keep_since
+        value[deleted] = DELETED
+        key_map = self.key_map
+        if len(key_map.high) + key_map.waiting_rows + len(keyed) > self.capacity_keys:
+            key_map.merge()
+            end = self._cut(rows, keyed, key_map.new_keys(high), first)
+            if end is not None:
+                rows = {name: column[:end] for name, column in rows.items()}
+                kept = keyed < end
+                high, low, value = high[kept], low[kept], value[kept]
+                self.filled = True
+        key_map.add(high, low, value)
+        return rows
+
+    def _cut(self, rows: Rows, keyed: npt.NDArray[np.intp], new: Mask, first: bool) -> int | None:
+        """Where the range's rows end when the map fills in it (None: it does not), by a
+        parsing round's rule: the round stops before the first entry (not the round's first)
+        whose keyed messages, added to the distinct keys met before it, pass the budget."""
+        stored = rows["stored"]
+        starts = entry_starts(stored)
+        keyed_rows = np.zeros(len(stored), dtype=np.int64)
+        keyed_rows[keyed] = 1
+        new_rows = np.zeros(len(stored) + 1, dtype=np.int64)
+        new_rows[keyed[new] + 1] = 1
+        met_before = len(self.key_map.high) + np.cumsum(new_rows)[starts]
+        over = np.flatnonzero(met_before + np.add.reduceat(keyed_rows, starts) > self.capacity_keys)
+        over = over[over > 0] if first else over
+        return int(starts[over[0]]) if len(over) else None
+
+    def _count(self, whole: LedgerRange, rows: Rows) -> None:
+        """Count a range's entries, messages and bytes; a raw range's last entry is the
+        round's stop so far (a raw ledger's entries are stored at their entry ids)."""
+        stored = rows["stored"]
+        if not len(stored):
+            return
+        starts = entry_starts(stored)
+        self.entries_read += len(starts)
+        self.bytes_read += int(rows["entry_bytes"][starts].astype(np.int64).sum())
+        self.messages_read += int(np.count_nonzero((rows["flags"] & _NOT_A_MESSAGE) == 0))
+        if not whole.compacted:
+            self.stop = Position(whole.ledger_id, int(stored[-1]))
+
+    def _clean_keep(self, rows: Rows) -> Mask:
+        """A clean row survives iff it survives today and the dirty part never wrote its key."""
+        keep = self._common_keep(rows)
+        keyed = np.flatnonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0))
+        written = self.key_map.find(rows["hash_high"][keyed], rows["hash_low"][keyed])
+        keep[keyed[written]] = False
+        return keep
+
+    def _common_keep(self, rows: Rows) -> Mask:
+        """The rows no key decides against: not a marker or an emptied slot, not a tombstone
+        that is no longer young, key-less only with ``retain_null_key``."""
+        flags = rows["flags"]
+        keep: Mask = (flags & (FLAG_MARKER | FLAG_COMPACTED_OUT)) == 0
+        old_tombstone = (flags & FLAG_TOMBSTONE) != 0
+        if self.keep_since is not None:
+            old_tombstone &= rows["publish_time"] < self.keep_since
+        keep &= ~old_tombstone
+        if not self.retain_null_key:
+            keep &= ((flags & FLAG_KEYLESS) == 0) | ((flags & FLAG_OPAQUE) != 0)
+        return keep
+
+    # -- phase two ------------------------------------------------------------------------
+
+    def survivors(self) -> Iterator[CompactedEntry]:
+        """Phase two: the surviving entries of the round's stream, in order."""
+        retained = np.sort(self.key_map.value[self.key_map.value != DELETED])
+        for source in self._plan:
+            columns = _PHASE_TWO + self._young + (_POSITIONS if source.range.compacted else ())
+            rows = {name: column[: source.rows] for name, column in self._rows(source.range, columns).items()}
+            if source.clean_keep is not None:
+                keep = source.clean_keep
+                self.clean_keys_kept += int(np.count_nonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0)))
+            else:
+                keep = self._dirty_keep(rows, source.dirty_base, retained)
+            yield from self._entries(source.range, rows, keep)
+
+    def _dirty_keep(self, rows: Rows, base: int, retained: U64) -> Mask:
+        """A dirty keyed row survives iff it is its key's last value."""
+        keep = self._common_keep(rows)
+        keyed = (rows["flags"] & _NOT_A_VALUE) == 0
+        low, high = np.searchsorted(retained, [base, base + len(keyed)])
+        last = np.zeros(len(keyed), dtype=bool)
+        last[(retained[low:high] - np.uint64(base)).astype(np.int64)] = True
+        keep &= ~keyed | last
+        return keep
+
+    def _entries(
+        self, whole: LedgerRange, rows: Rows, keep: Mask,
+    ) -> Iterator[CompactedEntry]:
+        """The compacted entries of one range, reading only entries with a survivor."""
+        stored = rows["stored"]
+        if not len(stored):
+            return
+        starts = entry_starts(stored)
+        kept = np.add.reduceat(keep.astype(np.int64), starts)
+        messages = np.add.reduceat(((rows["flags"] & _NOT_A_MESSAGE) == 0).astype(np.int64), starts)
+        ends = np.append(starts[1:], len(stored))
+        wanted = np.flatnonzero(kept).tolist()
+        starts_of, ends_of, kept_of, messages_of = starts.tolist(), ends.tolist(), kept.tolist(), messages.tolist()
+        stored_of = stored[starts].tolist()
+        if whole.compacted:
+            ledger_of, entry_of = rows["ledger_id"][starts].tolist(), rows["entry_id"][starts].tolist()
+        else:  # a raw ledger's entries are stored at their entry ids
+            ledger_of, entry_of = [whole.ledger_id] * len(stored_of), stored_of
+        batched_of = ((rows["batch_size"][starts] > 0) & ((rows["flags"][starts] & FLAG_OPAQUE) == 0)).tolist()
+        for chunk in range(0, len(wanted), READ_BATCH_ENTRIES_MAX):
+            entries = wanted[chunk: chunk + READ_BATCH_ENTRIES_MAX]
+            block = self._read(whole, [stored_of[entry] for entry in entries])
+            for entry, data in zip(entries, block, strict=True):
+                start, end = starts_of[entry], ends_of[entry]
+                if whole.compacted:
+                    data = decode_compacted_entry(data).data
+                position = Position(ledger_of[entry], entry_of[entry])
+                if not batched_of[entry]:  # one message, or an entry kept whole as it is
+                    yield CompactedEntry(position, data)
+                else:
+                    yield _batch(position, rows, start, end, keep[start:end], kept_of[entry] == messages_of[entry],
+                                 data)
+
+
+def _batch(position: Position, rows: Rows, start: int, end: int, keep: Mask, whole: bool, data: bytes) -> CompactedEntry:
+    """The compacted entry of the batch whose rows are ``start..end`` (some kept): as
+    stored when every live slot is kept, else rewritten."""
+    batch_size = int(rows["batch_size"][start])
+    surviving = tuple(rows["batch_index"][start:end][keep].tolist())
+    if not whole:
+        metadata, header_size, has_checksum = parse_header(data)
+        body = decompress(metadata.compression, data[header_size:], metadata.uncompressed_size)
+        body = _cut_body(body, rows["slot_end"][start:end].tolist(), keep.tolist())
+        data = reframe_batch(metadata, body, with_checksum=has_checksum)
+    return CompactedEntry(position, data, batch_size, surviving)
+
+
+def _cut_body(body: bytes, slot_ends: list[int], keep: list[bool]) -> bytes:
+    """``body`` with every slot not in ``keep`` replaced by ``COMPACTED_OUT_SLOT`` (as
+    ``message.encoder.rewrite_slots`` does)."""
+    view = memoryview(body)
+    pieces: list[bytes | memoryview] = []
+    start = 0
+    for end, kept in zip(slot_ends, keep, strict=True):
+        pieces.append(view[start:end] if kept else COMPACTED_OUT_SLOT)
+        start = end
+    return b"".join(pieces)

@@ -1,0 +1,583 @@
+"""The compaction run: carries out the pure phases against storage and publishes the result.
+
+One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction.md`` §1):
+
+1. Take the topic's durable ``__compaction`` cursor (``CompactedTopic.cursor``, opened
+   when the topic was restored). Its mark-delete position is the current horizon.
+2. Stop marker = the topic's last confirmed entry *now*; later appends wait for the next
+   run. With a minimum lag (``minCompactionLagMs``, ``compactor.runs.lag``) the raw entries
+   after the horizon are read for their publish times up to the first one published
+   within the lag, and the stop marker moves back to the entry before it. Nothing after
+   the horizon (an empty topic, nothing new, or nothing old enough): no ledger is written
+   and the run succeeds with ``ledger_id = -1``.
+3. Phase one over the input stream: the previous compacted view's entries (with their
+   original positions), then the raw entries after the horizon up to the stop marker.
+   The engine (``compactor.engine.choose_engine``: ``local``, ``spark``, or ``auto``)
+   decides where. ``local``: here, where every store read must finish within
+   ``phase_one_read_timeout_s``. The local engine keeps its key map within
+   ``memory_budget_bytes`` (``compactor.local.rounds``): when the keys after the horizon would
+   pass it, phase one stops where the map filled, and steps 4 and 5 run up to there as a
+   *round*; the next round starts from the view just published, until the view reaches
+   the stop marker. Every round is published like a whole run, so a run that fails or
+   dies between rounds leaves the last round's view serving. ``spark``: steps 3 and 4 run
+   whole on the Spark executors over the same ledgers (``compactor.spark.engine``), which
+   write one sealed compacted ledger per group of the input; step 5 publishes their list.
+4. Phase two over the same stream writes the survivors to a new ledger (metadata:
+   component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
+   original message id and, for batches, the surviving-slot mask. If every key was
+   deleted, the new ledger is empty and is published all the same.
+5. Publish (``_publish``, ``CompactedTopic.publish``): seal the new ledger (the local
+   engine writes one; a run may hand over several, in stream order, read as one view:
+   ``compactor.view.view``) → **one transaction** persisting the cursor's mark-delete = stop
+   marker with ``CompactedTopicLedger`` = the first new ledger, the manifest = every new
+   ledger, and the previous view's ledgers as garbage (``compactor.view.manifest``) → swap the
+   in-memory view → the previous ledgers are deleted after the grace period (at once
+   without one). A run whose cursor was deleted, or whose previous view was replaced,
+   meanwhile fails here.
+
+Every read batch and every append of a run is charged to the run's I/O throttle
+(``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
+run ends with one log line (``compactor.runs.run_log``).
+
+``compact`` is the inside of a run, a straight procedure that records its outcome in the
+topic's ``CompactionRecord``. Who may run when (one run per topic, the slots, the queue,
+the persisted status) is ``compactor.runs.runs``'s; calling ``compact`` directly (tests,
+benchmarks) skips it.
+
+Any failure (an ``Exception``) before the transaction deletes the new ledgers and leaves the
+previous view serving. A crash (the process dying, ``SimulatedCrash`` in tests) leaves at
+worst unreferenced ledgers, which ``collect_orphans`` removes at the next start (with the
+replaced ledgers whose grace period is over): the persisted state always names complete,
+sealed compacted ledgers or none.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from compactor.engine import (
+    SPARK_DRIVER_BYTES_PER_KEY,
+    EngineName,
+    LedgerRange,
+    RewriteEngine,
+    RewriteInput,
+    choose_engine,
+    raw_ranges,
+)
+from compactor.errors import CompactionTimeoutError, MalformedEntryError, SparkEngineError
+from compactor.local.rounds import RoundPhaseOne, capacity_keys, round_phase_one, round_phase_two
+from compactor.local.worker import RoundReport, RoundRequest, RoundWorkers, run_round
+from compactor.record import RunFigures
+from compactor.runs.lag import stop_before_young, young_after
+from compactor.runs.run_log import log_run, log_run_failed
+from compactor.runs.run_tally import Counted, Progress, RoundTally, RunIo, no_progress, took
+from compactor.throttle import Throttle
+from compactor.view.manifest import CompactedManifests
+from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
+from compactor.view.view import CompactedEntry, CompactedView, encode_compacted_entry
+from cursor.cursor import ManagedCursor
+from cursor.store import CursorStore
+from ledger.data_dir import DataDir
+from ledger.errors import LedgerNotFoundError
+from ledger.managed_ledger import Entry
+from ledger.position import Position
+from ledger.storage.base import LedgerStore
+from message.entry import parse_header
+
+__all__ = ["MEMORY_BUDGET_BYTES_DEFAULT", "CompactionConfig", "Compactor", "Progress", "collect_orphans",
+           "sweep_compacted_garbage"]
+
+log = logging.getLogger(__name__)
+
+# Pulsar's MAX_OUTSTANDING: appends to the new compacted ledger in flight at once.
+OUTSTANDING_APPENDS_MAX = 500
+# Default memory the local key map may take before a run goes in rounds: 1 GiB holds about
+# 45 million keys at 24 bytes each.
+MEMORY_BUDGET_BYTES_DEFAULT = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionConfig:
+    """Settings of the compactor (broker.conf names in the comments). These defaults are
+    the broker's: ``api.config.Settings`` takes its compaction defaults from here.
+
+    Attributes:
+        retain_null_key: keep key-less messages (``topicCompactionRetainNullKey``, false).
+        phase_one_read_timeout_s: limit on each phase-one read
+            (``brokerServiceCompactionPhaseOneLoopTimeInSeconds``, 30).
+        read_batch_entries: raw entries per store read.
+        engine: which engine runs phase one: ``local``, ``spark`` or ``auto``
+            (``compactor.engine.choose_engine``: ``auto`` moves a run to Spark only where
+            Spark saves local rounds without costing the broker more than the budget).
+        spark_master: the Spark master URL of the ``spark`` engine.
+        memory_budget_bytes: the most the local engine's key map holds (24 bytes a key):
+            beyond it the run goes in rounds (``compactor.local.rounds``).
+        worker_processes: run the local engine's rounds in up to this many child processes
+            (``compactor.local.worker``), off this interpreter, where the store has ledger files
+            (a ``FileLedgerStore``); 0 runs them here.
+        key_index: where the store has ledger files, rounds run over the ledgers' key
+            indexes (``compactor.local.indexed``, ``compactor.local.key_index``), building the missing
+            ones, in a worker process or here; off, they parse every entry twice.
+    """
+
+    retain_null_key: bool = False
+    phase_one_read_timeout_s: float = 30.0
+    read_batch_entries: int = 1000
+    engine: EngineName = "auto"
+    spark_master: str = "local[*]"
+    memory_budget_bytes: int = MEMORY_BUDGET_BYTES_DEFAULT
+    worker_processes: int = 0
+    key_index: bool = True
+
+
+class Compactor:
+    """Runs compactions with one configuration; safe to share between topics."""
+
+    def __init__(
+        self, config: CompactionConfig | None = None, *, clock: Callable[[], float] = time.time,
+        spark_engine: RewriteEngine | None = None, throttle: Callable[..., Throttle] = Throttle,
+    ) -> None:
+        """``spark_engine`` runs phase one when the spark engine is chosen; by default a
+        ``compactor.spark.SparkEngine`` on ``config.spark_master``, made on first use.
+        ``clock`` (seconds since the epoch) gives each run its "now" (tombstone retention,
+        the minimum lag); ``throttle(bytes_per_second, interrupt=event)`` makes each run's
+        I/O throttle (tests pass one on a fake clock)."""
+        self.config = config or CompactionConfig()
+        self._clock = clock
+        self._throttle = throttle
+        self._interrupt = threading.Event()
+        self._spark_engine = spark_engine
+        self._owns_spark_engine = False
+        self._spark_lock = threading.Lock()
+        self._workers = RoundWorkers(self.config.worker_processes) if self.config.worker_processes > 0 else None
+
+    def compact(
+        self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None,
+        min_compaction_lag_ms: int = 0, max_bytes_per_second: int = 0,
+    ) -> RunFigures:
+        """Run one compaction of ``topic`` and record its outcome; raises on failure.
+
+        ``delete_retention_ms`` > 0 keeps tombstones published in the last that many ms
+        (measured from this run's start) as their keys' latest values
+        (``compactor.local.algorithm``, tombstone retention); 0 drops every tombstone, as Pulsar.
+        ``min_compaction_lag_ms`` > 0 stops the run before the first raw entry published
+        within that many ms of its start (``compactor.runs.lag``); 0 holds nothing back.
+        ``max_bytes_per_second`` > 0 throttles the run's reads and appends to that rate
+        (``compactor.throttle``; the spark engine's phase-one reads, done by its executors,
+        are not throttled); 0 is unlimited. The time waited is the figures' ``throttled_s``.
+        ``progress(phase, entries_done, entries_total)`` is called from the run's thread
+        as each phase ("phase-one", "phase-two") goes through the input stream: at its
+        start, after each read batch, and at its end; a run in several rounds goes through
+        both phases once per round.
+        """
+        started = time.monotonic()
+        now_ms = self._now_ms()
+        cutoff = now_ms - delete_retention_ms if delete_retention_ms > 0 else None
+        run = RunIo(self._throttle(max_bytes_per_second, interrupt=self._interrupt),
+                     young_after(now_ms, min_compaction_lag_ms))
+        try:
+            figures = self._run(topic, started, cutoff, progress or no_progress, run)
+        except Exception as error:
+            log_run_failed(topic.name, error, time.monotonic() - started)
+            topic.record.failed(error, time.monotonic() - started, self._now_ms())
+            raise
+        topic.record.succeeded(figures, self._now_ms())
+        log_run(topic.name, figures)
+        return figures
+
+    def _run(
+        self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress, run: RunIo,
+    ) -> RunFigures:
+        ledger = topic.ledger
+        cursor = topic.cursor
+        previous = topic.view  # raises CompactedLedgerMissingError: never publish a partial view
+        stop = ledger.last_confirmed_position()
+        horizon = cursor.mark_delete_position
+        if stop.entry_id >= 0 and stop > horizon and run.young_after_ms is not None:
+            stop = self._lag_stop(topic, horizon, stop, run)
+        if stop.entry_id < 0 or stop <= horizon:
+            return RunFigures(duration_s=time.monotonic() - started, horizon=str(horizon),
+                              throttled_s=run.throttle.throttled_s, io_bytes=run.throttle.charged_bytes)
+        total = (previous.entries if previous is not None else 0) + ledger.entries_between(horizon, stop)
+        engine = self._engine(total)
+        log.debug("%s: phase one on the %s engine", topic.name, engine)
+        if engine == "local":
+            return self._local_run(topic, _Round(cursor, previous, horizon), started, cutoff, progress, run, stop)
+        return self._spark_run(topic, _Round(cursor, previous, horizon), stop, cutoff,
+                               Counted("phase-one", total, progress), started, run)
+
+    def _spark_run(
+        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: Counted,
+        started: float, run: RunIo,
+    ) -> RunFigures:
+        """The run on the spark engine: both phases in one Spark job over the same stream as
+        ``_stream`` reads, writing the compacted ledgers on the executors; the driver
+        publishes their list. ``phase_one_s`` is the job's whole time."""
+        cursor, previous, horizon = start
+        store = topic.ledger.store
+        root = getattr(store, "root", None)
+        if not isinstance(root, str) or not hasattr(store, "reserve_ids"):
+            raise SparkEngineError(f"{topic.name}: the spark engine reads and writes ledger files, and this store "
+                                   "has none")
+        ranges = [] if previous is None else [
+            LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
+        ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
+        request = RewriteInput(root, tuple(ranges), stop, _compacted_metadata(topic, stop),
+                               self.config.retain_null_key, cutoff)
+        counted.start()
+        result = self._spark().compact(request, store)  # type: ignore[arg-type]  # has reserve_ids
+        counted.done = result.entries_read
+        counted.end()
+        job_s = time.monotonic() - started
+        self._publish(topic, cursor, stop, result.ledger_ids, previous)
+        duration_s = time.monotonic() - started
+        return RunFigures(
+            engine="spark", horizon=str(stop), keys_kept=result.keys_kept, throttled_s=run.throttle.throttled_s,
+            io_bytes=run.throttle.charged_bytes, ledger_id=result.ledger_ids[0],
+            removed_events=result.messages_read - result.messages_kept, entries_read=result.entries_read,
+            messages_read=result.messages_read, bytes_read=result.bytes_read, entries_written=result.entries_written,
+            bytes_written=result.bytes_written, phase_one_s=job_s, phase_two_s=duration_s - job_s,
+            duration_s=duration_s, key_map_bytes=0, append_latency_counts=(), rounds=1,
+        )
+
+    def _local_run(
+        self, topic: CompactedTopic, start: _Round, started: float, cutoff: int | None, progress: Progress,
+        run: RunIo, stop: Position,
+    ) -> RunFigures:
+        """The run on the local engine: rounds (``compactor.local.rounds``) from ``start``, each
+        published, until the view reaches ``stop``; the figures add up every round's."""
+        rounds = RoundTally()
+        at = start
+        files = _writes_files(topic.ledger.store)
+        execute: Callable[[RoundRequest], RoundReport] | None = None
+        if files and self._workers is not None:
+            execute = self._workers.run
+        elif files and self.config.key_index:
+            execute = functools.partial(run_round, throttle=run.throttle)  # here, over the indexes
+        while True:
+            cursor, previous, horizon = at
+            total = (previous.entries if previous is not None else 0) + topic.ledger.entries_between(horizon, stop)
+            if execute is not None:
+                report = self._worker_round(topic, at, stop, cutoff, (Counted("phase-one", total, progress),
+                                            Counted("phase-two", total, progress)), run, execute)
+                _adopt(topic.ledger.store, report)
+                at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.ledger_id], previous),
+                            report.stop)
+                rounds.add_report(report)
+                if report.stop >= stop:
+                    return rounds.figures(started, stop, run)
+                continue
+            round_started = time.monotonic()
+            one = self._local_phase_one(topic, previous, horizon, stop, cutoff,
+                                        Counted("phase-one", total, progress), run.throttle)
+            # A round that read to the end covers up to ``stop``, as a run in one piece does.
+            round_stop = one.stop if one.filled and one.stop is not None else stop
+            assert horizon < round_stop <= stop
+            rounds.phase_one_s += time.monotonic() - round_started
+            written = self._phase_two(
+                topic, at, round_stop, functools.partial(round_phase_two, one=one,
+                                                     retain_null_key=self.config.retain_null_key,
+                                                     keep_tombstones_since_ms=cutoff),
+                Counted("phase-two", total, progress), rounds.latencies, run.throttle)
+            at = _Round(cursor, self._publish(topic, cursor, round_stop, [written[0]], previous), round_stop)
+            rounds.add(one, written)
+            if round_stop >= stop:
+                return rounds.figures(started, stop, run)
+            log.info("%s: compacted up to %s in round %d (the key map reached the memory budget); "
+                     "going on to %s", topic.name, round_stop, rounds.count, stop)
+
+    def _worker_round(
+        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None,
+        counted: tuple[Counted, Counted], run: RunIo, execute: Callable[[RoundRequest], RoundReport],
+    ) -> RoundReport:
+        """One round of the local engine as ``compactor.local.worker`` runs it (``execute``: in a
+        worker process, or here): its ledger id reserved here, then both phases and the
+        sealed ledger."""
+        _, previous, horizon = start
+        store = topic.ledger.store
+        ranges = [] if previous is None else [
+            LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
+        ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
+        [ledger_id] = store.reserve_ids(1)  # type: ignore[attr-defined]  # _writes_files
+        request = RoundRequest(
+            store.root, tuple(ranges), horizon, stop, ledger_id,  # type: ignore[attr-defined]
+            tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
+            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index)
+        for phase in counted:  # both phases run in one call: a bar each, whole at its end
+            phase.start()
+        try:
+            report = execute(request)
+        except BaseException:
+            _delete_quietly(store, ledger_id)  # a complete file may be there, or none
+            raise
+        for phase in counted:
+            phase.done = report.entries_read
+            phase.end()
+        return report
+
+    # -- the input stream ---------------------------------------------------------------
+
+    def _stream(
+        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
+        read: Callable[[Callable[[], list[Entry]]], list[Entry]], throttle: Throttle,
+    ) -> Iterator[Entry]:
+        """Previous compacted entries, then raw entries in ``(horizon, stop]``; each read
+        batch is charged to ``throttle`` before it is handed on."""
+        if previous is not None:
+            step = self.config.read_batch_entries
+            for first in range(0, previous.entries, step):
+                last = min(previous.entries - 1, first + step - 1)
+                yield from _charged(throttle, read(functools.partial(_read_previous, previous, first, last)))
+        yield from self._raw(topic, horizon, stop, read, throttle)
+
+    def _raw(
+        self, topic: CompactedTopic, horizon: Position, stop: Position,
+        read: Callable[[Callable[[], list[Entry]]], list[Entry]], throttle: Throttle,
+    ) -> Iterator[Entry]:
+        """The raw entries in ``(horizon, stop]``, read in batches charged to ``throttle``."""
+        ledger = topic.ledger
+        position = ledger.next_valid_position(horizon)
+        while position <= stop:
+            batch = read(functools.partial(ledger.read_entries, position, self.config.read_batch_entries, end=stop))
+            if not batch:
+                break
+            yield from _charged(throttle, batch)
+            position = ledger.next_valid_position(batch[-1].position)
+
+    def _lag_stop(self, topic: CompactedTopic, horizon: Position, stop: Position, run: RunIo) -> Position:
+        """The stop marker the minimum lag allows (``compactor.runs.lag``): the raw entries after
+        the horizon are read until the first young one."""
+        entries = self._raw(topic, horizon, stop, lambda read: read(), run.throttle)
+        return stop_before_young(((entry.position, _publish_time(entry.data)) for entry in entries),
+                                 run.young_after_ms, horizon=horizon)
+
+    def _engine(self, estimated_keys: int) -> Literal["local", "spark"]:
+        """The engine of a run over about ``estimated_keys`` keys (``choose_engine``)."""
+        driver_bytes_per_key = getattr(self._spark_engine, "driver_bytes_per_key", SPARK_DRIVER_BYTES_PER_KEY)
+        return choose_engine(
+            self.config.engine, estimated_keys=estimated_keys, memory_budget_bytes=self.config.memory_budget_bytes,
+            spark_available=_spark_installed(), driver_bytes_per_key=driver_bytes_per_key,
+            spark_master=self.config.spark_master,
+        )
+
+    def _spark(self) -> RewriteEngine:
+        with self._spark_lock:
+            if self._spark_engine is None:
+                from compactor.spark.engine import SparkEngine  # PySpark loads only here
+
+                self._spark_engine = SparkEngine(self.config.spark_master)
+                self._owns_spark_engine = True
+            return self._spark_engine
+
+    def interrupt(self) -> None:
+        """End every throttled wait of the runs in flight, and of any later run: each fails
+        with ``CompactionInterruptedError`` (the broker stops; a run that is not waiting on
+        its throttle goes on to its end; a round in a worker process is killed)."""
+        self._interrupt.set()
+        if self._workers is not None:
+            self._workers.interrupt()
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the worker processes running this compactor's rounds
+        (``compactor.local.worker``; none when rounds run here, or before the first)."""
+        return [] if self._workers is None else self._workers.pids()
+
+    def close(self) -> None:
+        """Stop the worker processes and the Spark session this compactor started, if any
+        (idempotent)."""
+        if self._workers is not None:
+            self._workers.close()
+        with self._spark_lock:
+            if not self._owns_spark_engine:
+                return
+            engine, self._spark_engine, self._owns_spark_engine = self._spark_engine, None, False
+        stop = getattr(engine, "stop", None)
+        if stop is not None:
+            stop()
+
+    def _local_phase_one(
+        self, topic: CompactedTopic, previous: CompactedView | None, horizon: Position, stop: Position,
+        cutoff: int | None, counted: Counted, throttle: Throttle,
+    ) -> RoundPhaseOne:
+        """Phase one of a local round: up to ``stop``, or to where the key map fills."""
+        timeout_s = self.config.phase_one_read_timeout_s
+        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="phase-one-read")
+
+        def timed(read: Callable[[], list[Entry]]) -> list[Entry]:
+            try:
+                return counted(reader.submit(read).result(timeout=timeout_s))
+            except FutureTimeoutError:
+                raise CompactionTimeoutError(
+                    f"{topic.name}: a phase-one read took longer than {timeout_s} s"
+                ) from None
+
+        try:
+            stream = self._stream(topic, previous, horizon, stop, timed, throttle)
+            counted.start()
+            result = round_phase_one(stream, horizon=horizon, capacity_keys=capacity_keys(
+                self.config.memory_budget_bytes), keep_tombstones_since_ms=cutoff)
+            counted.end()
+            return result
+        finally:
+            # A timed-out read may never return: leave it behind, as Pulsar does.
+            reader.shutdown(wait=False, cancel_futures=True)
+
+    # -- phase two and publishing -------------------------------------------------------
+
+    def _phase_two(
+        self, topic: CompactedTopic, start: _Round, stop: Position, survivors_of: Callable[[Iterator[Entry]], Iterator[CompactedEntry]],
+        counted: Counted, latencies: list[int], throttle: Throttle,
+    ) -> tuple[int, int, int, int]:
+        """Write the survivors (``survivors_of`` the input stream from ``start`` up to
+        ``stop``) to a new sealed ledger: (ledger id, entries, bytes, messages)."""
+        store = topic.ledger.store
+        ledger_id = store.create(_compacted_metadata(topic, stop), durable_at_seal=True)  # of use only once sealed: never queues behind the live topics' syncs
+        try:
+            stream = self._stream(topic, start.previous, start.horizon, stop, lambda read: counted(read()), throttle)
+            counted.start()
+            entries, size, messages = self._write(topic, ledger_id, survivors_of(stream), latencies, throttle)
+            counted.end()
+            store.close(ledger_id)
+        except Exception:
+            store.delete(ledger_id)
+            raise
+        return ledger_id, entries, size, messages
+
+    def _write(
+        self, topic: CompactedTopic, ledger_id: int, survivors: Iterator[CompactedEntry], latencies: list[int],
+        throttle: Throttle,
+    ) -> tuple[int, int, int]:
+        """Append every survivor, at most OUTSTANDING_APPENDS_MAX in flight: (entries, bytes,
+        messages); each append's latency (call to durable) is counted in its bucket of
+        ``latencies``, and its bytes are charged to ``throttle`` before it is made."""
+        outstanding: deque[Future[int]] = deque()
+        entries = size = messages = 0
+        for survivor in survivors:
+            data = encode_compacted_entry(survivor)
+            throttle.charge(len(data))
+            appended = topic.ledger.store.append(ledger_id, data)
+            appended.add_done_callback(functools.partial(took, time.monotonic(), latencies))
+            outstanding.append(appended)
+            entries += 1
+            size += len(data)
+            messages += survivor.messages
+            while len(outstanding) >= OUTSTANDING_APPENDS_MAX:
+                outstanding.popleft().result()
+        while outstanding:
+            outstanding.popleft().result()
+        return entries, size, messages
+
+    def _publish(
+        self, topic: CompactedTopic, cursor: ManagedCursor, stop: Position, ledger_ids: Sequence[int],
+        previous: CompactedView | None,
+    ) -> CompactedView:
+        """Publish the sealed ``ledger_ids`` (in stream order: their entries concatenated are
+        the compacted stream) as the view up to ``stop``, and return it. On any failure
+        (``Exception``) every one of ``ledger_ids`` the previous view does not hold is deleted
+        and the previous view keeps serving; once published, the previous view's ledgers the
+        new one does not hold become garbage (``CompactedTopic.publish``)."""
+        store = topic.ledger.store
+        try:
+            view = CompactedView(store, ledger_ids, stop)
+            topic.publish(cursor, view, previous)  # the one transaction
+        except Exception:
+            held = set(previous.ledger_ids) if previous is not None else set()
+            for ledger_id in (i for i in ledger_ids if i not in held):
+                try:
+                    store.delete(ledger_id)
+                except Exception as error:  # noqa: BLE001 - an orphan now: collected at the next start
+                    log.warning("%s: could not delete unpublished compacted ledger %d: %s",
+                                topic.name, ledger_id, error)
+            raise
+        return view
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+
+def _writes_files(store: object) -> bool:
+    """The store keeps ledger files a child process can read and write beside it."""
+    return isinstance(getattr(store, "root", None), str) and hasattr(store, "reserve_ids")
+
+
+def _adopt(store: LedgerStore, report: RoundReport) -> None:
+    """Hand the store the layout of the ledger a round wrote elsewhere (a worker process),
+    so that publishing it scans no record of it (``FileLedgerStore.adopt_sealed``); a store
+    without that loads it as any."""
+    adopt = getattr(store, "adopt_sealed", None)
+    if adopt is not None and len(report.entry_offsets) == report.entries_written:
+        adopt(report.ledger_id, report.entry_offsets, report.entry_lengths)
+
+
+def _delete_quietly(store: LedgerStore, ledger_id: int) -> None:
+    """Delete ``ledger_id`` if its file is there (a failed round's reserved id)."""
+    try:
+        store.delete(ledger_id)
+    except LedgerNotFoundError:
+        pass
+    except Exception as error:  # noqa: BLE001 - an orphan now, collected at the next start
+        log.warning("could not delete ledger %d of a failed round: %s", ledger_id, error)
+
+
+def _spark_installed() -> bool:
+    """PySpark can be imported (the ``spark`` extra); ``auto`` never picks spark without it."""
+    return importlib.util.find_spec("pyspark") is not None
+
+
+class _Round(NamedTuple):
+    """Where a round starts: the run's cursor, the view it builds on and its horizon."""
+
+    cursor: ManagedCursor
+    previous: CompactedView | None
+    horizon: Position
+
+
+def _charged(throttle: Throttle, batch: list[Entry]) -> list[Entry]:
+    throttle.charge(sum(len(entry.data) for entry in batch))
+    return batch
+
+
+def _compacted_metadata(topic: CompactedTopic, stop: Position) -> dict[str, str]:
+    """The custom metadata of a compacted ledger of ``topic`` compacted up to ``stop``."""
+    return {"application": "compactd", "component": "compacted-ledger", "topic": topic.name, "compactedTo": str(stop)}
+
+
+def _publish_time(data: bytes) -> int:
+    """The entry's ``publish_time`` (ms); 0 when its metadata cannot be read."""
+    try:
+        return int(parse_header(bytes(data))[0].publish_time)
+    except MalformedEntryError:
+        return 0
+
+
+def _read_previous(previous: CompactedView, first: int, last: int) -> list[Entry]:
+    """Entries ``first..last`` of the previous compacted ledger, at their original positions."""
+    return [Entry(compacted.position, compacted.data) for compacted in previous.read(first, last)]
+
+
+def collect_orphans(data_dir: DataDir, *, now_ms: int | None = None) -> list[int]:
+    """At start: delete the replaced compacted ledgers whose grace period is over, then every
+    ledger no topic, no ``__compaction`` cursor, no manifest and no garbage still in its
+    grace period references (orphans of an aborted or crashed run)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    manifests = CompactedManifests(data_dir.database)
+    swept = manifests.sweep(data_dir.ledgers, now_ms)
+    live = CursorStore(data_dir.database).cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
+    return swept + data_dir.collect_orphans(also_live=live | manifests.live_ledger_ids(now_ms))
+
+
+def sweep_compacted_garbage(data_dir: DataDir, *, now_ms: int | None = None) -> list[int]:
+    """Delete the replaced compacted ledgers whose grace period is over (``compactor.view.manifest``);
+    the ids deleted. The broker calls it periodically, off its event loop."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return CompactedManifests(data_dir.database).sweep(data_dir.ledgers, now_ms)
