@@ -1,6 +1,6 @@
 """Pulsar messages inside ledger entries: the entry format, parsing, and batch slots.
 
-Nothing below ``compactor/`` knows what a message is; this module is where entry bytes
+Nothing below ``message/`` knows what a message is; this module is where entry bytes
 become keys, payloads and tombstones (``message/encoder.py`` writes the same format,
 ``message/compression.py`` holds the codecs). The format, integers big-endian unsigned::
 
