@@ -20,8 +20,11 @@ What each test shows (issue 6):
   compacted ledger's file is gone after DELETE topic, and after DELETE of the
   ``__compaction`` subscription (internal stats then read ledgerId -1).
 * ``test_schemathesis_finds_no_server_error`` — a bounded schemathesis run over the served
-  ``/openapi.json``: no 5xx, answers conform to the documented codes, types and schemas,
-  every error carries ``{"reason"}``.
+  ``/openapi.json``, one test item per operation and generation mode (so that xdist spreads
+  them), on one ``compactd serve`` per module and worker: no 5xx, answers conform to the
+  documented codes, types and schemas, every error carries ``{"reason"}``, each item made
+  requests; ``test_the_schemathesis_items_cover_every_served_operation`` — the items were
+  collected from the document the server serves, every operation of it.
 
 Every wait is bounded; every process, pipe and client is closed.
 """
