@@ -1,5 +1,18 @@
 """One client connection speaking the Pulsar binary protocol (``pulsar-protocol.md`` §2).
 
+This module owns the connection itself: its transport and write path, its limits, the
+dispatch of each command to its handler (``HANDLERS``, the one table of command ->
+handler), the refusals and error answers, the handshake (CONNECT) and the keep-alive. The
+command groups are mixins of ``ServerConnection``, each in its own module:
+
+* producers — PRODUCER, SEND, CLOSE_PRODUCER: ``api.wire.producing`` (ProducerBusy,
+  receipts in send order once durable, SEND_ERROR on a failed append);
+* consumers — SUBSCRIBE, FLOW, ACK, REDELIVER_UNACKNOWLEDGED_MESSAGES, SEEK,
+  GET_LAST_MESSAGE_ID, UNSUBSCRIBE, CLOSE_CONSUMER: ``api.wire.consuming`` (cursor changes
+  answered once durable, SEEK's CLOSE_CONSUMER before SUCCESS);
+* lookup and metadata — PARTITIONED_METADATA, LOOKUP, GET_TOPICS_OF_NAMESPACE, GET_SCHEMA,
+  GET_OR_CREATE_SCHEMA: ``api.wire.lookup`` (schemas answered by ``api.wire.schema_commands``).
+
 The connection only translates: frames in, calls on the broker core, frames out. Rules it
 keeps for the real ``pulsar-client`` (C++ core 4.2.0):
 
@@ -10,14 +23,6 @@ keeps for the real ``pulsar-client`` (C++ core 4.2.0):
   ``api.broker.access``); a refusal is AuthorizationError in that command's own answer.
 * Every command that carries a request id gets an answer; what compactd does not support
   answers ERROR ``NotAllowedError`` (never a connection-killing code such as ServiceNotReady).
-* PRODUCER, SEND and CLOSE_PRODUCER are ``api.wire.producing`` (ProducerBusy, receipts in
-  send order once durable, SEND_ERROR on a failed append).
-* Schemas are ``api.wire.schema_commands``: the schema of PRODUCER and SUBSCRIBE (refused
-  with IncompatibleSchema), GET_SCHEMA and GET_OR_CREATE_SCHEMA (always their own response).
-* SEEK answers CLOSE_CONSUMER to the subscription's consumers *before* SUCCESS, so the
-  client flushes its queue and subscribes again from the new position.
-* SUBSCRIBE, SEEK and UNSUBSCRIBE answer SUCCESS once the cursor change is durable,
-  committed by the cursor store's thread, never on the event loop (``api.wire.durable``).
 * A malformed frame (``FrameError``) closes this connection only. A well-formed command
   carrying a hostile value (``api.wire.validate``: a string that is not UTF-8, a name with
   control characters, a sequence id above int64, a SEND entry that does not decode) is
@@ -42,28 +47,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from api.broker.access import LOOKUP_ACTIONS, AuthorizationError
 from api.broker.advertised import broker_service_url
-from api.broker.dispatch import Consumer, Delivery, Subscription, SubType
 from api.broker.errors import BrokerError, NotAllowedError
-from api.broker.key_shared import KeySharedPolicy
-from api.broker.partitions import partition_index
-from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.auth import admit
-from api.wire.codec import (
-    CONNECTION_COMMANDS,
-    U64_MAX,
-    fill_message_id,
-    from_message_id,
-    request_id_of,
-    server_error,
-    to_message_id,
-)
-from api.wire.durable import answer_ack, answer_when_written, detach
+from api.wire.codec import CONNECTION_COMMANDS, request_id_of, server_error
+from api.wire.consuming import ConsumerHandlers, WireConsumer
 from api.wire.frames import (
     FRAME_BYTES_MAX,
     MESSAGE_BYTES_MAX,
@@ -75,22 +66,17 @@ from api.wire.frames import (
     encode_payload_command,
 )
 from api.wire.limits import Connections, PartialFrameBudget, WireLimits
+from api.wire.lookup import LookupHandlers
 from api.wire.outbox import Outbox
-from api.wire.preparing import Creations, get_or_create_schema, ready_to_create
+from api.wire.preparing import Creations
 from api.wire.producing import ProducerHandlers, SendCompletions, WireProducer
-from api.wire.schema_commands import (
-    check_subscribe_schema,
-    get_schema_response,
-    refused_response,
-)
+from api.wire.schema_commands import refused_response
 from api.wire.validate import frame_problem
-from cursor.cursor import InitialPosition
 from ledger.errors import CompactionServiceError
 from message.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService
-    from api.broker.topic import Topic
 
 __all__ = ["HANDLERS", "KEEPALIVE_INTERVAL_S", "ServerConnection"]
 
@@ -105,81 +91,32 @@ WRITE_BUFFER_HIGH_BYTES = 1024 * 1024
 T = pb.BaseCommand
 
 
-class WireConsumer(Consumer):
-    """A consumer on this connection: deliveries become MESSAGE frames."""
-
-    def __init__(self, connection: ServerConnection, consumer_id: int, name: str, priority_level: int) -> None:
-        super().__init__(consumer_id, name, priority_level)
-        self.connection = connection
-        self.topic: Topic | None = None
-        self.subscription: Subscription | None = None
-        self.partition = -1  # a partition topic's index, stamped on message ids (as Java's broker does)
-        self.counter = RateCounter()  # messages handed to this consumer
-        self.connected_at = time.time()  # shown by describe()
-
-    def describe(self) -> dict[str, object]:
-        """Pulsar's ``ConsumerStats`` of this consumer."""
-        return {
-            "consumerName": self.name, **self.counter_fields(), "availablePermits": max(0, self.permits),
-            "address": self.connection.peer_address(), "connectedSince": connected_since(self.connected_at),
-            "clientVersion": self.connection.client_version, "metadata": {},
-        }
-
-    def counter_fields(self) -> dict[str, object]:
-        rate, throughput = self.counter.rates()
-        return {"msgRateOut": rate, "msgThroughputOut": throughput, "msgOutCounter": self.counter.messages,
-                "bytesOutCounter": self.counter.bytes}
-
-    @property
-    def writable(self) -> bool:
-        """Dispatch may send to it: its connection is open and not over its high-water mark
-        (a closing connection's consumers get nothing more, which would only come back)."""
-        return self.connection.is_open() and not self.connection.writing_paused
-
-    def send(self, delivery: Delivery) -> None:
-        command = pb.BaseCommand(type=T.MESSAGE)  # filled in place: no copies (encode_message)
-        message = command.message
-        message.consumer_id = self.consumer_id
-        fill_message_id(message.message_id, delivery.position)
-        message.redelivery_count = delivery.redelivery_count
-        if delivery.ack_set:
-            message.ack_set.extend(delivery.ack_set)
-        if self.partition >= 0:
-            message.message_id.partition = self.partition
-        self.connection.write_message(command, delivery.data)
-        self.counter.record(delivery.messages, len(delivery.data))
-        if self.topic is not None and self.subscription is not None:
-            self.topic.counters.record_out(self.subscription.name, delivery.messages, len(delivery.data))
-
-    def set_active(self, active: bool) -> None:
-        if self.subscription is not None and self.subscription.sub_type is SubType.FAILOVER:
-            change = pb.CommandActiveConsumerChange(consumer_id=self.consumer_id, is_active=active)
-            self.connection.write(pb.BaseCommand(type=T.ACTIVE_CONSUMER_CHANGE, active_consumer_change=change))
-
-    def disconnect(self) -> None:
-        close = pb.CommandCloseConsumer(consumer_id=self.consumer_id, request_id=U64_MAX)
-        self.connection.write(pb.BaseCommand(type=T.CLOSE_CONSUMER, close_consumer=close))
-        self.connection.consumers.pop(self.consumer_id, None)
-
-
-# The commands a client may send, each to its handler (a method of ``ServerConnection``).
-# Those that name a topic check the role's grant there (``AccessControl.check_topic``):
-# PARTITIONED_METADATA, LOOKUP and GET_SCHEMA need produce or consume, PRODUCER and
-# GET_OR_CREATE_SCHEMA produce, SUBSCRIBE consume, GET_TOPICS_OF_NAMESPACE consume on the
-# namespace; the rest act on a producer or consumer this connection made, under that grant.
+# The commands a client may send, each to its handler: a method of ``ServerConnection`` or
+# of the mixin that owns its group (named per group below). Those that name a topic check
+# the role's grant there (``AccessControl.check_topic``): PARTITIONED_METADATA, LOOKUP and
+# GET_SCHEMA need produce or consume, PRODUCER and GET_OR_CREATE_SCHEMA produce, SUBSCRIBE
+# consume, GET_TOPICS_OF_NAMESPACE consume on the namespace; the rest act on a producer or
+# consumer this connection made, under that grant.
 HANDLERS: dict[int, str] = {
-    T.CONNECT: "_connect", T.PARTITIONED_METADATA: "_partitioned_metadata", T.LOOKUP: "_lookup",
-    T.PRODUCER: "_producer", T.SEND: "_send", T.SUBSCRIBE: "_subscribe", T.FLOW: "_flow", T.ACK: "_ack",
-    T.REDELIVER_UNACKNOWLEDGED_MESSAGES: "_redeliver", T.SEEK: "_seek",
-    T.GET_LAST_MESSAGE_ID: "_get_last_message_id", T.UNSUBSCRIBE: "_unsubscribe",
-    T.CLOSE_PRODUCER: "_close_producer", T.CLOSE_CONSUMER: "_close_consumer", T.PING: "_ping", T.PONG: "_pong",
+    # this module: the handshake and keep-alive
+    T.CONNECT: "_connect", T.PING: "_ping", T.PONG: "_pong",
+    # api.wire.lookup.LookupHandlers
+    T.PARTITIONED_METADATA: "_partitioned_metadata", T.LOOKUP: "_lookup",
     T.GET_TOPICS_OF_NAMESPACE: "_topics_of_namespace", T.GET_SCHEMA: "_get_schema",
     T.GET_OR_CREATE_SCHEMA: "_get_or_create_schema",
+    # api.wire.producing.ProducerHandlers
+    T.PRODUCER: "_producer", T.SEND: "_send", T.CLOSE_PRODUCER: "_close_producer",
+    # api.wire.consuming.ConsumerHandlers
+    T.SUBSCRIBE: "_subscribe", T.FLOW: "_flow", T.ACK: "_ack", T.REDELIVER_UNACKNOWLEDGED_MESSAGES: "_redeliver",
+    T.SEEK: "_seek", T.GET_LAST_MESSAGE_ID: "_get_last_message_id", T.UNSUBSCRIBE: "_unsubscribe",
+    T.CLOSE_CONSUMER: "_close_consumer",
 }
 
 
-class ServerConnection(ProducerHandlers, asyncio.Protocol):
-    """The protocol object of one TCP connection; its producer side is ``ProducerHandlers``."""
+class ServerConnection(ProducerHandlers, ConsumerHandlers, LookupHandlers, asyncio.Protocol):
+    """The protocol object of one TCP connection: its transport, limits, dispatch, handshake
+    and keep-alive; its command groups are ``ProducerHandlers``, ``ConsumerHandlers`` and
+    ``LookupHandlers``."""
 
     def __init__(self, broker: BrokerService, connections: Connections) -> None:
         """A connection to ``broker`` (the core), one of the listener's ``connections``."""
@@ -445,7 +382,7 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
     def _success(self, request_id: int) -> None:
         self.write(pb.BaseCommand(type=T.SUCCESS, success=pb.CommandSuccess(request_id=request_id)))
 
-    # -- handshake and lookup -----------------------------------------------------------
+    # -- handshake and keep-alive -------------------------------------------------------
 
     def _connect(self, command: pb.BaseCommand, frame: Frame) -> None:
         if not admit(self, self.broker.access, command.connect):  # refused: answered and closed
@@ -457,175 +394,8 @@ class ServerConnection(ProducerHandlers, asyncio.Protocol):
         self.client_version = command.connect.client_version
         self.write(pb.BaseCommand(type=T.CONNECTED, connected=connected))
 
-    def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.partitionMetadata
-        try:
-            name = self.broker.topic_name(request.topic)
-            self.broker.access.check_topic(self.role, request.topic, *LOOKUP_ACTIONS)  # api.auth: grants
-        except BrokerError as error:
-            self._partitioned_metadata_failed(request.request_id, error)
-            return
-        response = pb.CommandPartitionedTopicMetadataResponse(
-            request_id=request.request_id, partitions=self.broker.partitioned.partitions(name),
-            response=pb.CommandPartitionedTopicMetadataResponse.Success)
-        self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
-
-    def _partitioned_metadata_failed(self, request_id: int, error: BrokerError) -> None:
-        response = pb.CommandPartitionedTopicMetadataResponse(
-            request_id=request_id, response=pb.CommandPartitionedTopicMetadataResponse.Failed,
-            error=server_error(error.code), message=str(error))
-        self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
-
-    def _lookup(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.lookupTopic
-        try:
-            self.broker.topic_name(request.topic)
-            self.broker.access.check_topic(self.role, request.topic, *LOOKUP_ACTIONS)  # api.auth: grants
-        except BrokerError as error:
-            self._lookup_failed(request.request_id, error)
-            return
-        response = pb.CommandLookupTopicResponse(
-            request_id=request.request_id, response=pb.CommandLookupTopicResponse.Connect,
-            brokerServiceUrl=self.service_url, brokerServiceUrlTls=self.service_url,
-            authoritative=True, proxy_through_service_url=False)
-        self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
-
-    def _lookup_failed(self, request_id: int, error: BrokerError) -> None:
-        response = pb.CommandLookupTopicResponse(
-            request_id=request_id, response=pb.CommandLookupTopicResponse.Failed,
-            error=server_error(error.code), message=str(error))
-        self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
-
-    def _topics_of_namespace(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.getTopicsOfNamespace
-        self.broker.access.check_namespace(self.role, request.namespace, "consume")  # api.auth: grants
-        topics = self.broker.list_topics(request.namespace)
-        response = pb.CommandGetTopicsOfNamespaceResponse(request_id=request.request_id, topics=topics)
-        self.write(pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE, getTopicsOfNamespaceResponse=response))
-
     def _ping(self, command: pb.BaseCommand, frame: Frame) -> None:
         self.write(pb.BaseCommand(type=T.PONG, pong=pb.CommandPong()))
 
     def _pong(self, command: pb.BaseCommand, frame: Frame) -> None:
         pass  # any data received counts as the client's being alive
-
-    # -- schemas (api.wire.schema_commands) ------------------------------------------------
-
-    def _get_schema(self, command: pb.BaseCommand, frame: Frame) -> None:
-        try:
-            self.broker.access.check_topic(self.role, command.getSchema.topic, *LOOKUP_ACTIONS)  # api.auth: grants
-        except AuthorizationError as error:
-            self.write(refused_response(command, error))
-            return
-        self.write(get_schema_response(self.broker, command.getSchema))
-
-    def _get_or_create_schema(self, command: pb.BaseCommand, frame: Frame) -> None:
-        try:  # before anything is registered
-            self.broker.access.check_topic(self.role, command.getOrCreateSchema.topic, "produce")  # api.auth: grants
-        except AuthorizationError as error:
-            self.write(refused_response(command, error))
-            return
-        get_or_create_schema(self, frame)  # api.wire.preparing: registered off the loop
-
-    # -- consumers ----------------------------------------------------------------------
-
-    def _subscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.subscribe
-        if not ready_to_create(self, frame, request.topic, "consume", self.creating_consumers,
-                               request.consumer_id, request.request_id):
-            return
-        self.creating_consumers.check(request.consumer_id, request.request_id)  # NotAllowed: closed while it waited
-        topic = self.broker.get_topic(request.topic)
-        check_subscribe_schema(self.broker, topic, request)  # IncompatibleSchema
-        consumer = WireConsumer(self, request.consumer_id, request.consumer_name, request.priority_level)
-        if request.subType == pb.CommandSubscribe.Key_Shared:
-            consumer.key_shared_policy = KeySharedPolicy.from_wire(
-                request.keySharedMeta if request.HasField("keySharedMeta") else None)
-        start = from_message_id(request.start_message_id) if request.HasField("start_message_id") else None
-        initial = InitialPosition.EARLIEST if request.initialPosition == 1 else InitialPosition.LATEST
-        subscription = topic.subscribe(
-            request.subscription, consumer, SubType(request.subType),
-            durable=request.durable if request.HasField("durable") else True,
-            initial_position=initial, start=start, read_compacted=request.read_compacted,
-        )
-        consumer.topic, consumer.subscription = topic, subscription
-        consumer.partition = -1 if (index := partition_index(topic.name)) is None else index
-        self.consumers[request.consumer_id] = consumer
-        answer_when_written(self._loop, self, subscription.cursor.when_written(), request.request_id,  # cursor durable
-                            lambda: detach(self.consumers, consumer, topic, subscription))
-
-    def _consumer(self, consumer_id: int) -> WireConsumer:
-        consumer = self.consumers.get(consumer_id)
-        if consumer is None:
-            raise NotAllowedError(f"no consumer {consumer_id} on this connection")
-        return consumer
-
-    def _flow(self, command: pb.BaseCommand, frame: Frame) -> None:
-        consumer = self.consumers.get(command.flow.consumer_id)
-        if consumer is not None and consumer.subscription is not None:
-            consumer.subscription.flow(consumer, command.flow.messagePermits)
-
-    def _ack(self, command: pb.BaseCommand, frame: Frame) -> None:
-        ack = command.ack
-        consumer = self.consumers.get(ack.consumer_id)
-        if consumer is not None and consumer.subscription is not None:
-            consumer.subscription.acknowledge_message_ids(
-                [(from_message_id(m), m.ack_set) for m in ack.message_id],
-                cumulative=ack.ack_type == pb.CommandAck.Cumulative)
-        if ack.HasField("request_id"):  # the receipt: once durable with no rate limit, else now
-            cursor = consumer.subscription.cursor if consumer is not None and consumer.subscription else None
-            answer_ack(self._loop, self, cursor, ack.consumer_id, ack.request_id)
-
-    def _ack_response(self, consumer_id: int, request_id: int, error: BaseException | None = None) -> None:
-        response = pb.CommandAckResponse(consumer_id=consumer_id, request_id=request_id)
-        if error is not None:
-            response.error, response.message = server_error("MetadataError"), str(error)
-        self.write(pb.BaseCommand(type=T.ACK_RESPONSE, ackResponse=response))
-
-    def _redeliver(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.redeliverUnacknowledgedMessages
-        consumer = self.consumers.get(request.consumer_id)
-        if consumer is not None and consumer.subscription is not None:
-            positions = [from_message_id(m) for m in request.message_ids] or None
-            consumer.subscription.redeliver(consumer, positions)
-
-    def _seek(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.seek
-        consumer = self._consumer(request.consumer_id)
-        assert consumer.topic is not None and consumer.subscription is not None
-        if request.HasField("message_publish_time"):
-            position = self.broker.find_by_publish_time(consumer.topic, request.message_publish_time)
-        else:
-            position = from_message_id(request.message_id)
-        consumer.subscription.seek(position)  # CLOSE_CONSUMER to every consumer first
-        answer_when_written(self._loop, self, consumer.subscription.cursor.when_written(), request.request_id)
-
-    def _get_last_message_id(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.getLastMessageId
-        consumer = self._consumer(request.consumer_id)
-        assert consumer.topic is not None and consumer.subscription is not None
-        last = consumer.subscription.last_message_id()
-        response = pb.CommandGetLastMessageIdResponse(
-            request_id=request.request_id, last_message_id=to_message_id(last),
-            consumer_mark_delete_position=to_message_id(consumer.subscription.cursor.mark_delete_position),
-        )
-        if consumer.partition >= 0:  # the ids it delivered carry the index; the client compares them whole
-            response.last_message_id.partition = response.consumer_mark_delete_position.partition = consumer.partition
-        self.write(pb.BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE, getLastMessageIdResponse=response))
-
-    def _unsubscribe(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.unsubscribe
-        consumer = self._consumer(request.consumer_id)
-        assert consumer.topic is not None and consumer.subscription is not None
-        consumer.topic.unsubscribe(consumer.subscription, consumer)
-        self.consumers.pop(request.consumer_id, None)
-        answer_when_written(self._loop, self, consumer.subscription.cursor.when_written(), request.request_id)
-
-    def _close_consumer(self, command: pb.BaseCommand, frame: Frame) -> None:
-        request = command.close_consumer
-        self.creating_consumers.close(request.consumer_id)
-        consumer = self.consumers.pop(request.consumer_id, None)
-        if consumer is not None and consumer.topic is not None and consumer.subscription is not None:
-            consumer.topic.remove_consumer(consumer.subscription, consumer)
-        self._success(request.request_id)
-
