@@ -25,7 +25,7 @@ rewrite:
 
 The rules are ``compactor.local.rounds``' and ``compactor.local.algorithm``'s (tombstones, young
 tombstones, key-less messages, markers, undecodable entries kept whole, ``compacted_out``
-slots), so an indexed round's view equals a parsing round's byte for byte
+slots): the one ``compactor.local.slot_rule``, in its array form, so an indexed round's view equals a parsing round's byte for byte
 (``tests/unit/compactor/test_indexed.py``). A round whose input holds a chunk gives up on
 the index (``IndexUnavailable``): chunks need ``compactor.local.chunks``' bookkeeping, which
 parses. Where a round stops when the budget fills may differ from a parsing round's (the
@@ -50,10 +50,10 @@ from compactor.local.key_index import (
     FLAG_KEYLESS,
     FLAG_MARKER,
     FLAG_OPAQUE,
-    FLAG_TOMBSTONE,
     KeyIndex,
     entry_starts,
 )
+from compactor.local.slot_rule import LatestRows, old_tombstones, surviving_rows
 from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
 from message.compression import decompress
@@ -230,9 +230,7 @@ class IndexedRound:
         keyed = np.flatnonzero((flags & _NOT_A_VALUE) == 0)
         high, low = rows["hash_high"][keyed], rows["hash_low"][keyed]
         value = keyed.astype(np.uint64) + np.uint64(base)
-        deleted = (flags[keyed] & FLAG_TOMBSTONE) != 0
-        if self.keep_since is not None:
-            deleted &= rows["publish_time"][keyed] < self.keep_since
+        deleted = old_tombstones(flags, rows.get("publish_time"), self.keep_since)[keyed]
         value[deleted] = DELETED
         key_map = self.key_map
         if len(key_map.high) + key_map.waiting_rows + len(keyed) > self.capacity_keys:
@@ -275,25 +273,18 @@ class IndexedRound:
             self.stop = Position(whole.ledger_id, int(stored[-1]))
 
     def _clean_keep(self, rows: Rows) -> Mask:
-        """A clean row survives iff it survives today and the dirty part never wrote its key."""
-        keep = self._common_keep(rows)
-        keyed = np.flatnonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0))
-        written = self.key_map.find(rows["hash_high"][keyed], rows["hash_low"][keyed])
-        keep[keyed[written]] = False
-        return keep
+        """A clean keyed value is still its key's latest iff the dirty part never wrote its
+        key (``slot_rule``)."""
+        def latest(asked: Mask) -> Mask:
+            return ~self.key_map.find(rows["hash_high"][asked], rows["hash_low"][asked])
 
-    def _common_keep(self, rows: Rows) -> Mask:
-        """The rows no key decides against: not a marker or an emptied slot, not a tombstone
-        that is no longer young, key-less only with ``retain_null_key``."""
+        return self._keep(rows, latest)
+
+    def _keep(self, rows: Rows, latest: LatestRows) -> Mask:
+        """The surviving rows (``slot_rule.surviving_rows``) given the lookup ``latest``."""
         flags = rows["flags"]
-        keep: Mask = (flags & (FLAG_MARKER | FLAG_COMPACTED_OUT)) == 0
-        old_tombstone = (flags & FLAG_TOMBSTONE) != 0
-        if self.keep_since is not None:
-            old_tombstone &= rows["publish_time"] < self.keep_since
-        keep &= ~old_tombstone
-        if not self.retain_null_key:
-            keep &= ((flags & FLAG_KEYLESS) == 0) | ((flags & FLAG_OPAQUE) != 0)
-        return keep
+        old = old_tombstones(flags, rows.get("publish_time"), self.keep_since)
+        return surviving_rows(flags, old=old, retain_null_key=self.retain_null_key, latest=latest)
 
     # -- phase two ------------------------------------------------------------------------
 
@@ -311,14 +302,12 @@ class IndexedRound:
             yield from self._entries(source.range, rows, keep)
 
     def _dirty_keep(self, rows: Rows, base: int, retained: U64) -> Mask:
-        """A dirty keyed row survives iff it is its key's last value."""
-        keep = self._common_keep(rows)
-        keyed = (rows["flags"] & _NOT_A_VALUE) == 0
-        low, high = np.searchsorted(retained, [base, base + len(keyed)])
-        last = np.zeros(len(keyed), dtype=bool)
+        """A dirty keyed value is its key's latest iff its stream number is retained."""
+        count = len(rows["flags"])
+        low, high = np.searchsorted(retained, [base, base + count])
+        last = np.zeros(count, dtype=bool)
         last[(retained[low:high] - np.uint64(base)).astype(np.int64)] = True
-        keep &= ~keyed | last
-        return keep
+        return self._keep(rows, lambda asked: last[asked])
 
     def _entries(
         self, whole: LedgerRange, rows: Rows, keep: Mask,

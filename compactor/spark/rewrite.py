@@ -13,7 +13,8 @@ co-partitioned with it (never through the driver). A task rewrites its group alo
   group, so this is decided over the whole stream, not here). Key-less messages survive
   iff ``retain_null_key``; old tombstones and markers never survive; opaque entries
   survive whole. It is ``algorithm.phase_two`` with the lookups given as sets rather than
-  a key map, and reuses its helpers (``kept_entry``, ``is_young``, ``scan_entry``).
+  a key map: the rule is ``compactor.local.slot_rule.surviving_slots``, the rewrite
+  ``algorithm.kept_entry``.
 * ``rewrite_group`` reads the group's pieces straight from the ledger files (a read-only
   ``FileLedgerStore``), encodes the survivors (``compactor.view.view.encode_compacted_entry``)
   and writes them as one whole sealed ledger at the id the driver reserved for the group
@@ -48,9 +49,10 @@ import numpy as np
 import numpy.typing as npt
 
 from compactor.engine import LedgerRange
-from compactor.local.algorithm import CompactedEntry, is_young, kept_entry
+from compactor.local.algorithm import CompactedEntry, kept_entry
 from compactor.local.keymap import KeyMapLimitError, PositionPacker
 from compactor.local.scan import scan_entry
+from compactor.local.slot_rule import surviving_slots
 from compactor.view.view import encode_compacted_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -140,26 +142,15 @@ def group_phase_two(
     """The surviving entries of a group's ``entries``, in order (see the module docstring)."""
     for entry in entries:
         scan = scan_entry(entry.data)
-        if scan.kind == "opaque":
-            yield CompactedEntry(entry.position, entry.data)
-            continue
-        if scan.kind == "marker":
-            continue
         at = (entry.position.ledger_id, entry.position.entry_id)
-        if scan.chunk is not None:
-            if at not in dropped_chunks:
-                yield CompactedEntry(entry.position, entry.data)
-            continue
-        young = is_young(scan.publish_time, keep_tombstones_since_ms)
-        keep = []
-        for batch_index, key, tombstone in scan.messages:
-            if tombstone and not young:
-                continue
-            if key is None:
-                if retain_null_key:
-                    keep.append(batch_index)
-            elif (*at, batch_index) in retained:
-                keep.append(batch_index)
+
+        def latest(batch_index: int, key: str, at: At = at) -> bool:
+            del key
+            return (*at, batch_index) in retained
+
+        keep = surviving_slots(scan, keep_tombstones_since_ms=keep_tombstones_since_ms,
+                               retain_null_key=retain_null_key, latest=latest,
+                               chunk_survives=scan.chunk is not None and at not in dropped_chunks)
         if keep:
             yield kept_entry(entry, scan, keep)
 
