@@ -54,6 +54,7 @@ from compactor.local.key_index import (
     entry_starts,
 )
 from compactor.local.slot_rule import LatestRows, old_tombstones, surviving_rows
+from compactor.record import RoundFigures
 from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
 from message.compression import decompress
@@ -181,7 +182,7 @@ class IndexedRound:
         self.key_map = _KeyMap()
         self.filled = False
         self.stop: Position | None = None
-        self.entries_read = self.messages_read = self.bytes_read = 0
+        self.entries_read = self.messages_read = self.bytes_read = self.markers = self.opaque_entries = 0
         self.clean_keys_kept = 0
         self._plan: list[_Source] = []
 
@@ -189,6 +190,12 @@ class IndexedRound:
     def keys_kept(self) -> int:
         """Live keys of the view this round writes (known once ``survivors`` is consumed)."""
         return self.clean_keys_kept + int(np.count_nonzero(self.key_map.value != DELETED))
+
+    def figures(self, ledger_id: int, entries_written: int, bytes_written: int, messages_kept: int) -> RoundFigures:
+        """The round's figures, given what ``survivors`` wrote (known once it is consumed)."""
+        return RoundFigures(ledger_id, entries_written, bytes_written, messages_kept, self.keys_kept,
+                            self.entries_read, self.messages_read, self.bytes_read, self.markers,
+                            self.opaque_entries)
 
     # -- phase one ------------------------------------------------------------------------
 
@@ -260,7 +267,7 @@ class IndexedRound:
         return int(starts[over[0]]) if len(over) else None
 
     def _count(self, whole: LedgerRange, rows: Rows) -> None:
-        """Count a range's entries, messages and bytes; a raw range's last entry is the
+        """Count a range's entries, messages, bytes, markers and opaque entries; a raw range's last entry is the
         round's stop so far (a raw ledger's entries are stored at their entry ids)."""
         stored = rows["stored"]
         if not len(stored):
@@ -269,6 +276,8 @@ class IndexedRound:
         self.entries_read += len(starts)
         self.bytes_read += int(rows["entry_bytes"][starts].astype(np.int64).sum())
         self.messages_read += int(np.count_nonzero((rows["flags"] & _NOT_A_MESSAGE) == 0))
+        self.markers += int(np.count_nonzero(rows["flags"] & FLAG_MARKER))
+        self.opaque_entries += int(np.count_nonzero(rows["flags"] & FLAG_OPAQUE))
         if not whole.compacted:
             self.stop = Position(whole.ledger_id, int(stored[-1]))
 

@@ -53,6 +53,7 @@ from compactor.local.chunks import EntryAt, Retained, UuidHash
 from compactor.local.keymap import KeyMap, key_hash
 from compactor.local.scan import EntryScan, scan_entry
 from compactor.local.slot_rule import surviving_slots
+from compactor.record import RoundFigures
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 
@@ -96,6 +97,13 @@ class RoundPhaseOne:
     def keys_kept(self) -> int:
         """Live keys of the view this round writes (young tombstones included)."""
         return self.clean_keys_kept + self.result.key_map.live_keys()
+
+    def figures(self, ledger_id: int, entries_written: int, bytes_written: int, messages_kept: int) -> RoundFigures:
+        """The round's figures, given what its phase two wrote (known once it is consumed)."""
+        result = self.result
+        return RoundFigures(ledger_id, entries_written, bytes_written, messages_kept, self.keys_kept,
+                            result.entries_read, result.messages_read, result.bytes_read, result.markers,
+                            result.opaque_entries)
 
 
 def round_phase_one(
