@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-__all__ = ["LATENCY_BUCKETS_MS", "CompactionRecord", "RunFigures", "latency_bucket"]
+__all__ = ["LATENCY_BUCKETS_MS", "CompactionRecord", "RoundFigures", "RunFigures", "latency_bucket"]
 
 LATENCY_BUCKETS_MS = (0.5, 1, 5, 10, 20, 50, 100, 200, 1000)
 """Upper bounds of Pulsar's compaction append-latency buckets; one more counts overflow."""
@@ -21,6 +21,40 @@ LATENCY_BUCKETS_MS = (0.5, 1, 5, 10, 20, 50, 100, 200, 1000)
 def latency_bucket(latency_ms: float) -> int:
     """Index of the ``LATENCY_BUCKETS_MS`` bucket ``latency_ms`` falls in (len = overflow)."""
     return bisect.bisect_left(LATENCY_BUCKETS_MS, latency_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundFigures:
+    """What one pass of phase two over a part of a run's stream read and wrote, whichever
+    engine ran it: a local round (``compactor.local.worker.RoundReport``, or the broker's
+    own round) or a Spark group (``compactor.spark.rewrite.GroupReport``). The one record
+    of these facts; a run adds its rounds' up into its ``RunFigures``.
+
+    Attributes:
+        ledger_id: the compacted ledger the pass wrote.
+        entries_written, bytes_written: its entries and entry bytes.
+        messages_kept: the messages its entries deliver.
+        keys_kept: live keys (young tombstones included): a local round's whole view's; a
+            Spark group's, whose latest position lies in the group.
+        entries_read, messages_read, bytes_read, markers, opaque_entries: phase one's
+            figures of the pass's input (``compactor.local.algorithm.PhaseOneResult``'s).
+    """
+
+    ledger_id: int
+    entries_written: int
+    bytes_written: int
+    messages_kept: int
+    keys_kept: int
+    entries_read: int
+    messages_read: int
+    bytes_read: int
+    markers: int
+    opaque_entries: int
+
+    @property
+    def removed_events(self) -> int:
+        """Messages read that the pass did not keep."""
+        return self.messages_read - self.messages_kept
 
 
 @dataclass(frozen=True, slots=True)

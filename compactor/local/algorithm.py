@@ -20,7 +20,9 @@ Phase one (``phase_one``) — what is the latest message of every key?
    it takes no part in the map and phase two keeps it whole (Pulsar keeps an undecodable
    batch whole rather than failing the run).
 
-Phase two (``phase_two``) — what survives, in original order?
+Phase two (``phase_two``) — what survives, in original order? Which slots of an entry
+survive is ``compactor.local.slot_rule``'s one rule, which every engine applies; phase two
+brings its lookup (is the slot's packed position retained?):
 
 * A message survives iff its position is some key's latest (equivalently: the map holds
   exactly its position for its key), or it is key-less and ``retain_null_key`` is set.
@@ -67,6 +69,7 @@ from compactor.local.keymap import (
     key_hash,
 )
 from compactor.local.scan import EntryScan, ScannedMessage, scan_entry
+from compactor.local.slot_rule import is_young, surviving_slots
 from compactor.view.view import CompactedEntry  # phase two's output, defined with its format
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -156,11 +159,6 @@ def _at(position: Position) -> EntryAt:
     return position.ledger_id, position.entry_id
 
 
-def is_young(publish_time: int, keep_tombstones_since_ms: int | None) -> bool:
-    """Whether the entry's tombstones are young (kept as values; module docstring)."""
-    return keep_tombstones_since_ms is not None and publish_time >= keep_tombstones_since_ms
-
-
 def _update(
     key_map: KeyMap, packer: PositionPacker, position: Position, messages: Iterable[ScannedMessage],
     young: bool,
@@ -197,17 +195,12 @@ def phase_two(
         if parse_again is not None and _nothing_retained(entry.position, result.packer, retained, parse_again):
             continue
         scan = scan_entry(entry.data)
-        if scan.kind == "opaque":
-            yield CompactedEntry(entry.position, entry.data)
-            continue
-        if scan.kind == "marker":
-            continue
-        if scan.chunk is not None:
-            if chunks.survives(key_hash(scan.chunk.uuid), _at(entry.position), retained_chunks):
-                yield CompactedEntry(entry.position, entry.data)
-            continue
-        young = is_young(scan.publish_time, keep_tombstones_since_ms)
-        keep = _surviving(scan.messages, entry.position, result.packer, retained, retain_null_key, young)
+        position = entry.position
+        keep = surviving_slots(
+            scan, keep_tombstones_since_ms=keep_tombstones_since_ms, retain_null_key=retain_null_key,
+            latest=_RetainedSlots(position, result.packer, retained),
+            chunk_survives=scan.chunk is not None and chunks.survives(key_hash(scan.chunk.uuid), _at(position),
+                                                                      retained_chunks))
         if keep:
             yield kept_entry(entry, scan, keep)
 
@@ -243,33 +236,23 @@ def _nothing_retained(
     return not retained.any_in(packed_entry, packer.slots_end(packed_entry))
 
 
-def _surviving(
-    messages: Iterable[ScannedMessage],
-    position: Position,
-    packer: PositionPacker,
-    retained: AscendingLookup,
-    retain_null_key: bool,
-    young: bool,
-) -> list[int]:
-    """Batch indexes of the entry's live messages that survive, in order.
+class _RetainedSlots:
+    """Phase two's ``slot_rule.Latest`` for the entry at ``position``: a keyed message is
+    its key's latest iff its packed position is retained; a position in a ledger phase
+    one never packed (no put there) cannot be. The entry is packed at the first question."""
 
-    A keyed message (a young tombstone included) survives iff its packed position is
-    retained; a position in a ledger phase one never packed (no put there) cannot be.
-    """
-    keep = []
-    packed_entry: int | None = -1  # -1: not packed yet; None: the ledger is unknown
-    for batch_index, key, tombstone in messages:
-        if tombstone and not young:
-            continue
-        if key is None:
-            if retain_null_key:
-                keep.append(batch_index)
-            continue
-        if packed_entry == -1:
-            packed_entry = packer.pack_entry_known(position)
-        if packed_entry is not None and retained.contains(packer.pack_slot(packed_entry, batch_index)):
-            keep.append(batch_index)
-    return keep
+    __slots__ = ("packed_entry", "packer", "position", "retained")
+
+    def __init__(self, position: Position, packer: PositionPacker, retained: AscendingLookup) -> None:
+        self.position, self.packer, self.retained = position, packer, retained
+        self.packed_entry: int | None = -1  # -1: not packed yet; None: the ledger is unknown
+
+    def __call__(self, batch_index: int, key: str) -> bool:
+        del key
+        if self.packed_entry == -1:
+            self.packed_entry = self.packer.pack_entry_known(self.position)
+        return self.packed_entry is not None and self.retained.contains(
+            self.packer.pack_slot(self.packed_entry, batch_index))
 
 
 def compact(

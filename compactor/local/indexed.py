@@ -25,7 +25,7 @@ rewrite:
 
 The rules are ``compactor.local.rounds``' and ``compactor.local.algorithm``'s (tombstones, young
 tombstones, key-less messages, markers, undecodable entries kept whole, ``compacted_out``
-slots), so an indexed round's view equals a parsing round's byte for byte
+slots): the one ``compactor.local.slot_rule``, in its array form, so an indexed round's view equals a parsing round's byte for byte
 (``tests/unit/compactor/test_indexed.py``). A round whose input holds a chunk gives up on
 the index (``IndexUnavailable``): chunks need ``compactor.local.chunks``' bookkeeping, which
 parses. Where a round stops when the budget fills may differ from a parsing round's (the
@@ -50,10 +50,11 @@ from compactor.local.key_index import (
     FLAG_KEYLESS,
     FLAG_MARKER,
     FLAG_OPAQUE,
-    FLAG_TOMBSTONE,
     KeyIndex,
     entry_starts,
 )
+from compactor.local.slot_rule import LatestRows, old_tombstones, surviving_rows
+from compactor.record import RoundFigures
 from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
 from message.compression import decompress
@@ -181,7 +182,7 @@ class IndexedRound:
         self.key_map = _KeyMap()
         self.filled = False
         self.stop: Position | None = None
-        self.entries_read = self.messages_read = self.bytes_read = 0
+        self.entries_read = self.messages_read = self.bytes_read = self.markers = self.opaque_entries = 0
         self.clean_keys_kept = 0
         self._plan: list[_Source] = []
 
@@ -189,6 +190,12 @@ class IndexedRound:
     def keys_kept(self) -> int:
         """Live keys of the view this round writes (known once ``survivors`` is consumed)."""
         return self.clean_keys_kept + int(np.count_nonzero(self.key_map.value != DELETED))
+
+    def figures(self, ledger_id: int, entries_written: int, bytes_written: int, messages_kept: int) -> RoundFigures:
+        """The round's figures, given what ``survivors`` wrote (known once it is consumed)."""
+        return RoundFigures(ledger_id, entries_written, bytes_written, messages_kept, self.keys_kept,
+                            self.entries_read, self.messages_read, self.bytes_read, self.markers,
+                            self.opaque_entries)
 
     # -- phase one ------------------------------------------------------------------------
 
@@ -230,9 +237,7 @@ class IndexedRound:
         keyed = np.flatnonzero((flags & _NOT_A_VALUE) == 0)
         high, low = rows["hash_high"][keyed], rows["hash_low"][keyed]
         value = keyed.astype(np.uint64) + np.uint64(base)
-        deleted = (flags[keyed] & FLAG_TOMBSTONE) != 0
-        if self.keep_since is not None:
-            deleted &= rows["publish_time"][keyed] < self.keep_since
+        deleted = old_tombstones(flags, rows.get("publish_time"), self.keep_since)[keyed]
         value[deleted] = DELETED
         key_map = self.key_map
         if len(key_map.high) + key_map.waiting_rows + len(keyed) > self.capacity_keys:
@@ -262,7 +267,7 @@ class IndexedRound:
         return int(starts[over[0]]) if len(over) else None
 
     def _count(self, whole: LedgerRange, rows: Rows) -> None:
-        """Count a range's entries, messages and bytes; a raw range's last entry is the
+        """Count a range's entries, messages, bytes, markers and opaque entries; a raw range's last entry is the
         round's stop so far (a raw ledger's entries are stored at their entry ids)."""
         stored = rows["stored"]
         if not len(stored):
@@ -271,29 +276,24 @@ class IndexedRound:
         self.entries_read += len(starts)
         self.bytes_read += int(rows["entry_bytes"][starts].astype(np.int64).sum())
         self.messages_read += int(np.count_nonzero((rows["flags"] & _NOT_A_MESSAGE) == 0))
+        self.markers += int(np.count_nonzero(rows["flags"] & FLAG_MARKER))
+        self.opaque_entries += int(np.count_nonzero(rows["flags"] & FLAG_OPAQUE))
         if not whole.compacted:
             self.stop = Position(whole.ledger_id, int(stored[-1]))
 
     def _clean_keep(self, rows: Rows) -> Mask:
-        """A clean row survives iff it survives today and the dirty part never wrote its key."""
-        keep = self._common_keep(rows)
-        keyed = np.flatnonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0))
-        written = self.key_map.find(rows["hash_high"][keyed], rows["hash_low"][keyed])
-        keep[keyed[written]] = False
-        return keep
+        """A clean keyed value is still its key's latest iff the dirty part never wrote its
+        key (``slot_rule``)."""
+        def latest(asked: Mask) -> Mask:
+            return ~self.key_map.find(rows["hash_high"][asked], rows["hash_low"][asked])
 
-    def _common_keep(self, rows: Rows) -> Mask:
-        """The rows no key decides against: not a marker or an emptied slot, not a tombstone
-        that is no longer young, key-less only with ``retain_null_key``."""
+        return self._keep(rows, latest)
+
+    def _keep(self, rows: Rows, latest: LatestRows) -> Mask:
+        """The surviving rows (``slot_rule.surviving_rows``) given the lookup ``latest``."""
         flags = rows["flags"]
-        keep: Mask = (flags & (FLAG_MARKER | FLAG_COMPACTED_OUT)) == 0
-        old_tombstone = (flags & FLAG_TOMBSTONE) != 0
-        if self.keep_since is not None:
-            old_tombstone &= rows["publish_time"] < self.keep_since
-        keep &= ~old_tombstone
-        if not self.retain_null_key:
-            keep &= ((flags & FLAG_KEYLESS) == 0) | ((flags & FLAG_OPAQUE) != 0)
-        return keep
+        old = old_tombstones(flags, rows.get("publish_time"), self.keep_since)
+        return surviving_rows(flags, old=old, retain_null_key=self.retain_null_key, latest=latest)
 
     # -- phase two ------------------------------------------------------------------------
 
@@ -311,14 +311,12 @@ class IndexedRound:
             yield from self._entries(source.range, rows, keep)
 
     def _dirty_keep(self, rows: Rows, base: int, retained: U64) -> Mask:
-        """A dirty keyed row survives iff it is its key's last value."""
-        keep = self._common_keep(rows)
-        keyed = (rows["flags"] & _NOT_A_VALUE) == 0
-        low, high = np.searchsorted(retained, [base, base + len(keyed)])
-        last = np.zeros(len(keyed), dtype=bool)
+        """A dirty keyed value is its key's latest iff its stream number is retained."""
+        count = len(rows["flags"])
+        low, high = np.searchsorted(retained, [base, base + count])
+        last = np.zeros(count, dtype=bool)
         last[(retained[low:high] - np.uint64(base)).astype(np.int64)] = True
-        keep &= ~keyed | last
-        return keep
+        return self._keep(rows, lambda asked: last[asked])
 
     def _entries(
         self, whole: LedgerRange, rows: Rows, keep: Mask,

@@ -21,7 +21,7 @@ with the topic's live keys:
 * Phase two (``round_phase_two``): a clean message survives iff it survives today and its
   key is not in the map (a previous compacted ledger holds at most one value per key, so
   the dirty part decides: a later value or a delete of the key drops it); tombstones that
-  are no longer young, markers and pending chunks follow ``compactor.local.algorithm``'s rules.
+  are no longer young, markers and pending chunks follow ``compactor.local.slot_rule``.
   The dirty part then goes through ``compactor.local.algorithm.phase_two`` with the map's live
   positions, unchanged.
 
@@ -46,13 +46,14 @@ from compactor.local.algorithm import (
     CompactedEntry,
     PhaseOneResult,
     fold_entry,
-    is_young,
     kept_entry,
     phase_two,
 )
 from compactor.local.chunks import EntryAt, Retained, UuidHash
 from compactor.local.keymap import KeyMap, key_hash
 from compactor.local.scan import EntryScan, scan_entry
+from compactor.local.slot_rule import surviving_slots
+from compactor.record import RoundFigures
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 
@@ -96,6 +97,13 @@ class RoundPhaseOne:
     def keys_kept(self) -> int:
         """Live keys of the view this round writes (young tombstones included)."""
         return self.clean_keys_kept + self.result.key_map.live_keys()
+
+    def figures(self, ledger_id: int, entries_written: int, bytes_written: int, messages_kept: int) -> RoundFigures:
+        """The round's figures, given what its phase two wrote (known once it is consumed)."""
+        result = self.result
+        return RoundFigures(ledger_id, entries_written, bytes_written, messages_kept, self.keys_kept,
+                            result.entries_read, result.messages_read, result.bytes_read, result.markers,
+                            result.opaque_entries)
 
 
 def round_phase_one(
@@ -200,26 +208,25 @@ def _clean_survivor(
     one: RoundPhaseOne, entry: Entry, scan: EntryScan, retained: Retained, retain_null_key: bool,
     keep_tombstones_since_ms: int | None,
 ) -> CompactedEntry | None:
-    """What survives of one clean entry, or None."""
-    if scan.kind == "opaque":
-        return CompactedEntry(entry.position, entry.data)
-    if scan.kind == "marker":
+    """What survives of one clean entry, or None; counts its surviving keyed values."""
+    key_map = one.result.key_map
+    keyed_kept = 0
+
+    def latest(batch_index: int, key: str) -> bool:
+        """A clean keyed value is still its key's latest iff the dirty part never wrote the key."""
+        nonlocal keyed_kept
+        del batch_index
+        kept = not key_map.holds(key_hash(key))
+        keyed_kept += kept
+        return kept
+
+    chunk_survives = scan.chunk is not None and one.result.chunks.survives(
+        key_hash(scan.chunk.uuid), (entry.position.ledger_id, entry.position.entry_id), retained)
+    keep = surviving_slots(scan, keep_tombstones_since_ms=keep_tombstones_since_ms, retain_null_key=retain_null_key,
+                           latest=latest, chunk_survives=chunk_survives)
+    if not keep:
         return None
     if scan.chunk is not None:
-        at = (entry.position.ledger_id, entry.position.entry_id)
-        if not one.result.chunks.survives(key_hash(scan.chunk.uuid), at, retained):
-            return None
-        one.clean_keys_kept += int(scan.chunk.is_last and scan.messages[0][1] is not None)
-        return CompactedEntry(entry.position, entry.data)
-    young = is_young(scan.publish_time, keep_tombstones_since_ms)
-    keep = []
-    for batch_index, key, tombstone in scan.messages:
-        if tombstone and not young:
-            continue
-        if key is None:
-            if retain_null_key:
-                keep.append(batch_index)
-        elif not one.result.key_map.holds(key_hash(key)):
-            keep.append(batch_index)
-            one.clean_keys_kept += 1
-    return kept_entry(entry, scan, keep) if keep else None
+        keyed_kept = int(scan.chunk.is_last and scan.messages[0][1] is not None)
+    one.clean_keys_kept += keyed_kept
+    return kept_entry(entry, scan, keep)

@@ -49,7 +49,7 @@ from compactor.errors import CompactionInterruptedError, CompactorError
 from compactor.local.index_source import IndexSource
 from compactor.local.indexed import IndexedRound, IndexUnavailable
 from compactor.local.rounds import capacity_keys, round_phase_one, round_phase_two
-from compactor.record import LATENCY_BUCKETS_MS, latency_bucket
+from compactor.record import LATENCY_BUCKETS_MS, RoundFigures, latency_bucket
 from compactor.throttle import Throttle
 from compactor.view.view import CompactedEntry, decode_compacted_entry, encode_compacted_entry
 from ledger.managed_ledger import Entry
@@ -103,17 +103,11 @@ class RoundRequest:
 
 @dataclass(frozen=True, slots=True)
 class RoundReport:
-    """What a child's round did: where it stopped, and its figures (``RunFigures``'s names)."""
+    """What a child's round did: where it stopped, its ``RoundFigures``, and what only a
+    local round measures (``RunFigures``'s names)."""
 
     stop: Position
-    ledger_id: int
-    entries_written: int
-    bytes_written: int
-    messages_kept: int
-    keys_kept: int
-    entries_read: int
-    messages_read: int
-    bytes_read: int
+    figures: RoundFigures
     key_map_bytes_max: int
     phase_one_s: float
     throttled_s: float
@@ -153,11 +147,8 @@ def _round(store: FileLedgerStore, request: RoundRequest, throttle: Throttle) ->
                                 retain_null_key=request.retain_null_key,
                                 keep_tombstones_since_ms=request.keep_tombstones_since_ms)
     kept, latencies, written = _write(request, stop, survivors, throttle)
-    result = one.result
     return RoundReport(
-        stop=stop, ledger_id=written.ledger_id, entries_written=written.entries, bytes_written=written.size_bytes,
-        messages_kept=kept, keys_kept=one.keys_kept, entries_read=result.entries_read,
-        messages_read=result.messages_read, bytes_read=result.bytes_read,
+        stop=stop, figures=one.figures(written.ledger_id, written.entries, written.size_bytes, kept),
         key_map_bytes_max=one.key_map_bytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
         entry_offsets=written.entry_offsets, entry_lengths=written.entry_lengths,
@@ -211,9 +202,7 @@ def _indexed_round(
     finally:
         source.close()
     return RoundReport(
-        stop=stop, ledger_id=written.ledger_id, entries_written=written.entries, bytes_written=written.size_bytes,
-        messages_kept=kept, keys_kept=indexed.keys_kept, entries_read=indexed.entries_read,
-        messages_read=indexed.messages_read, bytes_read=indexed.bytes_read,
+        stop=stop, figures=indexed.figures(written.ledger_id, written.entries, written.size_bytes, kept),
         key_map_bytes_max=indexed.key_map.nbytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
         entry_offsets=written.entry_offsets, entry_lengths=written.entry_lengths,

@@ -2,8 +2,9 @@
 
 ``Counted`` reports a phase's progress (``Progress``: ``progress(phase, entries_done,
 entries_total)``) as its reads hand out entries; ``took`` counts an append's latency in its
-bucket; ``RoundTally`` adds up the figures of a local run's rounds, in this process
-(``add``) or in a worker process (``add_report``), into the run's ``RunFigures``;
+bucket; ``RoundTally`` adds up the figures of a local run's rounds (``RoundFigures``, one
+record whichever way a round ran: ``add``; a worker's report: ``add_report``) into the
+run's ``RunFigures``;
 ``RunIo`` is what one run carries besides its topic (its I/O throttle and its lag
 cut-off). The runner (``compactor.runs.runner``) owns the run; this module only counts.
 """
@@ -15,9 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from compactor.local.rounds import RoundPhaseOne
 from compactor.local.worker import RoundReport
-from compactor.record import LATENCY_BUCKETS_MS, RunFigures, latency_bucket
+from compactor.record import LATENCY_BUCKETS_MS, RoundFigures, RunFigures, latency_bucket
 from compactor.throttle import Throttle
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -77,30 +77,24 @@ class RoundTally:
     worker_throttled_s: float = 0.0
     worker_io_bytes: int = 0
 
-    def add(self, one: RoundPhaseOne, written: tuple[int, int, int, int]) -> None:
-        """Count a published round: ``one`` its phase one, ``written`` its phase two's
-        (ledger id, entries, bytes, messages). Removed events add up exactly: what a round
-        keeps, the next one reads again."""
-        self.count += 1
-        self.ledger_id, self.entries_written, self.bytes_written, kept = written
-        self.keys_kept = one.keys_kept
-        self.removed_events += one.result.messages_read - kept
-        self.entries_read += one.result.entries_read
-        self.messages_read += one.result.messages_read
-        self.bytes_read += one.result.bytes_read
-        self.key_map_bytes = max(self.key_map_bytes, one.key_map_bytes_max)
-
-    def add_report(self, report: RoundReport) -> None:
-        """Count a published round that ran in a worker process (``add``'s figures)."""
+    def add(self, figures: RoundFigures, key_map_bytes_max: int) -> None:
+        """Count a published round: ``figures`` its ``RoundFigures``, ``key_map_bytes_max``
+        the most its key map held. Removed events add up exactly: what a round keeps, the
+        next one reads again."""
         self.count += 1
         self.ledger_id, self.entries_written, self.bytes_written = (
-            report.ledger_id, report.entries_written, report.bytes_written)
-        self.keys_kept = report.keys_kept
-        self.removed_events += report.messages_read - report.messages_kept
-        self.entries_read += report.entries_read
-        self.messages_read += report.messages_read
-        self.bytes_read += report.bytes_read
-        self.key_map_bytes = max(self.key_map_bytes, report.key_map_bytes_max)
+            figures.ledger_id, figures.entries_written, figures.bytes_written)
+        self.keys_kept = figures.keys_kept
+        self.removed_events += figures.removed_events
+        self.entries_read += figures.entries_read
+        self.messages_read += figures.messages_read
+        self.bytes_read += figures.bytes_read
+        self.key_map_bytes = max(self.key_map_bytes, key_map_bytes_max)
+
+    def add_report(self, report: RoundReport) -> None:
+        """Count a published round that ran in a worker process (``add``), and what the
+        worker measured: its phase one's time, its throttle and its appends."""
+        self.add(report.figures, report.key_map_bytes_max)
         self.phase_one_s += report.phase_one_s
         self.worker_throttled_s += report.throttled_s
         self.worker_io_bytes += report.io_bytes

@@ -271,7 +271,7 @@ class Compactor:
                 report = self._worker_round(topic, at, stop, cutoff, (Counted("phase-one", total, progress),
                                             Counted("phase-two", total, progress)), run, execute)
                 _adopt(topic.ledger.store, report)
-                at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.ledger_id], previous),
+                at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.figures.ledger_id], previous),
                             report.stop)
                 rounds.add_report(report)
                 if report.stop >= stop:
@@ -290,7 +290,7 @@ class Compactor:
                                                      keep_tombstones_since_ms=cutoff),
                 Counted("phase-two", total, progress), rounds.latencies, run.throttle)
             at = _Round(cursor, self._publish(topic, cursor, round_stop, [written[0]], previous), round_stop)
-            rounds.add(one, written)
+            rounds.add(one.figures(*written), one.key_map_bytes_max)
             if round_stop >= stop:
                 return rounds.figures(started, stop, run)
             log.info("%s: compacted up to %s in round %d (the key map reached the memory budget); "
@@ -321,7 +321,7 @@ class Compactor:
             _delete_quietly(store, ledger_id)  # a complete file may be there, or none
             raise
         for phase in counted:
-            phase.done = report.entries_read
+            phase.done = report.figures.entries_read
             phase.end()
         return report
 
@@ -515,8 +515,8 @@ def _adopt(store: LedgerStore, report: RoundReport) -> None:
     so that publishing it scans no record of it (``FileLedgerStore.adopt_sealed``); a store
     without that loads it as any."""
     adopt = getattr(store, "adopt_sealed", None)
-    if adopt is not None and len(report.entry_offsets) == report.entries_written:
-        adopt(report.ledger_id, report.entry_offsets, report.entry_lengths)
+    if adopt is not None and len(report.entry_offsets) == report.figures.entries_written:
+        adopt(report.figures.ledger_id, report.entry_offsets, report.entry_lengths)
 
 
 def _delete_quietly(store: LedgerStore, ledger_id: int) -> None:

@@ -153,7 +153,7 @@ def commit_reports(specs: Sequence[GroupSpec], reports: Sequence[GroupReport]) -
     """
     by_group: dict[int, GroupReport] = {}
     for report in reports:
-        if not 0 <= report.group < len(specs) or report.ledger_id != specs[report.group].ledger_id:
+        if not 0 <= report.group < len(specs) or report.figures.ledger_id != specs[report.group].ledger_id:
             raise SparkEngineError(f"spark rewrite: a report for no planned group: {report}", retriable=True)
         if report.group in by_group:
             raise SparkEngineError(f"spark rewrite: group {report.group} reported twice", retriable=True)
@@ -162,14 +162,14 @@ def commit_reports(specs: Sequence[GroupSpec], reports: Sequence[GroupReport]) -
     if missing:
         raise SparkEngineError(f"spark rewrite: groups {missing} did not report", retriable=True)
     ordered = [by_group[spec.index] for spec in specs]
-    kept = [report for report in ordered if report.entries_written] or ordered[:1]
-    used = {report.ledger_id for report in kept}
+    kept = [report.figures for report in ordered if report.figures.entries_written] or [ordered[0].figures]
+    used = {figures.ledger_id for figures in kept}
 
     def total(name: str) -> int:
-        return sum(getattr(report, name) for report in ordered)
+        return sum(getattr(report.figures, name) for report in ordered)
 
     result = RewriteResult(
-        ledger_ids=tuple(report.ledger_id for report in kept), keys_kept=total("keys_kept"),
+        ledger_ids=tuple(figures.ledger_id for figures in kept), keys_kept=total("keys_kept"),
         entries_read=total("entries_read"), messages_read=total("messages_read"), bytes_read=total("bytes_read"),
         markers=total("markers"), opaque_entries=total("opaque_entries"), entries_written=total("entries_written"),
         bytes_written=total("bytes_written"), messages_kept=total("messages_kept"), groups=len(specs),
@@ -280,7 +280,7 @@ class SparkEngine:
         """The Spark job (``_job``) run: the groups' reports."""
         job = self._job(request, specs)
         started = time.monotonic()
-        reports = [GroupReport(*row) for row in job.collect()]
+        reports = [GroupReport.from_row(tuple(row)) for row in job.collect()]
         self.last_run["phase_two_s"] = time.monotonic() - started
         return reports
 
@@ -342,19 +342,13 @@ def _task(job: RewriteJob, specs: dict[int, GroupSpec]) -> Callable[[tuple[pa.Sc
     which form it is: the group's key, (slot, group), and its decision rows as one table)."""
     def rewrite(key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
         report = rewrite_group(job, specs[int(key[1].as_py())], table)
-        return pa.Table.from_pylist([dict(zip(_REPORT_NAMES, _report_row(report), strict=True))], schema=_REPORT)
+        return pa.Table.from_pylist([dict(zip(_REPORT_NAMES, report.row(), strict=True))], schema=_REPORT)
 
     return rewrite
 
 
 _REPORT_NAMES = [column.split()[0] for column in REPORT_SCHEMA_DDL.split(", ")]
 _REPORT = pa.schema([(name, pa.int32() if name == "grp" else pa.int64()) for name in _REPORT_NAMES])
-
-
-def _report_row(report: GroupReport) -> tuple[int, ...]:
-    return (report.group, report.ledger_id, report.entries_written, report.bytes_written, report.messages_kept,
-            report.keys_kept, report.entries_read, report.messages_read, report.bytes_read, report.markers,
-            report.opaque_entries)
 
 
 def phase_one_reader(ledgers_root: str, pieces: Sequence[LedgerRange], keep_tombstones_since_ms: int | None,

@@ -19,7 +19,7 @@ ledger), as the local engine's indexed rounds do (``compactor.local.indexed``):
   are large messages, few per ledger.
 * ``survivors`` is phase two of a piece given its group's decisions (``GroupDecisions``:
   retained positions, dropped chunks, packed into sorted ``uint64`` arrays, 8 bytes each):
-  the keep rule of ``rewrite.group_phase_two`` as array work; an entry all of whose live
+  the keep rule of ``rewrite.group_phase_two`` as array work (``compactor.local.slot_rule``); an entry all of whose live
   messages survive is copied as stored, a batch that loses slots is rewritten
   (``compactor.local.indexed``'s batch cut: one metadata parse, no slot parse), an entry with
   no survivor is never read.
@@ -47,7 +47,6 @@ from compactor.local.key_index import (
     FLAG_KEYLESS,
     FLAG_MARKER,
     FLAG_OPAQUE,
-    FLAG_TOMBSTONE,
     INDEX_SUFFIX,
     build_index,
     entry_starts,
@@ -56,6 +55,7 @@ from compactor.local.key_index import (
 )
 from compactor.local.keymap import key_hash
 from compactor.local.scan import scan_entry
+from compactor.local.slot_rule import old_tombstones, surviving_rows
 from compactor.spark.rows import open_store, read_range
 from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
@@ -188,9 +188,7 @@ def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int |
     chunk = (flags & FLAG_CHUNK) != 0
     valued = (flags & _NOT_A_VALUE) == 0
     at = np.flatnonzero(valued & ~chunk)
-    deletes = (flags[at] & FLAG_TOMBSTONE) != 0
-    if keep_tombstones_since_ms is not None:
-        deletes &= rows["publish_time"][at] < keep_tombstones_since_ms
+    deletes = old_tombstones(flags, rows.get("publish_time"), keep_tombstones_since_ms)[at]
     ends = np.flatnonzero(valued & chunk)
     if len(ends):  # a keyed chunk: only a last chunk is a value (compactor.local.chunks)
         ends = ends[_chunk_scans(index, ends)[1]]
@@ -282,21 +280,16 @@ class GroupDecisions:
 def survivors(index: PieceIndex, piece: int, decisions: GroupDecisions, *, retain_null_key: bool,
               keep_tombstones_since_ms: int | None) -> Iterator[CompactedEntry]:
     """Phase two of the piece ``index``, number ``piece`` of the run: its surviving entries,
-    in order (module docstring)."""
+    in order (module docstring): the rule is ``compactor.local.slot_rule.surviving_rows``, a
+    keyed message its key's latest iff the group's decisions retain its row."""
     rows = index.rows
     flags = rows["flags"]
     count = len(flags)
-    chunk = (flags & FLAG_CHUNK) != 0
-    message = (flags & (_NOT_A_MESSAGE | FLAG_CHUNK)) == 0
-    keyless = (flags & FLAG_KEYLESS) != 0
-    old = (flags & FLAG_TOMBSTONE) != 0
-    if keep_tombstones_since_ms is not None:
-        old &= rows["publish_time"] < keep_tombstones_since_ms
-    keep = (flags & FLAG_OPAQUE) != 0  # undecodable entries survive whole
-    keep |= chunk & ~decisions.dropped(piece, count)
-    if retain_null_key:
-        keep |= message & keyless
-    keep |= message & ~keyless & ~old & decisions.retained(piece, count)
+    retained = decisions.retained(piece, count)
+    dropped = decisions.dropped(piece, count)
+    keep = surviving_rows(flags, old=old_tombstones(flags, rows.get("publish_time"), keep_tombstones_since_ms),
+                          retain_null_key=retain_null_key, latest=lambda asked: retained[asked],
+                          chunk_survives=lambda asked: ~dropped[asked])
     yield from _entries(index, keep)
 
 

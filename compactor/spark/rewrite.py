@@ -13,7 +13,8 @@ co-partitioned with it (never through the driver). A task rewrites its group alo
   group, so this is decided over the whole stream, not here). Key-less messages survive
   iff ``retain_null_key``; old tombstones and markers never survive; opaque entries
   survive whole. It is ``algorithm.phase_two`` with the lookups given as sets rather than
-  a key map, and reuses its helpers (``kept_entry``, ``is_young``, ``scan_entry``).
+  a key map: the rule is ``compactor.local.slot_rule.surviving_slots``, the rewrite
+  ``algorithm.kept_entry``.
 * ``rewrite_group`` reads the group's pieces straight from the ledger files (a read-only
   ``FileLedgerStore``), encodes the survivors (``compactor.view.view.encode_compacted_entry``)
   and writes them as one whole sealed ledger at the id the driver reserved for the group
@@ -40,7 +41,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +49,11 @@ import numpy as np
 import numpy.typing as npt
 
 from compactor.engine import LedgerRange
-from compactor.local.algorithm import CompactedEntry, is_young, kept_entry
+from compactor.local.algorithm import CompactedEntry, kept_entry
 from compactor.local.keymap import KeyMapLimitError, PositionPacker
 from compactor.local.scan import scan_entry
+from compactor.local.slot_rule import surviving_slots
+from compactor.record import RoundFigures
 from compactor.view.view import encode_compacted_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -109,28 +112,25 @@ class GroupSpec:
 
 @dataclass(frozen=True, slots=True)
 class GroupReport:
-    """What a group's task reports: one row of ``REPORT_SCHEMA_DDL``.
-
-    Attributes:
-        group, ledger_id: the group and the ledger it wrote.
-        entries_written, bytes_written: the compacted ledger's entries and entry bytes.
-        messages_kept: messages the compacted entries deliver.
-        keys_kept: live keys whose latest position lies in the group.
-        entries_read, messages_read, bytes_read, markers, opaque_entries: phase one's
-            figures of the group's pieces (``compactor.local.algorithm.PhaseOneResult``'s).
-    """
+    """What a group's task reports: its group and its ``RoundFigures`` (``keys_kept``: live
+    keys whose latest position lies in the group; phase one's figures: the group's
+    pieces'), sent as one row of ``REPORT_SCHEMA_DDL`` (``row``, ``from_row``)."""
 
     group: int
-    ledger_id: int
-    entries_written: int
-    bytes_written: int
-    messages_kept: int
-    keys_kept: int
-    entries_read: int
-    messages_read: int
-    bytes_read: int
-    markers: int
-    opaque_entries: int
+    figures: RoundFigures
+
+    def row(self) -> tuple[int, ...]:
+        """The report as a ``REPORT_SCHEMA_DDL`` row."""
+        return (self.group, *(getattr(self.figures, name) for name in _FIGURE_COLUMNS))
+
+    @classmethod
+    def from_row(cls, row: Sequence[int]) -> GroupReport:
+        """The report of a ``REPORT_SCHEMA_DDL`` row."""
+        group, *figures = row
+        return cls(int(group), RoundFigures(**dict(zip(_FIGURE_COLUMNS, map(int, figures), strict=True))))
+
+
+_FIGURE_COLUMNS = tuple(column.split()[0] for column in REPORT_SCHEMA_DDL.split(", ")[1:])
 
 
 def group_phase_two(
@@ -140,26 +140,15 @@ def group_phase_two(
     """The surviving entries of a group's ``entries``, in order (see the module docstring)."""
     for entry in entries:
         scan = scan_entry(entry.data)
-        if scan.kind == "opaque":
-            yield CompactedEntry(entry.position, entry.data)
-            continue
-        if scan.kind == "marker":
-            continue
         at = (entry.position.ledger_id, entry.position.entry_id)
-        if scan.chunk is not None:
-            if at not in dropped_chunks:
-                yield CompactedEntry(entry.position, entry.data)
-            continue
-        young = is_young(scan.publish_time, keep_tombstones_since_ms)
-        keep = []
-        for batch_index, key, tombstone in scan.messages:
-            if tombstone and not young:
-                continue
-            if key is None:
-                if retain_null_key:
-                    keep.append(batch_index)
-            elif (*at, batch_index) in retained:
-                keep.append(batch_index)
+
+        def latest(batch_index: int, key: str, at: At = at) -> bool:
+            del key
+            return (*at, batch_index) in retained
+
+        keep = surviving_slots(scan, keep_tombstones_since_ms=keep_tombstones_since_ms,
+                               retain_null_key=retain_null_key, latest=latest,
+                               chunk_survives=scan.chunk is not None and at not in dropped_chunks)
         if keep:
             yield kept_entry(entry, scan, keep)
 
@@ -238,8 +227,10 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
     written = write_sealed_ledger(job.ledgers_root, spec.ledger_id, job.metadata, counted.encoded(),
                                   created_at_ms=job.created_at_ms)
     _fault_point(spec.index, "written")
-    return GroupReport(spec.index, spec.ledger_id, written.entries, written.size_bytes, counted.messages,
-                       len(group), *figures)
+    entries_read, messages_read, bytes_read, markers, opaque_entries = figures
+    return GroupReport(spec.index, RoundFigures(
+        spec.ledger_id, written.entries, written.size_bytes, counted.messages, len(group), entries_read=entries_read,
+        messages_read=messages_read, bytes_read=bytes_read, markers=markers, opaque_entries=opaque_entries))
 
 
 class _Counted:

@@ -178,7 +178,7 @@ class KeepingPlans(SparkEngine):
         job = self._job(request, specs)
         rows = job.collect()
         self.plans.append(job._jdf.queryExecution().executedPlan().toString())
-        return [GroupReport(*row) for row in rows]
+        return [GroupReport.from_row(tuple(row)) for row in rows]
 
 
 def test_phase_one_reaches_the_groups_through_the_shuffle_never_through_the_driver(

@@ -112,6 +112,8 @@ def _both_rounds(
                                       keep_tombstones_since_ms=cutoff))
         assert list(over_indexes.survivors()) == parsed
         assert over_indexes.keys_kept == one.keys_kept
+        # one record of a round's figures, whichever way it ran (compactor.record.RoundFigures)
+        assert over_indexes.figures(7, len(parsed), 0, 0) == one.figures(7, len(parsed), 0, 0)
         view, horizon, rounds = parsed, stop, rounds + 1
     return view, horizon, rounds
 

@@ -12,8 +12,9 @@ pytest.importorskip("pyarrow")
 
 from compactor.engine import LedgerRange
 from compactor.errors import SparkEngineError
+from compactor.record import RoundFigures
 from compactor.spark.engine import _spark_hash_int, commit_reports, partition_keys, plan_groups
-from compactor.spark.rewrite import GroupReport, GroupSpec
+from compactor.spark.rewrite import REPORT_SCHEMA_DDL, GroupReport, GroupSpec
 
 
 @settings(max_examples=200)
@@ -50,8 +51,8 @@ def _specs(count: int) -> list[GroupSpec]:
 
 
 def _report(group: int, entries: int, ledger_id: int | None = None) -> GroupReport:
-    return GroupReport(group, 50 + group if ledger_id is None else ledger_id, entries, 10 * entries, entries,
-                       entries, 4, 5, 40, 0, 0)
+    return GroupReport(group, RoundFigures(50 + group if ledger_id is None else ledger_id, entries, 10 * entries,
+                                           entries, entries, 4, 5, 40, 0, 0))
 
 
 def test_the_commit_lists_the_groups_that_kept_something_in_stream_order() -> None:
@@ -77,3 +78,11 @@ def test_the_commit_refuses_unless_every_group_reported_exactly_once(reports: li
     with pytest.raises(SparkEngineError, match=message) as caught:
         commit_reports(_specs(2), reports)
     assert caught.value.retriable
+
+
+def test_a_group_report_travels_as_one_report_schema_row_and_back() -> None:
+    report = GroupReport(3, RoundFigures(53, 2, 20, 5, 4, 9, 11, 400, 1, 2))
+    row = report.row()
+    assert len(row) == len(REPORT_SCHEMA_DDL.split(", "))
+    assert row[:2] == (3, 53)
+    assert GroupReport.from_row(row) == report

@@ -84,7 +84,8 @@ def test_two_attempts_of_one_group_leave_one_complete_ledger_identical_to_a_sing
         thread.join()
 
     assert reports == [single, single]
-    assert (single.entries_written, single.messages_kept, single.keys_kept, single.entries_read) == (3, 3, 3, 9)
+    figures = single.figures
+    assert (figures.entries_written, figures.messages_kept, figures.keys_kept, figures.entries_read) == (3, 3, 3, 9)
     assert (tmp_path / "twice" / ledger_file_name(spec.ledger_id)).read_bytes() == once
     assert not [name for name in os.listdir(tmp_path / "twice") if name.startswith(TEMP_PREFIX)]
     store = FileLedgerStore(str(tmp_path / "twice"), sync=SyncPolicy.NONE, read_only=True)
