@@ -16,7 +16,7 @@ metadata writes wait for the copy and the links (milliseconds for a small databa
 
 A sealed ledger never changes, so its link is its copy. An *open* ledger (``closed_at_ms``
 0 in the copy) keeps growing through its link: its confirmed prefix (the entries up to
-``last_add_confirmed`` when the copy was taken, ``FileLedgerStore.confirmed_length``) is
+``last_add_confirmed`` when the copy was taken, ``LedgerFiles.confirmed_length``) is
 copied instead, and the manifest records that position. Every message acknowledged before
 the backup began is durable, hence inside that prefix. Ledger files the copy cannot
 reference and that are not sealed (a compaction run's ledger being written) are left out;
@@ -61,7 +61,6 @@ from typing import Any
 
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
-from ledger.storage.file import FileLedgerStore
 from ledger.storage.file_io import (
     FILE_MODE,
     copy_private,
@@ -127,7 +126,8 @@ def take_backup(data_dir: DataDir, output: str, *, _staged: bool = False) -> Bac
     """Write a backup of ``data_dir`` (open, possibly serving) into ``output``, which must
     not exist or be an empty directory outside the data dir; see the module docstring."""
     store = data_dir.ledgers
-    if not isinstance(store, FileLedgerStore):
+    files = store.file_powers()
+    if files is None:
         raise BackupError(f"the ledgers of {data_dir.path} are not files: nothing to back up")
     output = os.path.abspath(output)
     _prepare_output(output, inside=None if _staged else data_dir.path)
@@ -138,15 +138,15 @@ def take_backup(data_dir: DataDir, output: str, *, _staged: bool = False) -> Bac
     with data_dir.database.backed_up_to(os.path.join(output, _DATABASE)):
         open_ids = _open_ledger_ids(os.path.join(output, _DATABASE))
         for ledger_id in store.list():
-            source = os.path.join(store.root, f"{ledger_id:020d}{_SUFFIX}")
+            source = os.path.join(files.root, f"{ledger_id:020d}{_SUFFIX}")
             if ledger_id in open_ids:
-                entries, length = store.confirmed_length(ledger_id)
+                entries, length = files.confirmed_length(ledger_id)
                 temporary = os.path.join(output, f"{ledger_id}.partial")
                 if _link_or_copy(source, temporary):
                     pending[ledger_id] = (temporary, entries, length)
             else:
                 _link_or_copy(source, os.path.join(ledgers_out, os.path.basename(source)))
-        _link_or_copy(os.path.join(store.root, _SEQUENCE), os.path.join(ledgers_out, _SEQUENCE), copy=True)
+        _link_or_copy(os.path.join(files.root, _SEQUENCE), os.path.join(ledgers_out, _SEQUENCE), copy=True)
     for ledger_id, (temporary, _, length) in pending.items():
         _copy_prefix(temporary, os.path.join(ledgers_out, f"{ledger_id:020d}{_SUFFIX}"), length)
         os.unlink(temporary)

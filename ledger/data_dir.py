@@ -74,8 +74,9 @@ class DataDir:
         by a writer that died: they are deleted too, and so are the temporary sidecar files
         and the sidecars of ledgers that are gone (``ledger.storage.sidecars``).
         """
-        if isinstance(self.ledgers, FileLedgerStore):
-            stale = remove_temp_files(self.ledgers.root)
+        files = self.ledgers.file_powers()
+        if files is not None:
+            stale = remove_temp_files(files.root)
             if stale:
                 log.info("removed temporary ledger files %s", stale)
         live = self.metadata.referenced_ledger_ids() | set(also_live)
@@ -84,8 +85,8 @@ class DataDir:
             self.ledgers.delete(ledger_id)
         if orphans:
             log.info("collected orphan ledgers %s", orphans)
-        if isinstance(self.ledgers, FileLedgerStore):
-            sidecars = remove_stale_sidecars(self.ledgers.root)
+        if files is not None:
+            sidecars = remove_stale_sidecars(files.root)
             if sidecars:
                 log.info("removed stale sidecar files %s", sidecars)
         return orphans

@@ -34,6 +34,10 @@ Behaviour follows Pulsar's ``ManagedLedgerImpl`` (reference ``managed-ledger.md`
   client's send timeout runs out instead of being restarted by each reconnect).
 * **Last confirmed position**: the last durable entry of the current ledger, else the last
   entry of the nearest non-empty earlier ledger, else ``(first ledger, -1)``.
+* **Snapshot** (``snapshot``): the ledger list with its confirmed counts and the last
+  confirmed position, taken under one hold of the lock, so that a reader planning over
+  several of them (a compaction run: its stop marker, the entries it will read, the
+  per-ledger ranges) asks once and gets answers that agree.
 * **Reads** go forward from any position across ledgers, skipping missing (trimmed) and
   empty ledgers, never past the last confirmed position.
 * **Trimming** deletes a prefix of closed ledgers that every durable cursor has consumed
@@ -57,7 +61,7 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -99,7 +103,7 @@ from ledger.roll_over import (
 )
 from ledger.storage.base import LedgerStore
 
-__all__ = ["Entry", "ManagedLedger", "ManagedLedgerConfig"]
+__all__ = ["Entry", "LedgerSnapshot", "ManagedLedger", "ManagedLedgerConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +148,39 @@ class Entry:
 
     position: Position
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSnapshot:
+    """A managed ledger's list and last confirmed position at one instant
+    (``ManagedLedger.snapshot``).
+
+    Attributes:
+        ledgers: the ledger list, ascending, with the confirmed counts of that instant
+            (as ``ManagedLedger.ledger_list``).
+        last_confirmed: the last confirmed position of that list (as
+            ``ManagedLedger.last_confirmed_position``): ``(first ledger, -1)`` when it holds
+            no entry, ``(-1, -1)`` once the topic is deleted.
+    """
+
+    ledgers: tuple[LedgerRecord, ...]
+    last_confirmed: Position
+
+    def entries_between(self, after: Position, upto: Position) -> int:
+        """Number of entries ``p`` of the list with ``after < p <= upto`` (entry level), as
+        ``ManagedLedger.entries_between`` counted them at the snapshot's instant."""
+        return _entries_between(((record.ledger_id, record.entries) for record in self.ledgers), after, upto)
+
+
+def _entries_between(counts: Iterable[tuple[int, int]], after: Position, upto: Position) -> int:
+    """Entries ``p`` with ``after < p <= upto`` over ``(ledger id, confirmed entries)`` pairs."""
+    count = 0
+    for ledger_id, entries in counts:
+        low = after.entry_id + 1 if ledger_id == after.ledger_id else 0
+        high = upto.entry_id if ledger_id == upto.ledger_id else entries - 1
+        if after.ledger_id <= ledger_id <= upto.ledger_id:
+            count += max(0, min(high, entries - 1) - max(low, 0) + 1)
+    return count
 
 
 @dataclass(slots=True)
@@ -645,6 +682,15 @@ class ManagedLedger:
         with self._lock:
             return [self._record(ledger) for ledger in self._ledgers]
 
+    def snapshot(self) -> LedgerSnapshot:
+        """The ledger list and the last confirmed position, taken at one instant (one hold
+        of the lock): answers that agree, for a reader that plans with several."""
+        with self._lock:
+            records = tuple(self._record(ledger) for ledger in self._ledgers)
+        last = next((Position(record.ledger_id, record.entries - 1) for record in reversed(records) if record.entries),
+                    Position(records[0].ledger_id if records else -1, -1))
+        return LedgerSnapshot(records, last)
+
     def _record(self, ledger: _Ledger) -> LedgerRecord:
         entries, size = self._counts(ledger)
         return LedgerRecord(ledger.ledger_id, self.name, "data", entries, size,
@@ -747,14 +793,8 @@ class ManagedLedger:
     def entries_between(self, after: Position, upto: Position) -> int:
         """Number of entries ``p`` with ``after < p <= upto`` (entry level)."""
         with self._lock:
-            count = 0
-            for ledger in self._ledgers:
-                entries = self._counts(ledger)[0]
-                low = after.entry_id + 1 if ledger.ledger_id == after.ledger_id else 0
-                high = upto.entry_id if ledger.ledger_id == upto.ledger_id else entries - 1
-                if after.ledger_id <= ledger.ledger_id <= upto.ledger_id:
-                    count += max(0, min(high, entries - 1) - max(low, 0) + 1)
-            return count
+            return _entries_between(((ledger.ledger_id, self._counts(ledger)[0]) for ledger in self._ledgers),
+                                    after, upto)
 
     def estimate_backlog_bytes(self, mark_delete_position: Position) -> int:
         """Bytes after ``mark_delete_position``, the consumed part of its ledger estimated

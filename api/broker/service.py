@@ -68,7 +68,6 @@ from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
-from ledger.storage.file import FileLedgerStore
 
 __all__ = ["GARBAGE_SWEEP_INTERVAL_S", "TRIM_INTERVAL_S", "BrokerService", "compaction_config", "ledger_config"]
 
@@ -126,8 +125,9 @@ class BrokerService:
         self.runs = CompactionRuns(self.compactor, self.compaction_statuses,
                                    max_concurrent_runs=settings.compaction_max_concurrent_runs)
         # Each sealed raw ledger's key index, built in a worker process (compactor.local.index_builds).
-        self.key_indexes = (KeyIndexBuilds(data_dir.ledgers.root) if settings.compaction_key_index
-                            and isinstance(data_dir.ledgers, FileLedgerStore) else None)
+        files = data_dir.ledgers.file_powers()
+        self.key_indexes = (KeyIndexBuilds(files.root) if settings.compaction_key_index
+                            and files is not None else None)
         self._index_task: asyncio.Task[None] | None = None
         # Pulsar's producer names: cluster, a broker instance id that never repeats on this
         # data dir (persisted), and a counter.

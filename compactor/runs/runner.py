@@ -89,9 +89,9 @@ from cursor.cursor import ManagedCursor
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.errors import LedgerNotFoundError
-from ledger.managed_ledger import Entry
+from ledger.managed_ledger import Entry, LedgerSnapshot
 from ledger.position import Position
-from ledger.storage.base import LedgerStore
+from ledger.storage.powers import LedgerFiles
 from message.entry import parse_header
 
 __all__ = ["MEMORY_BUDGET_BYTES_DEFAULT", "CompactionConfig", "Compactor", "Progress", "collect_orphans",
@@ -124,7 +124,7 @@ class CompactionConfig:
             beyond it the run goes in rounds (``compactor.local.rounds``).
         worker_processes: run the local engine's rounds in up to this many child processes
             (``compactor.local.worker``), off this interpreter, where the store has ledger files
-            (a ``FileLedgerStore``); 0 runs them here.
+            (``LedgerStore.file_powers``); 0 runs them here.
         key_index: where the store has ledger files, rounds run over the ledgers' key
             indexes (``compactor.local.indexed``, ``compactor.local.key_index``), building the missing
             ones, in a worker process or here; off, they parse every entry twice.
@@ -198,44 +198,45 @@ class Compactor:
     def _run(
         self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress, run: RunIo,
     ) -> RunFigures:
-        ledger = topic.ledger
         cursor = topic.cursor
         previous = topic.view  # raises CompactedLedgerMissingError: never publish a partial view
-        stop = ledger.last_confirmed_position()
+        snapshot = topic.ledger.snapshot()  # the list and the stop marker, at one instant
+        stop = snapshot.last_confirmed
         horizon = cursor.mark_delete_position
         if stop.entry_id >= 0 and stop > horizon and run.young_after_ms is not None:
             stop = self._lag_stop(topic, horizon, stop, run)
         if stop.entry_id < 0 or stop <= horizon:
             return RunFigures(duration_s=time.monotonic() - started, horizon=str(horizon),
                               throttled_s=run.throttle.throttled_s, io_bytes=run.throttle.charged_bytes)
-        total = (previous.entries if previous is not None else 0) + ledger.entries_between(horizon, stop)
+        total = (previous.entries if previous is not None else 0) + snapshot.entries_between(horizon, stop)
         engine = self._engine(total)
         log.debug("%s: phase one on the %s engine", topic.name, engine)
         if engine == "local":
-            return self._local_run(topic, _Round(cursor, previous, horizon), started, cutoff, progress, run, stop)
-        return self._spark_run(topic, _Round(cursor, previous, horizon), stop, cutoff,
+            return self._local_run(topic, _Round(cursor, previous, horizon), started, cutoff, progress, run,
+                                   _Planned(snapshot, stop))
+        return self._spark_run(topic, _Round(cursor, previous, horizon), _Planned(snapshot, stop), cutoff,
                                Counted("phase-one", total, progress), started, run)
 
     def _spark_run(
-        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None, counted: Counted,
+        self, topic: CompactedTopic, start: _Round, planned: _Planned, cutoff: int | None, counted: Counted,
         started: float, run: RunIo,
     ) -> RunFigures:
         """The run on the spark engine: both phases in one Spark job over the same stream as
         ``_stream`` reads, writing the compacted ledgers on the executors; the driver
         publishes their list. ``phase_one_s`` is the job's whole time."""
         cursor, previous, horizon = start
-        store = topic.ledger.store
-        root = getattr(store, "root", None)
-        if not isinstance(root, str) or not hasattr(store, "reserve_ids"):
+        stop = planned.stop
+        files = topic.ledger.store.file_powers()
+        if files is None:
             raise SparkEngineError(f"{topic.name}: the spark engine reads and writes ledger files, and this store "
                                    "has none")
         ranges = [] if previous is None else [
             LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
-        ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
-        request = RewriteInput(root, tuple(ranges), stop, _compacted_metadata(topic, stop),
+        ranges += raw_ranges(planned.snapshot.ledgers, horizon, stop)
+        request = RewriteInput(files.root, tuple(ranges), stop, _compacted_metadata(topic, stop),
                                self.config.retain_null_key, cutoff)
         counted.start()
-        result = self._spark().compact(request, store)  # type: ignore[arg-type]  # has reserve_ids
+        result = self._spark().compact(request, files)
         counted.done = result.entries_read
         counted.end()
         job_s = time.monotonic() - started
@@ -252,25 +253,29 @@ class Compactor:
 
     def _local_run(
         self, topic: CompactedTopic, start: _Round, started: float, cutoff: int | None, progress: Progress,
-        run: RunIo, stop: Position,
+        run: RunIo, planned: _Planned,
     ) -> RunFigures:
         """The run on the local engine: rounds (``compactor.local.rounds``) from ``start``, each
-        published, until the view reaches ``stop``; the figures add up every round's."""
+        published, until the view reaches the planned stop; the figures add up every round's.
+        Rounds run over the ledger files (a worker process, or the key indexes here) where
+        the store has them (``LedgerStore.file_powers``), else through the store."""
+        snapshot, stop = planned
         rounds = RoundTally()
         at = start
-        files = _writes_files(topic.ledger.store)
+        files = topic.ledger.store.file_powers()
         execute: Callable[[RoundRequest], RoundReport] | None = None
-        if files and self._workers is not None:
+        if files is not None and self._workers is not None:
             execute = self._workers.run
-        elif files and self.config.key_index:
+        elif files is not None and self.config.key_index:
             execute = functools.partial(run_round, throttle=run.throttle)  # here, over the indexes
         while True:
             cursor, previous, horizon = at
-            total = (previous.entries if previous is not None else 0) + topic.ledger.entries_between(horizon, stop)
-            if execute is not None:
-                report = self._worker_round(topic, at, stop, cutoff, (Counted("phase-one", total, progress),
-                                            Counted("phase-two", total, progress)), run, execute)
-                _adopt(topic.ledger.store, report)
+            total = (previous.entries if previous is not None else 0) + snapshot.entries_between(horizon, stop)
+            if files is not None and execute is not None:
+                report = self._worker_round(topic, at, _Planned(snapshot, stop), cutoff,
+                                            (Counted("phase-one", total, progress),
+                                             Counted("phase-two", total, progress)), run, (files, execute))
+                _adopt(files, report)
                 at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.figures.ledger_id], previous),
                             report.stop)
                 rounds.add_report(report)
@@ -297,20 +302,22 @@ class Compactor:
                      "going on to %s", topic.name, round_stop, rounds.count, stop)
 
     def _worker_round(
-        self, topic: CompactedTopic, start: _Round, stop: Position, cutoff: int | None,
-        counted: tuple[Counted, Counted], run: RunIo, execute: Callable[[RoundRequest], RoundReport],
+        self, topic: CompactedTopic, start: _Round, planned: _Planned, cutoff: int | None,
+        counted: tuple[Counted, Counted], run: RunIo,
+        over: tuple[LedgerFiles, Callable[[RoundRequest], RoundReport]],
     ) -> RoundReport:
-        """One round of the local engine as ``compactor.local.worker`` runs it (``execute``: in a
-        worker process, or here): its ledger id reserved here, then both phases and the
-        sealed ledger."""
+        """One round of the local engine as ``compactor.local.worker`` runs it over the
+        store's ledger ``files`` (``execute``: in a worker process, or here): its ledger id
+        reserved here, then both phases and the sealed ledger."""
         _, previous, horizon = start
-        store = topic.ledger.store
+        snapshot, stop = planned
+        files, execute = over
         ranges = [] if previous is None else [
             LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
-        ranges += raw_ranges(topic.ledger.ledger_list(), horizon, stop)
-        [ledger_id] = store.reserve_ids(1)  # type: ignore[attr-defined]  # _writes_files
+        ranges += raw_ranges(snapshot.ledgers, horizon, stop)
+        [ledger_id] = files.reserve_ids(1)
         request = RoundRequest(
-            store.root, tuple(ranges), horizon, stop, ledger_id,  # type: ignore[attr-defined]
+            files.root, tuple(ranges), horizon, stop, ledger_id,
             tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
             self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index)
         for phase in counted:  # both phases run in one call: a bar each, whole at its end
@@ -318,7 +325,7 @@ class Compactor:
         try:
             report = execute(request)
         except BaseException:
-            _delete_quietly(store, ledger_id)  # a complete file may be there, or none
+            _delete_quietly(files, ledger_id)  # a complete file may be there, or none
             raise
         for phase in counted:
             phase.done = report.figures.entries_read
@@ -505,24 +512,18 @@ class Compactor:
         return int(self._clock() * 1000)
 
 
-def _writes_files(store: object) -> bool:
-    """The store keeps ledger files a child process can read and write beside it."""
-    return isinstance(getattr(store, "root", None), str) and hasattr(store, "reserve_ids")
-
-
-def _adopt(store: LedgerStore, report: RoundReport) -> None:
+def _adopt(files: LedgerFiles, report: RoundReport) -> None:
     """Hand the store the layout of the ledger a round wrote elsewhere (a worker process),
-    so that publishing it scans no record of it (``FileLedgerStore.adopt_sealed``); a store
-    without that loads it as any."""
-    adopt = getattr(store, "adopt_sealed", None)
-    if adopt is not None and len(report.entry_offsets) == report.figures.entries_written:
-        adopt(report.figures.ledger_id, report.entry_offsets, report.entry_lengths)
+    so that publishing it scans no record of it (``LedgerFiles.adopt_sealed``); a report
+    without the whole layout leaves the file to be scanned on first use, as any."""
+    if len(report.entry_offsets) == report.figures.entries_written:
+        files.adopt_sealed(report.figures.ledger_id, report.entry_offsets, report.entry_lengths)
 
 
-def _delete_quietly(store: LedgerStore, ledger_id: int) -> None:
+def _delete_quietly(files: LedgerFiles, ledger_id: int) -> None:
     """Delete ``ledger_id`` if its file is there (a failed round's reserved id)."""
     try:
-        store.delete(ledger_id)
+        files.delete(ledger_id)
     except LedgerNotFoundError:
         pass
     except Exception as error:  # noqa: BLE001 - an orphan now, collected at the next start
@@ -540,6 +541,14 @@ class _Round(NamedTuple):
     cursor: ManagedCursor
     previous: CompactedView | None
     horizon: Position
+
+
+class _Planned(NamedTuple):
+    """Where a run (or a round) ends: the topic's ledger list taken at the run's start, and
+    the stop marker within it."""
+
+    snapshot: LedgerSnapshot
+    stop: Position
 
 
 def _charged(throttle: Throttle, batch: list[Entry]) -> list[Entry]:

@@ -4,10 +4,12 @@ from ledger.storage.base import LedgerInfo, LedgerState, LedgerStore, SyncPolicy
 from ledger.storage.faulty import FaultyLedgerStore, SimulatedCrash
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.memory import MemoryLedgerStore
+from ledger.storage.powers import LedgerFiles
 
 __all__ = [
     "FaultyLedgerStore",
     "FileLedgerStore",
+    "LedgerFiles",
     "LedgerInfo",
     "LedgerState",
     "LedgerStore",

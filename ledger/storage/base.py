@@ -27,6 +27,11 @@ model). ``LedgerStore`` is the whole contract every backend keeps:
 * ``delete(ledger_id)`` removes a ledger; deleting a missing one is a no-op (Pulsar treats
   "no such ledger" as success).
 * ``list()`` returns the ids of every ledger, ascending; ``info(ledger_id)`` its state.
+* ``file_powers()`` names what the store offers beyond these methods: its
+  ``LedgerFiles`` (``ledger.storage.powers``: the directory, reserved ids, adopting a
+  ledger written elsewhere, confirmed lengths) when it keeps ledger files others may
+  open, else ``None``. It is the one way to ask: nobody probes a store's type or
+  attributes.
 
 Wrappers (``FaultyLedgerStore``) compose around any backend; there is no subclass tree.
 """
@@ -38,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from ledger.storage.powers import LedgerFiles
 
 __all__ = ["LedgerInfo", "LedgerState", "LedgerStore", "SyncPolicy", "completed"]
 
@@ -113,6 +120,10 @@ class LedgerStore(Protocol):
     def list(self) -> list[int]: ...
 
     def info(self, ledger_id: int) -> LedgerInfo: ...
+
+    def file_powers(self) -> LedgerFiles | None:
+        """The store's ledger-file powers (``ledger.storage.powers``), or ``None``."""
+        ...
 
     def shutdown(self) -> None:
         """Make every pending append durable (or fail it back) and release resources."""

@@ -12,6 +12,10 @@ fault is armed:
   ``BaseException`` that ordinary ``except Exception`` handlers do not swallow, so the code
   under test stops exactly there, as a ``kill -9`` would; the test then reopens the backend.
 
+It shows none of its backend's file powers (``file_powers()`` is ``None``): work done on
+the ledger files directly (a worker process's round, a key-index build, a backup) would
+go round its fault points, so a faulty store is always used through its methods.
+
 Operations are the protocol's method names: ``create``, ``append``, ``read``, ``close``,
 ``delete``, ``list``, ``info``, ``last_add_confirmed``.
 """
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 from ledger.errors import LedgerIOError
 from ledger.storage.base import LedgerInfo, LedgerStore
+from ledger.storage.powers import LedgerFiles
 
 __all__ = ["FaultyLedgerStore", "SimulatedCrash"]
 
@@ -108,6 +113,10 @@ class FaultyLedgerStore:
     def info(self, ledger_id: int) -> LedgerInfo:
         self._enter("info")
         return self.inner.info(ledger_id)
+
+    def file_powers(self) -> LedgerFiles | None:
+        """None, whatever the backend: see the module docstring."""
+        return None
 
     def shutdown(self) -> None:
         self.inner.shutdown()

@@ -368,6 +368,10 @@ class FileLedgerStore:
             self._install(ledger_id, path, scanned)
             return True
 
+    def file_powers(self) -> FileLedgerStore:
+        """The store is its own ``LedgerFiles`` (``ledger.storage.powers``)."""
+        return self
+
     def shutdown(self) -> None:
         """Make every pending append durable, stop the flusher, close every file."""
         with self._lock:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ledger.errors import LedgerNotFoundError, LedgerSealedError, PositionOutOfRangeError
 from ledger.storage.base import LedgerInfo, LedgerState, completed
+from ledger.storage.powers import LedgerFiles
 
 __all__ = ["MemoryLedgerStore"]
 
@@ -84,6 +85,10 @@ class MemoryLedgerStore:
                 created_at_ms=ledger.created_at_ms,
                 metadata=dict(ledger.metadata),
             )
+
+    def file_powers(self) -> LedgerFiles | None:
+        """No ledger files: nothing beyond ``LedgerStore``."""
+        return None
 
     def shutdown(self) -> None:
         """Nothing is pending in memory."""

@@ -43,6 +43,7 @@ from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
 from ledger.position import EARLIEST, Position
 from ledger.storage.base import LedgerInfo, LedgerStore
+from ledger.storage.powers import LedgerFiles
 from message.compression import compress
 from message.encoder import encode_batch, encode_entry
 from message.entry import is_batch, is_encrypted, is_marker, iter_messages, parse_entry
@@ -458,6 +459,10 @@ class RecordingStore:
 
     def info(self, ledger_id: int) -> LedgerInfo:
         return self.inner.info(ledger_id)
+
+    def file_powers(self) -> LedgerFiles | None:
+        """None: every read must pass here to be recorded (or held at the gate)."""
+        return None
 
     def shutdown(self) -> None:
         self.inner.shutdown()
