@@ -401,7 +401,8 @@ class CursorStore:
             with self._state:
                 now = self._clock()
                 for key, record in states:
-                    self._may_move_back.discard(key)
+                    if key not in self._queued:  # a reset queued during this write keeps its leave
+                        self._may_move_back.discard(key)
                     if record is None:
                         self._written_at.pop(key, None)
                         self._written_md.pop(key, None)

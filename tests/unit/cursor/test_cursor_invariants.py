@@ -71,3 +71,26 @@ def test_a_reset_or_a_recovery_may_move_the_persisted_md_back(metadata: Metadata
     clock.now += 2
     assert cursors.write_due() == 1
     assert cursors.load_persisted(TOPIC, "s") == _record(4)
+
+
+def test_a_reset_queued_while_an_acknowledgement_is_written_may_still_move_the_md_back(
+        metadata: MetadataStore) -> None:
+    """A read-compacted consumer's seek right after an acknowledgement (Pulsar's
+    ``seekReadCompactedAfterTrim``): the reset is queued while the writer is writing the
+    acknowledgement; the end of that write must not take the reset's leave to move MD back."""
+    clock = Clock()
+    cursors = CursorStore(metadata.database, mark_delete_rate_limit=1.0, clock=clock, background=False)
+    cursors.save(_record(5))
+
+    def acknowledged() -> CursorRecord:  # the writer builds the record: the consumer seeks meanwhile
+        cursors.save_later_from(TOPIC, "s", lambda: _record(2))
+        cursors._may_move_back.add((TOPIC, "s"))  # what save_soon_from marks (without writing at once)
+        return _record(6)
+
+    cursors.save_later_from(TOPIC, "s", acknowledged)
+    clock.now += 2
+    assert cursors.write_due() == 1
+    assert cursors.load_persisted(TOPIC, "s") == _record(6)
+    clock.now += 2
+    assert cursors.write_due() == 1  # the reset's record, back to 7:2, is written
+    assert cursors.load_persisted(TOPIC, "s") == _record(2)
