@@ -21,7 +21,6 @@ supplies the transport, the loop and the answers. Rules it keeps:
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,6 +30,7 @@ from api.broker.key_shared import KeySharedPolicy
 from api.broker.partitions import partition_index
 from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.codec import U64_MAX, fill_message_id, from_message_id, server_error, to_message_id
+from api.wire.connection_part import ConnectionPart
 from api.wire.durable import answer_ack, answer_when_written, detach
 from api.wire.frames import Frame
 from api.wire.preparing import Creations, ready_to_create
@@ -39,7 +39,6 @@ from cursor.cursor import InitialPosition
 from message.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
-    from api.broker.service import BrokerService
     from api.broker.topic import Topic
 
 __all__ = ["ConsumerHandlers", "WireConsumer"]
@@ -117,37 +116,16 @@ class WireConsumer(Consumer):
         self.connection.consumers.pop(self.consumer_id, None)
 
 
-class ConsumerHandlers:
+class ConsumerHandlers(ConnectionPart):
     """The consumer commands of one connection (see the module docstring)."""
 
     # supplied by the connection
-    broker: BrokerService
     consumers: dict[int, WireConsumer]
     creating_consumers: Creations
-    role: str | None
     client_version: str
     writing_paused: bool
-    _loop: asyncio.AbstractEventLoop
-
-    def peer_address(self) -> str:
-        raise NotImplementedError
-
-    def is_open(self) -> bool:
-        raise NotImplementedError
-
-    def write(self, command: pb.BaseCommand) -> None:
-        raise NotImplementedError
 
     def write_message(self, command: pb.BaseCommand, entry: bytes) -> None:
-        raise NotImplementedError
-
-    def _error(self, request_id: int | None, error: BaseException) -> None:
-        raise NotImplementedError
-
-    def _success(self, request_id: int) -> None:
-        raise NotImplementedError
-
-    def _handle(self, frame: Frame) -> None:
         raise NotImplementedError
 
     def _subscribe(self, command: pb.BaseCommand, frame: Frame) -> None:

@@ -18,46 +18,25 @@ supplies the transport and the answers. Rules it keeps:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from api.broker.access import LOOKUP_ACTIONS, AuthorizationError
 from api.broker.errors import BrokerError
 from api.wire.codec import server_error
+from api.wire.connection_part import ConnectionPart
 from api.wire.frames import Frame
 from api.wire.preparing import get_or_create_schema
 from api.wire.schema_commands import get_schema_response, refused_response
 from message.proto import pulsar_api_pb2 as pb
-
-if TYPE_CHECKING:
-    import asyncio
-
-    from api.broker.service import BrokerService
 
 __all__ = ["LookupHandlers"]
 
 T = pb.BaseCommand
 
 
-class LookupHandlers:
+class LookupHandlers(ConnectionPart):
     """The lookup, metadata and schema commands of one connection (see the module docstring)."""
 
     # supplied by the connection
-    broker: BrokerService
     service_url: str
-    role: str | None
-    _loop: asyncio.AbstractEventLoop
-
-    def is_open(self) -> bool:
-        raise NotImplementedError
-
-    def write(self, command: pb.BaseCommand) -> None:
-        raise NotImplementedError
-
-    def _error(self, request_id: int | None, error: BaseException) -> None:
-        raise NotImplementedError
-
-    def _handle(self, frame: Frame) -> None:
-        raise NotImplementedError
 
     def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.partitionMetadata

@@ -35,6 +35,7 @@ from api.broker.errors import BrokerError, ProducerBusyError
 from api.broker.topic_stats import RateCounter, connected_since
 from api.wire.chunk_door import may_be_chunk
 from api.wire.codec import U64_MAX, server_error, to_message_id
+from api.wire.connection_part import ConnectionPart
 from api.wire.frames import Frame
 from api.wire.outbox import Outbox
 from api.wire.preparing import Creations, ready_to_create
@@ -44,7 +45,6 @@ from ledger.position import Position
 from message.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
-    from api.broker.service import BrokerService
     from api.broker.topic import Topic
     from api.wire.limits import Connections
 
@@ -148,43 +148,22 @@ class SendCompletions:
             outbox.uncork()
 
 
-class ProducerHandlers:
+class ProducerHandlers(ConnectionPart):
     """PRODUCER, SEND and CLOSE_PRODUCER of one connection (see the module docstring)."""
 
     # supplied by the connection
-    broker: BrokerService
     connections: Connections
     producers: dict[int, WireProducer]
     creating_producers: Creations
     service_url: str
-    role: str | None
     client_version: str
-    _loop: asyncio.AbstractEventLoop
     _loop_thread: int
     _completions: SendCompletions
-
-    def peer_address(self) -> str:
-        raise NotImplementedError
-
-    def write(self, command: pb.BaseCommand) -> None:
-        raise NotImplementedError
-
-    def is_open(self) -> bool:
-        raise NotImplementedError
 
     async def is_alive(self, timeout_s: float) -> bool:
         raise NotImplementedError
 
     def close(self) -> None:
-        raise NotImplementedError
-
-    def _error(self, request_id: int | None, error: BaseException) -> None:
-        raise NotImplementedError
-
-    def _success(self, request_id: int) -> None:
-        raise NotImplementedError
-
-    def _handle(self, frame: Frame) -> None:
         raise NotImplementedError
 
     def _producer(self, command: pb.BaseCommand, frame: Frame) -> None:
