@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from ledger.metadata import MetadataStore
 from ledger.storage import FileLedgerStore, LedgerStore, MemoryLedgerStore, SyncPolicy
+from ledger.storage.object_fs import BucketConfig
+from tests.s3_server import AWS_ENV, S3Server
 
 
 @pytest.fixture(autouse=True)
@@ -34,3 +37,20 @@ def metadata(tmp_path) -> Iterator[MetadataStore]:
     store = MetadataStore(str(tmp_path / "metadata.db"))
     yield store
     store.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3-compatible server (moto) on loopback, one per session and xdist worker;
+    the dummy credentials are in the environment (``tests.s3_server.AWS_ENV``)."""
+    for key, value in AWS_ENV.items():
+        os.environ.setdefault(key, value)
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> BucketConfig:
+    """A fresh bucket on ``s3_server``."""
+    return s3_server.bucket()

@@ -17,7 +17,9 @@ filesystem opened here from a ``BucketConfig``. Drivers carry Pulsar's names
 
 ``prefix`` (no leading or trailing ``/``) is prepended to every object's name, so one
 bucket can hold several clusters. ``base`` is the path, on the filesystem ``open``
-returns, under which a caller names its objects (``base + "/" + name``).
+returns, under which a caller names its objects (``base + "/" + name``). A writer calls
+``create_dir(parent, recursive=True)`` before its first object under a new parent: a
+no-op on S3, needed by a directory.
 
 ``BucketConfig.from_url`` reads ``s3://bucket/prefix`` and ``file:///dir`` forms (a
 backup's ``--to``), ``to_url`` writes them back; neither ever carries a credential.
