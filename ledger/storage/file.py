@@ -499,17 +499,17 @@ class FileLedgerStore:
         self._bucket.upload(local_path, name)
         self._bucket.verify(local_path, name)
 
-    def drop_local(self, ledger_id: int) -> None:
+    def drop_local(self, ledger_id: int) -> bool:
         """Remove ledger ``ledger_id``'s local file and sidecars; its bucket copy stays and
         serves every read from now on (a reader of this store that had it loaded goes on
-        from the bucket). A no-op when there is no local file. ``ObjectMismatchError``
+        from the bucket). False (a no-op) when there is no local file. ``ObjectMismatchError``
         (nothing removed) when the bucket holds no object of the local file's size."""
         self._check_writable()
         if self._bucket is None:
             raise LedgerError(f"ledger store {self.root} has no bucket", ledger_id=ledger_id)
         path = self._path(ledger_id)
         if not os.path.exists(path):
-            return
+            return False
         source = self._bucket.open(ledger_object_name(ledger_id))
         local_size = os.path.getsize(path)
         if source is None or source.size != local_size:
@@ -530,6 +530,7 @@ class FileLedgerStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(local)
         fsync_dir(self.root)
+        return True
 
     def _adopt_remote(self, ledger_id: int, entry_offsets: array[int], entry_lengths: array[int]) -> bool:
         assert self._bucket is not None
