@@ -376,7 +376,9 @@ class FileLedgerStore:
                 removed = True
         if removed:
             fsync_dir(self.root)
-        if self._bucket is not None:
+        never_uploaded = ledger is not None and ledger.source is None and not (
+            ledger.sealed and ledger.scanned.entry_offsets)  # open or empty: never offloaded
+        if self._bucket is not None and not never_uploaded:
             self._bucket.delete_ledger(ledger_id)
 
     def list(self) -> list[int]:

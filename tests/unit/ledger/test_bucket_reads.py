@@ -317,3 +317,20 @@ def test_a_ledger_written_whole_into_the_bucket_is_adopted_from_its_layout(tmp_p
     assert store.adopt_sealed(ledger_id, written.entry_offsets, written.entry_lengths)
     assert store.read(ledger_id, 0, len(ENTRIES) - 1) == ENTRIES
     assert dict(store.info(ledger_id).metadata) == {"role": "compacted"}
+
+
+def test_a_store_whose_bucket_is_down_still_serves_its_local_ledgers(tmp_path: Path) -> None:
+    down = BucketConfig("aws-s3", "unreachable", endpoint="http://127.0.0.1:1", region="us-east-1")
+    store = FileLedgerStore(str(tmp_path / "ledgers"), sync=SyncPolicy.NONE, bucket=down)
+    try:
+        ledger_id = _sealed(store, ENTRIES[:5])
+        assert store.read(ledger_id, 0, 4) == ENTRIES[:5]
+        empty = store.create()
+        store.close(empty)
+        store.delete(empty)  # never offloaded (empty): the bucket is not asked
+        open_one = store.create()
+        store.append(open_one, b"x").result()
+        store.delete(open_one)
+        assert store.list() == [ledger_id]
+    finally:
+        store.shutdown()
