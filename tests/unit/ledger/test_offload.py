@@ -23,6 +23,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
+from cursor import InitialPosition, ManagedCursor
+from cursor.store import CursorStore
 from ledger.errors import LedgerIOError, OffloadAlreadyRunning
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
@@ -393,3 +395,25 @@ def test_the_whole_flow_on_a_real_s3_server(tmp_path: Path, s3_bucket: BucketCon
         made.ledger.close()
         made.store.shutdown()
         made.metadata.close()
+
+
+def test_a_durable_cursor_consumes_across_offloaded_and_local_ledgers_and_resumes_after_reopening(
+    topic: Topic,
+) -> None:
+    l1, l2, l3 = topic.ids()[:3]
+    topic.offloader.offload_prefix(topic.ledger, Position(l3, 0))
+    _admin_done(topic)
+    topic.clock.offset_s = 1
+    assert topic.offloader.delete_local_copies(topic.ledger, 0) == [l1, l2]
+    cursor = ManagedCursor.open_durable(topic.ledger, "sub", InitialPosition.EARLIEST,
+                                        store=CursorStore(topic.metadata.database))
+    first = cursor.read_entries(15)  # all of l1 (bucket), half of l2 (bucket)
+    assert [entry.data for entry in first] == [_entry(index) for index in range(15)]
+    cursor.mark_delete(first[-1].position)
+    topic.reopen()
+    cursor = ManagedCursor.open_durable(topic.ledger, "sub", InitialPosition.EARLIEST,
+                                        store=CursorStore(topic.metadata.database))
+    rest = cursor.read_entries(100)  # the rest of l2 (bucket), then l3.. (local)
+    assert [entry.data for entry in rest] == [_entry(index) for index in range(15, 4 * ENTRIES_PER_LEDGER + 3)]
+    assert topic.ledger.trim() == [l1]  # consumed: trimmed, its objects with it
+    assert topic.objects() == [ledger_object_name(l2)]
