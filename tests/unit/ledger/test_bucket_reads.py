@@ -334,3 +334,19 @@ def test_a_store_whose_bucket_is_down_still_serves_its_local_ledgers(tmp_path: P
         assert store.list() == [ledger_id]
     finally:
         store.shutdown()
+
+
+def test_a_reader_in_another_process_goes_on_from_the_bucket_once_the_owner_drops_the_file(
+    store: FileLedgerStore, bucket: BucketConfig,
+) -> None:
+    first, second = _sealed(store), _sealed(store, ENTRIES[:3])
+    reader = FileLedgerStore(store.root, read_only=True, bucket=bucket, max_open_files=1)  # a worker's view
+    try:
+        assert reader.read(first, 0, 0) == ENTRIES[:1]  # loaded from the local file
+        assert reader.read(second, 0, 2) == ENTRIES[:3]  # its descriptor closes the first's
+        store.upload_sealed(first)
+        store.drop_local(first)
+        assert reader.read(first, 0, len(ENTRIES) - 1) == ENTRIES
+        assert reader.info(first).entries == len(ENTRIES)
+    finally:
+        reader.shutdown()
