@@ -145,10 +145,10 @@ class ObjectSource:
                 self._cache.put(self.name, at, block)
             index = run_end + 1
         parts = []
-        for index, block in enumerate(blocks, first):  # only the bytes asked for are copied
-            assert block is not None
+        for index, held in enumerate(blocks, first):  # only the bytes asked for are copied
+            assert held is not None
             base = index * block_bytes
-            parts.append(block[max(offset, base) - base : min(stop, base + len(block)) - base])
+            parts.append(held[max(offset, base) - base : min(stop, base + len(held)) - base])
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _fetch(self, start: int, stop: int) -> bytes:
