@@ -395,32 +395,44 @@ def compact(ctx: typer.Context, topic: Topic) -> None:
     typer.echo(f"Topic compaction requested for {_full_name(path)}")
 
 
+WaitTimeout = Annotated[float, typer.Option(
+    "--wait-timeout", metavar="SECONDS", min=0.0, help="With -w: give up (exit 1) after this long.")]
+PollInterval = Annotated[float, typer.Option(
+    "--poll-interval", metavar="SECONDS", min=0.01, help="With -w: time between two status requests.")]
+
+
 @topics.command("compaction-status")
 def compaction_status(
     ctx: typer.Context,
     topic: Topic,
     wait: Annotated[bool, typer.Option("--wait-complete", "-w", help="Wait until the run ends.")] = False,
-    wait_timeout_s: Annotated[float, typer.Option(
-        "--wait-timeout", metavar="SECONDS", min=0.0,
-        help="With -w: give up (exit 1) after this long.")] = WAIT_TIMEOUT_S_DEFAULT,
-    poll_interval_s: Annotated[float, typer.Option(
-        "--poll-interval", metavar="SECONDS", min=0.01,
-        help="With -w: time between two status requests.")] = POLL_INTERVAL_S_DEFAULT,
+    wait_timeout_s: WaitTimeout = WAIT_TIMEOUT_S_DEFAULT,
+    poll_interval_s: PollInterval = POLL_INTERVAL_S_DEFAULT,
 ) -> None:
     """Print the status of the topic's compaction; exit 1 when it is ERROR."""
-    path = f"{_topic(topic)}/compaction"
+    _print_process_status(ctx, _topic(topic), "compaction", wait=wait, wait_timeout_s=wait_timeout_s,
+                          poll_interval_s=poll_interval_s)
+
+
+def _print_process_status(ctx: typer.Context, topic_path: str, process: str, *, wait: bool, wait_timeout_s: float,
+                          poll_interval_s: float) -> None:
+    """Print the status (Pulsar's ``LongRunningProcessStatus``) of the topic's ``process``
+    (``compaction``: at ``<topic_path>/compaction``); with ``wait``, once it is no longer
+    RUNNING, asking every ``poll_interval_s`` (exit 1 after ``wait_timeout_s``). Exit 1
+    when it is ERROR."""
+    path = f"{topic_path}/{process}"
     status = _call(ctx, "GET", path)
     deadline = time.monotonic() + wait_timeout_s
     while wait and _status_word(status) == "RUNNING":
         if time.monotonic() >= deadline:
             _print_json(status)
-            _fail(f"compaction of {_full_name(_topic(topic))} still RUNNING after {wait_timeout_s:g} s")
+            _fail(f"{process} of {_full_name(topic_path)} still RUNNING after {wait_timeout_s:g} s")
         time.sleep(min(poll_interval_s, max(0.0, deadline - time.monotonic())))
         status = _call(ctx, "GET", path)
     _print_json(status)
     if _status_word(status) == "ERROR":
         last_error = status.get("lastError") if isinstance(status, dict) else None
-        _fail(f"compaction failed: {last_error or 'no error given'}")
+        _fail(f"{process} failed: {last_error or 'no error given'}")
 
 
 @topics.command("delete-subscription")
