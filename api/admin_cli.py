@@ -395,31 +395,34 @@ def compact(ctx: typer.Context, topic: Topic) -> None:
     typer.echo(f"Topic compaction requested for {_full_name(path)}")
 
 
-WaitTimeout = Annotated[float, typer.Option(
-    "--wait-timeout", metavar="SECONDS", min=0.0, help="With -w: give up (exit 1) after this long.")]
-PollInterval = Annotated[float, typer.Option(
-    "--poll-interval", metavar="SECONDS", min=0.01, help="With -w: time between two status requests.")]
+def _add_status_verb(verb: str, process: str, help_text: str, *, ends: str) -> None:
+    """``verb`` on ``topics``: print the status of the topic's ``process`` (``compaction``,
+    at ``<topic>/compaction``), ``-w`` waiting until the ``ends`` ends (``_print_process_status``)."""
+
+    def status(
+        ctx: typer.Context,
+        topic: Topic,
+        wait: bool = typer.Option(False, "--wait-complete", "-w", help=f"Wait until the {ends} ends."),
+        wait_timeout_s: float = typer.Option(WAIT_TIMEOUT_S_DEFAULT, "--wait-timeout", metavar="SECONDS", min=0.0,
+                                             help="With -w: give up (exit 1) after this long."),
+        poll_interval_s: float = typer.Option(POLL_INTERVAL_S_DEFAULT, "--poll-interval", metavar="SECONDS",
+                                              min=0.01, help="With -w: time between two status requests."),
+    ) -> None:
+        _print_process_status(ctx, _topic(topic), process, wait=wait, wait_timeout_s=wait_timeout_s,
+                              poll_interval_s=poll_interval_s)
+
+    topics.command(verb, help=help_text)(status)
 
 
-@topics.command("compaction-status")
-def compaction_status(
-    ctx: typer.Context,
-    topic: Topic,
-    wait: Annotated[bool, typer.Option("--wait-complete", "-w", help="Wait until the run ends.")] = False,
-    wait_timeout_s: WaitTimeout = WAIT_TIMEOUT_S_DEFAULT,
-    poll_interval_s: PollInterval = POLL_INTERVAL_S_DEFAULT,
-) -> None:
-    """Print the status of the topic's compaction; exit 1 when it is ERROR."""
-    _print_process_status(ctx, _topic(topic), "compaction", wait=wait, wait_timeout_s=wait_timeout_s,
-                          poll_interval_s=poll_interval_s)
+_add_status_verb("compaction-status", "compaction", "Print the status of the topic's compaction; exit 1 when it is ERROR.",
+                 ends="run")
 
 
 def _print_process_status(ctx: typer.Context, topic_path: str, process: str, *, wait: bool, wait_timeout_s: float,
                           poll_interval_s: float) -> None:
     """Print the status (Pulsar's ``LongRunningProcessStatus``) of the topic's ``process``
-    (``compaction``: at ``<topic_path>/compaction``); with ``wait``, once it is no longer
-    RUNNING, asking every ``poll_interval_s`` (exit 1 after ``wait_timeout_s``). Exit 1
-    when it is ERROR."""
+    at ``<topic_path>/<process>``; with ``wait``, once it is no longer RUNNING, asking every
+    ``poll_interval_s`` (exit 1 after ``wait_timeout_s``). Exit 1 when it is ERROR."""
     path = f"{topic_path}/{process}"
     status = _call(ctx, "GET", path)
     deadline = time.monotonic() + wait_timeout_s
