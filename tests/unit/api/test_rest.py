@@ -366,7 +366,7 @@ def test_a_failed_run_reads_error_with_its_reason(tmp_path: Path, monkeypatch: p
 @pytest.mark.parametrize("spec", POLICIES, ids=[spec.name for spec in POLICIES])
 @pytest.mark.parametrize("base", [TOPIC_URL, NAMESPACE_URL], ids=["topic", "namespace"])
 def test_policy_get_set_remove(tmp_path: Path, spec: Any, base: str) -> None:
-    good: Any = {"ratio": 0.25, "long": 1024, "bool": True}[spec.kind]
+    good: Any = {"ratio": 0.25, "long": 1024, "signed": -1, "bool": True}[spec.kind]
     async def body(_broker: BrokerService, client: httpx.AsyncClient) -> None:
         await client.put(TOPIC_URL)
         url = f"{base}/{spec.name}"
@@ -378,6 +378,9 @@ def test_policy_get_set_remove(tmp_path: Path, spec: Any, base: str) -> None:
         assert (await client.delete(url)).status_code == 204
         assert (await client.get(url)).status_code == 204
         assert (await client.delete(url)).status_code == 204  # removing an unset policy is fine
+        if spec.kind == "signed":  # Pulsar sets its offload policies with PUT
+            assert (await client.put(url, json=2048)).status_code == 204
+            assert (await client.get(url)).json() == 2048
 
     run(tmp_path, body)
 
@@ -395,11 +398,14 @@ def test_topic_and_namespace_policies_are_separate(tmp_path: Path) -> None:
 
 
 OUT_OF_RANGE = [("long", "-1", "-1"), ("long", "9223372036854775808", "9223372036854775808"),
-                ("ratio", "1.5", "1.5"), ("ratio", "-0.1", "-0.1"), ("ratio", "NaN", "NaN")]
+                ("ratio", "1.5", "1.5"), ("ratio", "-0.1", "-0.1"), ("ratio", "NaN", "NaN"),
+                ("signed", "9223372036854775808", "9223372036854775808"),
+                ("signed", "-9223372036854775809", "-9223372036854775809")]
 WRONG_TYPE = [("long", "1.5", "1.5"), ("long", '"100M"', '"100M"'), ("long", "true", "true"),
               ("long", "null", "null"), ("long", "[1]", "[1]"), ("ratio", '"0.5"', '"0.5"'),
               ("ratio", "false", "false"), ("long", "{}", "{}"), ("bool", "1", "1"), ("bool", '"true"', '"true"'),
-              ("bool", "null", "null")]
+              ("bool", "null", "null"), ("signed", "1.5", "1.5"), ("signed", '"10M"', '"10M"'),
+              ("signed", "false", "false")]
 
 
 @pytest.mark.parametrize(("kind", "raw", "named"), OUT_OF_RANGE)
