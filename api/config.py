@@ -52,7 +52,7 @@ from cursor.store import MARK_DELETE_RATE_LIMIT
 from ledger.errors import CompactionServiceError
 from ledger.managed_ledger import ManagedLedgerConfig
 from ledger.storage.base import SyncPolicy
-from ledger.storage.file import MAX_OPEN_FILES_DEFAULT
+from ledger.storage.file import MAX_OPEN_FILES_DEFAULT, READ_CACHE_BYTES_DEFAULT
 from ledger.storage.object_fs import BucketConfig, BucketConfigError
 
 __all__ = [
@@ -90,7 +90,6 @@ SchemaStrategy = SchemaStrategyName  # Pulsar's SchemaCompatibilityStrategy name
 # Offload (Pulsar's broker.conf defaults): automatic offload off; local copies kept 4 h.
 OFFLOAD_THRESHOLD_OFF = -1
 OFFLOAD_DELETION_LAG_MS_DEFAULT = 4 * 3_600_000
-READ_CACHE_BYTES_DEFAULT = 64 * 1024 * 1024
 OFFLOAD_DRIVERS = ("aws-s3", "s3", "filesystem")  # ledger.storage.object_fs's names (s3: aws-s3)
 
 # The default configs of the lower layers: the defaults of the settings they apply.

@@ -65,9 +65,7 @@ def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: s
         await admin.set_policy(scope, spec.name, value)
         return Response(status_code=204)
 
-    # Pulsar sets its namespace offload policies with PUT, the others with POST.
-    methods = ["POST", "PUT"] if spec.kind == "signed" else ["POST"]
-    post = router.api_route(path, methods=methods, tags=tags, status_code=204, response_class=Response,
+    post = router.post(path, tags=tags, status_code=204, response_class=Response,
                        summary=f"Set the {where} {spec.summary}", description=spec.description,
                        responses={204: {"description": "Set."}, **errors(400, *not_found, 412)},
                        name=f"set_{where}_{spec.name}")
@@ -77,11 +75,17 @@ def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: s
                            value: Annotated[StrictInt, Body(ge=0, le=JAVA_LONG_MAX, description=spec.summary)]) -> Response:
             return await set_policy(admin, scope, value)
     elif spec.kind == "signed":
-        @post
         async def set_signed(admin: AdminDependency, scope: Annotated[str, Depends(scope_of)],
                              value: Annotated[StrictInt, Body(ge=JAVA_LONG_MIN, le=JAVA_LONG_MAX,
                                                               description=spec.summary)]) -> Response:
             return await set_policy(admin, scope, value)
+
+        post(set_signed)
+        # Pulsar sets its namespace offload policies with PUT: the same handler on PUT.
+        router.put(path, tags=tags, status_code=204, response_class=Response,
+                   summary=f"Set the {where} {spec.summary} (as POST)", description=spec.description,
+                   responses={204: {"description": "Set."}, **errors(400, *not_found, 412)},
+                   name=f"put_{where}_{spec.name}")(set_signed)
     elif spec.kind == "bool":
         @post
         async def set_bool(admin: AdminDependency, scope: Annotated[str, Depends(scope_of)],
