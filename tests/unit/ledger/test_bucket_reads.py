@@ -18,7 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ledger.errors import CorruptEntryError, CorruptLedgerError, LedgerNotFoundError, ObjectMismatchError
+from ledger.errors import (
+    CorruptEntryError,
+    CorruptLedgerError,
+    LedgerNotFoundError,
+    ObjectMismatchError,
+)
 from ledger.storage.base import SyncPolicy
 from ledger.storage.bucket import LedgerBucket, ledger_object_name
 from ledger.storage.byte_source import BlockCache
