@@ -20,7 +20,7 @@ import pytest
 
 from api.broker.dedup import ProducerSession
 from api.broker.service import BrokerService
-from api.config import Settings
+from api.config import Settings, offload_bucket
 from api.http import HEALTH_PATH, create_app
 from api.schemas import POLICIES
 from compactor.record import RunFigures
@@ -63,8 +63,8 @@ def run(tmp_path: Path, body: Body, **settings: Any) -> None:
     """Run ``body(broker, client)`` against a real broker and the real application, both
     built from the same settings."""
     async def main() -> None:
-        data_dir = DataDir.open(str(tmp_path / "data"))
         chosen = Settings(compaction_monitor_interval_seconds=0, **settings)
+        data_dir = DataDir.open(str(tmp_path / "data"), bucket=offload_bucket(chosen))  # as api.server opens it
         broker = BrokerService(data_dir, chosen)
         broker.loop = asyncio.get_running_loop()
         transport = httpx.ASGITransport(app=create_app(chosen, broker=broker))
@@ -144,6 +144,12 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
              for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
                             "/admin/v2/namespaces/{tenant}/{namespace}")}
         expected |= PARTITION_AND_TENANT_ROUTES  # issue 14
+        expected |= {(f"{prefix}/{spec.name}", "put")  # issue 29: Pulsar's PUT of the offload policies
+                     for spec in POLICIES if spec.kind == "signed"
+                     for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
+                                    "/admin/v2/namespaces/{tenant}/{namespace}")}
+        expected |= {("/admin/v2/persistent/{tenant}/{namespace}/{topic}/offload", method)  # issue 29
+                     for method in ("get", "put")}
         assert {(path, method) for path, method, _ in operations} == expected
         for path, method, operation in operations:
             assert operation.get("summary") and operation.get("description"), (path, method)
