@@ -133,8 +133,9 @@ class TopicOffloads:
         if threshold >= 0:
             self.offloader.maybe_offload(ledger, threshold)
 
-    def trim_pass(self, topics: Iterable[Topic]) -> None:
-        """Delete the local copies past each topic's deletion lag, then the orphan objects.
+    def trim_pass(self, topics: Iterable[Topic], also_live: Callable[[], Iterable[int]] = tuple) -> None:
+        """Delete the local copies past each topic's deletion lag, then the orphan objects
+        (``also_live()``: ledgers the layers above keep in the bucket, compacted ledgers).
         Runs on a worker thread; a failure is logged and left to the next pass."""
         if self.offloader is None:
             return
@@ -150,7 +151,7 @@ class TopicOffloads:
             if deleted:
                 log.info("topic %s: local copies of offloaded ledgers %s deleted", topic.name, deleted)
         try:
-            collected = self.offloader.collect_orphan_objects(ORPHAN_OBJECT_GRACE_MS)
+            collected = self.offloader.collect_orphan_objects(ORPHAN_OBJECT_GRACE_MS, also_live())
         except Exception as error:  # noqa: BLE001 - the next pass tries again
             log.warning("collecting unreferenced objects in the bucket: %s", error)
             return

@@ -65,6 +65,8 @@ from compactor.runs.scheduler import (
     plan,
 )
 from compactor.runs.status import CompactionStatusStore
+from compactor.view.manifest import CompactedManifests
+from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -206,7 +208,14 @@ class BrokerService:
                     await asyncio.to_thread(topic.ledger.trim)
                 except Exception as error:  # noqa: BLE001 - the next interval tries again
                     log.warning("trimming %s: %s", topic.name, error)
-            await asyncio.to_thread(self.offloads.trim_pass, topics)
+            if self.offloads.enabled:
+                await asyncio.to_thread(self.offloads.trim_pass, topics, self._compacted_ledger_ids)
+
+    def _compacted_ledger_ids(self) -> set[int]:
+        """Every compacted ledger still in use (views, and replaced ones in their grace
+        period): in the bucket, they are no orphans (``compactor.runs.runner.collect_orphans``)."""
+        live = self.cursors.cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
+        return live | CompactedManifests(self.data_dir.database).live_ledger_ids(int(time.time() * 1000))
 
     async def _sweep_periodically(self) -> None:
         """Delete the replaced compacted ledgers whose grace period is over
