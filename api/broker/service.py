@@ -27,6 +27,12 @@ builds (``compactor.local.index_builds``: each sealed ledger is indexed in a wor
 ones, then seals every topic's current ledger, which makes (or fails) every pending append
 before it returns, and writes every queued cursor state (``cursor.store``: a clean stop
 loses no acknowledgement).
+With an offload driver (``api.config.offload_bucket``), ``offloads``
+(``api.broker.offloads.TopicOffloads``) owns the one ``ledger.offload.Offloader``: each
+roll-over (a topic's ``on_sealed`` hook) offloads what the topic's ``offloadThreshold`` lets
+go, the periodic trim pass (every ``retention_check_interval_seconds``) deletes local copies
+past ``offloadDeletionLagMs`` and unreferenced objects, and ``stop`` shuts it down after
+the topics are sealed.
 """
 
 from __future__ import annotations
