@@ -123,3 +123,12 @@ def test_a_second_trigger_while_one_runs_is_409(tmp_path: Path, monkeypatch: pyt
         await asyncio.sleep(0)
 
     run(tmp_path, body, **offload_settings(tmp_path))
+
+
+def test_a_partitioned_parent_is_405_naming_its_partitions(tmp_path: Path) -> None:
+    async def body(_broker: BrokerService, client: httpx.AsyncClient) -> None:
+        assert (await client.put(TOPIC_URL + "/partitions", json=2)).status_code == 204
+        assert_reason(await client.put(OFFLOAD_URL, json={"ledgerId": 1, "entryId": 0}), 405, "partition")
+        assert_reason(await client.get(OFFLOAD_URL), 405, "partition")
+
+    run(tmp_path, body, **offload_settings(tmp_path))
