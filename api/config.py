@@ -41,6 +41,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 from api.schema_names import SchemaStrategyName
 from api.wire.frames import MESSAGE_BYTES_MAX
@@ -477,6 +478,10 @@ def _check_text(spec: SettingSpec, label: str, given: object, value: str) -> Non
         raise _bad(spec, label, given, "is not a key URL (file:///PATH or data:...)")
     if spec.key == "managed_ledger_offload_driver" and value.strip().lower() not in OFFLOAD_DRIVERS:
         raise _bad(spec, label, given, "is not an offload driver (aws-s3 or filesystem)")
+    if spec.key == "s3_managed_ledger_offload_service_endpoint" and "@" in urlsplit(value).netloc:
+        # the value is not shown: it holds a credential
+        raise ConfigError(f"{label}: credentials do not belong in the endpoint URL; the AWS default chain "
+                          "(AWS_* environment, ~/.aws, an instance role) gives them", key=spec.key)
     if spec.key == "file_system_uri" and not value.startswith("file:///"):
         raise _bad(spec, label, given, "is not a file:///ABSOLUTE/PATH URL")
     if spec.key == "advertised_address" and (any(c.isspace() or c in "/@?#" for c in value) or value.count(":") == 1):

@@ -406,6 +406,15 @@ def test_the_offload_bucket_comes_from_the_driver_settings_and_never_a_credentia
                                                for word in ("secret", "credential", "access_key", "role"))
 
 
+@pytest.mark.parametrize("source", ["flag", "env"])
+def test_an_endpoint_with_credentials_is_refused_without_showing_them(source: str) -> None:
+    key, value = "s3_managed_ledger_offload_service_endpoint", "https://AKIAX:s3cr3t@s3.local"
+    with pytest.raises(ConfigError) as refused:
+        load_settings({key: value} if source == "flag" else {}, {env_name(key): value} if source == "env" else {}, None)
+    assert "credentials do not belong in the endpoint" in str(refused.value)
+    assert "s3cr3t" not in str(refused.value) and refused.value.value is None
+
+
 def test_both_ports_may_be_zero() -> None:
     settings = load_settings({"broker_port": 0, "http_port": 0}, {}, None)
     assert (settings.broker_port, settings.http_port) == (0, 0)
