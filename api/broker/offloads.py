@@ -19,7 +19,8 @@ What it drives, and when:
   ago than its deletion lag are deleted (``Offloader.delete_local_copies``; a negative lag
   keeps them: Pulsar's documented meaning, where its code deletes at once), then objects
   no ledger references are collected after ``ORPHAN_OBJECT_GRACE_MS``.
-* ``shutdown`` — at the broker's stop, after its topics are sealed.
+* ``begin_stop``, ``shutdown`` — at the broker's stop: before its topics are sealed (their
+  seals start no offload), then after.
 
 Without a driver, ``trigger`` answers ``NotAllowedError`` (405) and the rest do nothing.
 """
@@ -27,6 +28,7 @@ Without a driver, ``trigger`` answers ``NotAllowedError`` (405) and the rest do 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,7 @@ class TopicOffloads:
         self.offloader = offloader
         self.policies = policies
         self.settings = settings
+        self._stopping = threading.Event()  # the broker's stop seals every topic: no offload then
 
     @property
     def enabled(self) -> bool:
@@ -127,7 +130,7 @@ class TopicOffloads:
 
     def after_seal(self, name: TopicName, ledger: ManagedLedger) -> None:
         """After a roll-over: offload what the topic's threshold lets go (in the background)."""
-        if self.offloader is None or ledger.closed:
+        if self.offloader is None or ledger.closed or self._stopping.is_set():
             return
         threshold = self.threshold_bytes(name)
         if threshold >= 0:
@@ -158,6 +161,12 @@ class TopicOffloads:
         if collected:
             log.info("collected unreferenced objects in the bucket: %s", collected)
 
+    def begin_stop(self) -> None:
+        """The broker is stopping: the seals of its stop start no offload."""
+        self._stopping.set()
+
     def shutdown(self) -> None:
+        """Stop the offloader: running jobs end after their step, queued ones never start."""
+        self._stopping.set()
         if self.offloader is not None:
             self.offloader.shutdown()

@@ -180,6 +180,7 @@ class BrokerService:
         """End the periodic work and the runs in flight; seal every topic (pending appends
         finish). A listener closes its connections before it calls this."""
         self.stop_tasks()
+        self.offloads.begin_stop()  # the seals below start no offload
         if self.key_indexes is not None:  # first: the seals below queue nothing (the next start indexes them)
             await asyncio.to_thread(self.key_indexes.close)
         await self.runs.stop()
