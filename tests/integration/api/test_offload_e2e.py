@@ -11,7 +11,8 @@ read back by the real pulsar-client, on both drivers (``filesystem``: a director
    internal stats flag exactly the ledgers before it ``offloaded``; topic stats'
    ``offloadedStorageSize`` is their size; the bucket holds one object per offloaded ledger
    under the prefix, and their local files are still there (the default deletion lag);
-3. a second ``PUT`` for the same topic, once done, answers 204 again (no 409 after the end);
+3. ``compactd admin topics offload -s 0`` (the message id chosen from the internal stats:
+   the ledger being written) is accepted once the first job is over;
 4. the namespace's ``offloadDeletionLagMs`` set to 0: the next trim passes delete the
    offloaded ledgers' local files;
 5. a consumer, a reader, a seek, and a read-compacted reader (of a compaction run before the
@@ -212,8 +213,11 @@ def test_offloaded_ledgers_are_read_transparently_before_and_after_a_restart(
     assert {f"{ledger_id:020d}" for ledger_id in offloaded} <= bucket_objects(bucket)
     assert set(offloaded) <= local_ledger_files(tmp_path / "data")  # the default lag: 4 h
 
-    # 3. the job is over: a new one is accepted (and finds nothing more to do)
-    assert serve.http.put(url + "/offload", json=body).status_code == 204
+    # 3. the job is over: a new one is accepted (and finds nothing more to do); the CLI's
+    # size threshold of 0 keeps only the ledger being written
+    result = CliRunner().invoke(app, ["admin", "--admin-url", serve.http_url, "topics", "offload", "-s", "0", topic])
+    assert result.exit_code == 0, result.output
+    assert f"messages before {ledgers[-1]['ledgerId']}:0" in result.stdout
     wait_for("the second offload ends", lambda: serve.http.get(url + "/offload").json()["status"] == "SUCCESS")
 
     # a compaction while the local copies are there (compaction runs reading the bucket:
