@@ -75,7 +75,9 @@ __all__ = [
     "STAGING",
     "BackupError",
     "BackupSummary",
+    "check_manifest",
     "extract_backup",
+    "open_tar_stream",
     "opened_offline",
     "remove_staged",
     "restore_backup",
@@ -313,11 +315,16 @@ def extract_backup(chunks: Iterable[bytes], output: str) -> dict[str, Any]:
     _prepare_output(output, inside=None)
     make_private_dirs(os.path.join(output, _LEDGERS))  # else the extraction creates it with the umask's mode
     try:
-        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+        with open_tar_stream(chunks) as archive:
             archive.extractall(output, filter="data")
     except (tarfile.TarError, EOFError) as error:
         raise BackupError(f"the backup stream into {output} is damaged or cut short: {error}") from None
     return verify_backup(output)
+
+
+def open_tar_stream(chunks: Iterable[bytes]) -> tarfile.TarFile:
+    """The tar stream ``chunks`` (``tar_chunks``) opened for reading, member after member."""
+    return tarfile.open(fileobj=_ChunkReader(chunks), mode="r|")
 
 
 class _ChunkReader(io.RawIOBase):
@@ -377,6 +384,12 @@ def _read_manifest(backup: str) -> dict[str, Any]:
         raise BackupError(f"{backup} is not a complete compactd backup: it has no {MANIFEST}") from None
     except (OSError, ValueError) as error:
         raise BackupError(f"backup {backup} is damaged: {MANIFEST} cannot be read: {error}") from None
+    return check_manifest(manifest, backup, path)
+
+
+def check_manifest(manifest: object, backup: str, path: str) -> dict[str, Any]:
+    """``manifest`` (parsed JSON) when it is a backup manifest this compactd reads, with a
+    valid file list naming the database; ``BackupError`` naming ``backup``/``path`` otherwise."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BackupError(f"{path} is not a compactd backup manifest")
     if manifest.get("version") != FORMAT_VERSION:
