@@ -59,6 +59,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.backup_offloaded import PinnedLedgers, bucket_only_ledger_ids, forget_offload
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
 from ledger.storage.file_io import (
@@ -68,6 +69,7 @@ from ledger.storage.file_io import (
     make_private_dirs,
     open_private,
 )
+from ledger.storage.object_fs import BucketConfig
 from ledger.storage.record import HEADER, RecordKind, encode_record
 
 __all__ = [
@@ -137,26 +139,56 @@ def take_backup(data_dir: DataDir, output: str, *, _staged: bool = False) -> Bac
     make_private_dirs(ledgers_out)
     started_ms = int(time.time() * 1000)
     pending: dict[int, tuple[str, int, int]] = {}  # open ledger: (temporary link, entries, bytes)
-    with data_dir.database.backed_up_to(os.path.join(output, _DATABASE)):
-        open_ids = _open_ledger_ids(os.path.join(output, _DATABASE))
-        for ledger_id in store.list():
-            source = os.path.join(files.root, f"{ledger_id:020d}{_SUFFIX}")
-            if ledger_id in open_ids:
-                entries, length = files.confirmed_length(ledger_id)
-                temporary = os.path.join(output, f"{ledger_id}.partial")
-                if _link_or_copy(source, temporary):
-                    pending[ledger_id] = (temporary, entries, length)
-            else:
-                _link_or_copy(source, os.path.join(ledgers_out, os.path.basename(source)))
-        _link_or_copy(os.path.join(files.root, _SEQUENCE), os.path.join(ledgers_out, _SEQUENCE), copy=True)
-    for ledger_id, (temporary, _, length) in pending.items():
-        _copy_prefix(temporary, os.path.join(ledgers_out, f"{ledger_id:020d}{_SUFFIX}"), length)
-        os.unlink(temporary)
-    _drop_unsealed(ledgers_out, kept=set(pending))
+    database = os.path.join(output, _DATABASE)
+    pinned: PinnedLedgers | None = None
+    try:
+        with data_dir.database.backed_up_to(database):
+            open_ids = _open_ledger_ids(database)
+            linked = set()
+            for ledger_id in store.list():
+                source = os.path.join(files.root, f"{ledger_id:020d}{_SUFFIX}")
+                if ledger_id in open_ids:
+                    entries, length = files.confirmed_length(ledger_id)
+                    temporary = os.path.join(output, f"{ledger_id}.partial")
+                    if _link_or_copy(source, temporary):
+                        pending[ledger_id] = (temporary, entries, length)
+                elif _link_or_copy(source, os.path.join(ledgers_out, os.path.basename(source))):
+                    linked.add(ledger_id)
+            _link_or_copy(os.path.join(files.root, _SEQUENCE), os.path.join(ledgers_out, _SEQUENCE), copy=True)
+            pinned = _pin_offloaded(bucket_only_ledger_ids(database) - linked, files.bucket, data_dir.path)
+        for ledger_id, (temporary, _, length) in pending.items():
+            _copy_prefix(temporary, os.path.join(ledgers_out, f"{ledger_id:020d}{_SUFFIX}"), length)
+            os.unlink(temporary)
+        _drop_unsealed(ledgers_out, kept=set(pending))
+        if pinned is not None:
+            for path in pinned.download(ledgers_out, _SUFFIX, BackupError):
+                if not _ends_sealed(path):
+                    raise BackupError(f"the offloaded copy of {os.path.basename(path)} in the bucket is not a "
+                                      "whole sealed ledger")
+    finally:
+        if pinned is not None:
+            pinned.release()
+    forget_offload(database)
     summary = _write_manifest(output, started_ms, {k: v[1] for k, v in pending.items()})
     log.info("backup of %s written to %s: %d files, %d bytes", data_dir.path, output, summary.files,
              summary.size_bytes)
     return summary
+
+
+def _pin_offloaded(ledger_ids: set[int], bucket: BucketConfig | None, path: str) -> PinnedLedgers | None:
+    """Pin the ledgers that live only in the bucket (``ledger.backup_offloaded``)."""
+    if not ledger_ids:
+        return None
+    if bucket is None:
+        raise BackupError(f"ledger {min(ledger_ids)} of {path} lives only in its offload bucket, and the data dir "
+                          "was opened without one: back up the running broker with --admin-url")
+    pinned = PinnedLedgers(bucket)
+    try:
+        pinned.pin(ledger_ids, BackupError)
+    except BaseException:
+        pinned.release()
+        raise
+    return pinned
 
 
 def _prepare_output(output: str, *, inside: str | None) -> None:

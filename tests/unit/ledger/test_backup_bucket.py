@@ -9,9 +9,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 
-from ledger.backup import MANIFEST, BackupError, remove_staged, stage_backup, tar_chunks
+from ledger.backup import (
+    MANIFEST,
+    BackupError,
+    remove_staged,
+    restore_backup,
+    stage_backup,
+    take_backup,
+    tar_chunks,
+)
 from ledger.backup_bucket import restore_from_bucket, upload_backup, verify_bucket_backup
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -161,3 +170,67 @@ def test_a_restore_never_writes_into_a_data_dir_in_use(data_dir: DataDir, bucket
     with pytest.raises(BackupError, match="not empty"):
         restore_from_bucket(bucket, str(tmp_path / "busy"))
     assert (tmp_path / "busy" / "something").read_text() == "kept"
+
+
+def _offload_sealed(ledger: ManagedLedger, data_dir: DataDir) -> list[int]:
+    """Offload every sealed ledger of ``ledger`` and let its local copy go, as
+    ``ledger.offload`` does (upload and verify, record, record the deletion, drop)."""
+    files = data_dir.ledgers.file_powers()
+    assert files is not None
+    sealed = [record.ledger_id for record in ledger.ledger_list() if record.closed_at_ms]
+    for ledger_id in sealed:
+        files.upload_sealed(ledger_id)
+        assert ledger.record_offloaded(ledger_id, 1)
+    assert ledger.record_local_deleted(sealed, 2) == sealed
+    for ledger_id in sealed:
+        files.drop_local(ledger_id)
+    return sealed
+
+
+@pytest.mark.parametrize("target", ["directory", "bucket"])
+def test_ledgers_offloaded_and_gone_locally_are_in_the_backup(s3_server: S3Server, tmp_path: Path,
+                                                             target: str) -> None:
+    offload = s3_server.bucket(prefix="cluster")
+    data = DataDir.open(str(tmp_path / "data"), sync=SyncPolicy.ALWAYS, bucket=offload)
+    ledger = _open_topic(data)
+    for value in VALUES:
+        ledger.append(b"v%d" % value).result(timeout=10)
+    offloaded = _offload_sealed(ledger, data)
+    assert len(offloaded) == 2 and not any((tmp_path / "data" / "ledgers").glob(f"{offloaded[0]:020d}*"))
+    if target == "directory":
+        take_backup(data, str(tmp_path / "backup"))
+        restore_backup(str(tmp_path / "backup"), str(tmp_path / "restored"))
+    else:
+        backups = s3_server.bucket(prefix="backups")
+        _upload(data, backups)
+        restore_from_bucket(backups, str(tmp_path / "restored"))
+    fs = offload.open()
+    assert not fs.get_file_info(pafs.FileSelector(f"{offload.base}/backup-staging", recursive=True,
+                                                  allow_not_found=True))  # the pinned copies are gone
+    ledger.close()
+    data.close()
+    for ledger_id in offloaded:  # the restored data dir holds them locally, no longer marked offloaded
+        assert (tmp_path / "restored" / "ledgers" / f"{ledger_id:020d}.ledger").is_file()
+    assert _restored_entries(tmp_path / "restored") == [b"v%d" % value for value in VALUES]
+    restored = DataDir.open(str(tmp_path / "restored"))
+    try:
+        records = _open_topic(restored).ledger_list()
+        assert [record.offloaded or record.local_deleted for record in records] == [False] * len(records)
+    finally:
+        restored.close()
+
+
+def test_an_offline_backup_without_the_offload_bucket_is_refused_by_name(s3_server: S3Server, tmp_path: Path) -> None:
+    data = DataDir.open(str(tmp_path / "data"), sync=SyncPolicy.ALWAYS, bucket=s3_server.bucket())
+    ledger = _open_topic(data)
+    for value in VALUES:
+        ledger.append(b"v%d" % value).result(timeout=10)
+    first = _offload_sealed(ledger, data)[0]
+    ledger.close()
+    data.close()
+    unaware = DataDir.open(str(tmp_path / "data"))
+    try:
+        with pytest.raises(BackupError, match=f"ledger {first} .* lives only in its offload bucket.*--admin-url"):
+            take_backup(unaware, str(tmp_path / "backup"))
+    finally:
+        unaware.close()
