@@ -8,20 +8,28 @@ proxy (``tests.s3_fault_proxy``), the ``compactd`` console script.
   naming it, no data dir written.
 * ``test_an_offline_backup_to_a_file_url_restores`` — ``--data-dir`` and ``file:///``.
 * ``test_bad_bucket_arguments_are_usage_errors`` — exit 2 naming the value.
+* ``test_a_backup_holds_ledgers_that_live_only_in_the_offload_bucket`` — a broker offloading
+  with no deletion lag: the backup downloads the ledgers gone locally, and a broker without
+  the bucket serves every message from the restore (skipped until the offload settings,
+  helper branch w-offapi, are in ``api.config.Settings``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pyarrow.fs as pafs
 import pytest
 
+from api.config import Settings
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.storage.object_fs import BucketConfig
@@ -40,11 +48,11 @@ MESSAGES = 23  # four sealed ledgers of 5 and an open one holding 3
 
 
 @pytest.fixture
-def started(tmp_path: Path) -> Iterator[Callable[[Path], ServeProcess]]:
+def started(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
     processes: list[ServeProcess] = []
 
-    def start(data_dir: Path) -> ServeProcess:
-        process = ServeProcess(data_dir, tmp_path / f"serve-{len(processes)}.log", *FLAGS)
+    def start(data_dir: Path, *flags: str) -> ServeProcess:
+        process = ServeProcess(data_dir, tmp_path / f"serve-{len(processes)}.log", *FLAGS, *flags)
         processes.append(process)
         return process
 
@@ -100,7 +108,7 @@ def s3_arguments(bucket: BucketConfig) -> tuple[str, ...]:
 
 @pytest.mark.slow  # two broker processes
 def test_an_online_backup_to_s3_survives_transient_faults_and_restores(
-        tmp_path: Path, started: Callable[[Path], ServeProcess], s3_server: S3Server, proxy: FaultProxy) -> None:
+        tmp_path: Path, started: Callable[..., ServeProcess], s3_server: S3Server, proxy: FaultProxy) -> None:
     serve = started(tmp_path / "data")
     topic = f"persistent://public/default/to-s3-{uuid.uuid4().hex[:8]}"
     sent = produce(serve, topic)
@@ -185,3 +193,44 @@ def test_an_offline_backup_to_a_file_url_restores(tmp_path: Path) -> None:
 def test_bad_bucket_arguments_are_usage_errors(arguments: tuple[str, ...], named: str) -> None:
     result = compactd(*arguments)
     assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr
+
+
+OFFLOAD_SETTING = "managed_ledger_offload_driver"
+
+
+@pytest.mark.skipif(OFFLOAD_SETTING not in {field.name for field in dataclasses.fields(Settings)},
+                    reason=f"needs the offload settings ({OFFLOAD_SETTING} …, helper branch w-offapi) in "
+                           "api.config.Settings")
+@pytest.mark.slow  # two broker processes
+def test_a_backup_holds_ledgers_that_live_only_in_the_offload_bucket(
+        tmp_path: Path, started: Callable[..., ServeProcess], s3_server: S3Server) -> None:
+    offload = s3_server.bucket(prefix="cluster")
+    assert offload.endpoint is not None
+    serve = started(tmp_path / "data", "--managed-ledger-offload-driver", "aws-s3",
+                    "--s3-managed-ledger-offload-bucket", offload.bucket,
+                    "--s3-managed-ledger-offload-service-endpoint", offload.endpoint,
+                    "--s3-managed-ledger-offload-region", "us-east-1", "--managed-ledger-offload-prefix", "cluster",
+                    "--managed-ledger-offload-threshold-in-bytes", "0",
+                    "--managed-ledger-offload-deletion-lag-ms", "0", "--retention-check-interval-seconds", "0.2")
+    topic = f"persistent://public/default/offloaded-{uuid.uuid4().hex[:8]}"
+    sent = produce(serve, topic)
+    path = "/admin/v2/persistent/" + topic.removeprefix("persistent://")
+
+    def gone_locally() -> list[int]:
+        ledgers = httpx.get(serve.http_url + path + "/internalStats", timeout=10).json()["ledgers"]
+        ids = [ledger["ledgerId"] for ledger in ledgers if ledger.get("offloaded")]
+        local = {int(name.name[:20]) for name in (tmp_path / "data" / "ledgers").glob("*.ledger")}
+        return [ledger_id for ledger_id in ids if ledger_id not in local]
+    deadline = time.monotonic() + 30
+    while not (only_in_bucket := gone_locally()):
+        assert time.monotonic() < deadline, "no offloaded ledger's local copy was deleted within 30 s"
+        time.sleep(0.1)
+    backups = s3_server.bucket(prefix="backups")
+    url, *location = s3_arguments(backups)
+    result = compactd("backup", "--admin-url", serve.http_url, "--to", url, *location)
+    assert result.returncode == 0, result.stderr
+    assert serve.terminate() == 0
+    assert compactd("restore", "--from", url, *location, "--data-dir", str(tmp_path / "restored")).returncode == 0
+    for ledger_id in only_in_bucket:
+        assert (tmp_path / "restored" / "ledgers" / f"{ledger_id:020d}.ledger").is_file()
+    assert read_all(started(tmp_path / "restored"), topic) == sent  # a broker without the bucket
