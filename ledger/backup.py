@@ -35,6 +35,11 @@ into a directory on its own host (``extract_backup``), which then holds the same
 and is verified against the manifest. The broker never writes outside its data dir on a
 request's behalf.
 
+**Offloaded ledgers** (in the bucket only) are pinned while the metadata writes are held
+and downloaded into the backup (``ledger.backup_offloaded``); the backup's database marks
+every ledger local. **In a bucket**: ``ledger.backup_bucket`` writes a backup's tar stream
+as objects and restores from them, with the same checks.
+
 ``verify_backup`` checks the manifest and every file against it; ``restore_backup``
 verifies, then copies the files into a new data dir (never over an existing one) and syncs
 them. A damaged, incomplete or foreign backup is refused with ``BackupError`` naming the
