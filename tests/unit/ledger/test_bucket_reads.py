@@ -11,6 +11,7 @@ a truncated, cut or altered one is refused and nothing of it is served.
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ledger.storage.byte_source import BlockCache
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.object_fs import BucketConfig
 from ledger.storage.record import HEADER
+from ledger.storage.sealed_writer import write_sealed_ledger
 
 ENTRIES = [f"entry-{index:04d}-".encode() * (1 + index % 7) for index in range(300)]
 
@@ -278,3 +280,40 @@ def test_an_open_ledger_is_never_uploaded(store: FileLedgerStore) -> None:
     store.append(ledger_id, b"x").result()
     with pytest.raises(Exception, match="not sealed"):
         store.upload_sealed(ledger_id)
+
+
+def test_a_read_only_store_uploads_a_ledger_and_a_sidecar_it_wrote_elsewhere(
+    tmp_path: Path, store: FileLedgerStore, bucket: BucketConfig,
+) -> None:
+    ledger_id = _sealed(store)
+    store.shutdown()
+    scratch = FileLedgerStore(store.root, read_only=True, bucket=bucket)  # an executor's scratch dir
+    index = tmp_path / "built.kidx"
+    index.write_bytes(b"an index of a ledger only in the bucket")
+    scratch.upload_sealed(ledger_id)
+    scratch.upload_sidecar(ledger_id, ".kidx", str(index))
+    scratch.shutdown()
+    reader = _fresh(tmp_path, bucket)
+    try:
+        assert reader.read(ledger_id, 0, len(ENTRIES) - 1) == ENTRIES
+        sidecar = reader.open_sidecar(ledger_id, ".kidx")
+        assert sidecar is not None and sidecar.read() == index.read_bytes()
+    finally:
+        reader.shutdown()
+
+
+def test_a_ledger_written_whole_into_the_bucket_is_adopted_from_its_layout(tmp_path: Path, store: FileLedgerStore,
+                                                                         bucket: BucketConfig) -> None:
+    ledger_id = store.reserve_ids(1)[0]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    written = write_sealed_ledger(str(scratch), ledger_id, {"role": "compacted"}, ENTRIES, created_at_ms=1)
+    executor = FileLedgerStore(str(scratch), read_only=True, bucket=bucket)
+    executor.upload_sealed(ledger_id)
+    executor.shutdown()
+    wrong = array("q", written.entry_lengths)
+    wrong[0] += 1
+    assert not store.adopt_sealed(ledger_id, written.entry_offsets, wrong)  # a layout that does not match
+    assert store.adopt_sealed(ledger_id, written.entry_offsets, written.entry_lengths)
+    assert store.read(ledger_id, 0, len(ENTRIES) - 1) == ENTRIES
+    assert dict(store.info(ledger_id).metadata) == {"role": "compacted"}
