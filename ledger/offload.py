@@ -50,7 +50,6 @@ copy in the bucket, or still whole in the local data dir (or both).
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -60,6 +59,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ledger.errors import CompactionServiceError, LedgerError, OffloadAlreadyRunning
+from ledger.job_status import JobStatus
 from ledger.managed_ledger import ManagedLedger
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
@@ -73,7 +73,6 @@ __all__ = [
     "OffloadAlreadyRunning",
     "OffloadProgress",
     "OffloadRetry",
-    "OffloadStatus",
     "Offloader",
 ]
 
@@ -84,21 +83,12 @@ OFFLOAD_THREADS_DEFAULT = 2
 _R = TypeVar("_R")
 
 
-class OffloadStatus(enum.Enum):
-    """The admin offload job of a topic (Pulsar's ``LongRunningProcessStatus``)."""
-
-    NOT_RUN = "NOT_RUN"
-    RUNNING = "RUNNING"
-    SUCCESS = "SUCCESS"
-    ERROR = "ERROR"
-
-
 @dataclass(frozen=True, slots=True)
 class OffloadProgress:
     """What ``GET …/offload`` shows: the status, the error of a failed job, and after a
     success the first position not offloaded (``(ledger, 0)``)."""
 
-    status: OffloadStatus
+    status: JobStatus
     last_error: str = ""
     first_unoffloaded: Position | None = None
 
@@ -144,24 +134,24 @@ class Offloader:
         ``OffloadAlreadyRunning`` when the topic's admin job has not finished."""
         topic = ledger.name
         with self._lock:
-            if self._status.get(topic, OffloadProgress(OffloadStatus.NOT_RUN)).status is OffloadStatus.RUNNING:
+            if self._status.get(topic, OffloadProgress(JobStatus.NOT_RUN)).status is JobStatus.RUNNING:
                 raise OffloadAlreadyRunning(f"offload of {topic} already running", topic=topic)
-            self._status[topic] = OffloadProgress(OffloadStatus.RUNNING)
+            self._status[topic] = OffloadProgress(JobStatus.RUNNING)
         try:
             self._submit(self._admin_job, ledger, before)
         except RuntimeError:  # shut down
-            self._finish(topic, OffloadProgress(OffloadStatus.ERROR, "the offloader is shut down"))
+            self._finish(topic, OffloadProgress(JobStatus.ERROR, "the offloader is shut down"))
 
     def status(self, topic: str) -> OffloadProgress:
         """The topic's admin offload job (``NOT_RUN`` when none since this broker started)."""
         with self._lock:
-            return self._status.get(topic, OffloadProgress(OffloadStatus.NOT_RUN))
+            return self._status.get(topic, OffloadProgress(JobStatus.NOT_RUN))
 
     def forget(self, topic: str) -> None:
         """The topic was unloaded or deleted: its admin status goes (``NOT_RUN`` when it is
         loaded again, as in Pulsar). A job still running finishes on its own."""
         with self._lock:
-            if self._status.get(topic, OffloadProgress(OffloadStatus.NOT_RUN)).status is not OffloadStatus.RUNNING:
+            if self._status.get(topic, OffloadProgress(JobStatus.NOT_RUN)).status is not JobStatus.RUNNING:
                 self._status.pop(topic, None)
             self._again.pop(topic, None)
 
@@ -183,10 +173,10 @@ class Offloader:
             if failed:
                 first_failed, error = failed[0]
                 raise LedgerError(f"ledger {first_failed}: {error}")
-            self._finish(topic, OffloadProgress(OffloadStatus.SUCCESS, "", Position(kept, 0)))
+            self._finish(topic, OffloadProgress(JobStatus.SUCCESS, "", Position(kept, 0)))
         except Exception as error:  # noqa: BLE001 - the job's outcome is its status
             log.warning("topic %s: offload failed: %s", topic, error)
-            self._finish(topic, OffloadProgress(OffloadStatus.ERROR, f"{type(error).__name__}: {error}"))
+            self._finish(topic, OffloadProgress(JobStatus.ERROR, f"{type(error).__name__}: {error}"))
 
     def _finish(self, topic: str, progress: OffloadProgress) -> None:
         with self._lock:
@@ -376,8 +366,8 @@ class Offloader:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             for topic, progress in self._status.items():
-                if progress.status is OffloadStatus.RUNNING:
-                    self._status[topic] = OffloadProgress(OffloadStatus.ERROR, "the offloader is shut down")
+                if progress.status is JobStatus.RUNNING:
+                    self._status[topic] = OffloadProgress(JobStatus.ERROR, "the offloader is shut down")
 
     def _mutex(self, topic: str) -> threading.Lock:
         with self._lock:
