@@ -319,7 +319,7 @@ class Compactor:
         request = RoundRequest(
             files.root, tuple(ranges), horizon, stop, ledger_id,
             tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
-            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index)
+            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index, files.bucket)
         for phase in counted:  # both phases run in one call: a bar each, whole at its end
             phase.start()
         try:
