@@ -11,7 +11,8 @@ root and the ledger layer's errors::
     │   ├── PositionOutOfRangeError (IndexError)  read outside 0..last_add_confirmed
     │   ├── LedgerIOError (OSError)         the backend failed to write or sync (retriable)
     │   └── CorruptLedgerError              a ledger's stored data is damaged (not a torn tail)
-    │       └── CorruptEntryError           one entry's record fails its CRC32C when read
+    │       ├── CorruptEntryError           one entry's record fails its CRC32C when read
+    │       └── ObjectMismatchError         a bucket's copy of a ledger differs from the local file
     ├── MetadataError                       the SQLite metadata store refused or failed
     │   └── SchemaVersionError              database written by a newer compactd
     └── DataDirLockedError                  another process holds the data dir
@@ -33,6 +34,7 @@ __all__ = [
     "LedgerNotFoundError",
     "LedgerSealedError",
     "MetadataError",
+    "ObjectMismatchError",
     "PositionOutOfRangeError",
     "SchemaVersionError",
 ]
@@ -88,6 +90,13 @@ class CorruptEntryError(CorruptLedgerError):
     def __init__(self, message: str, *, ledger_id: int, entry_id: int) -> None:
         super().__init__(message, ledger_id=ledger_id)
         self.entry_id = entry_id
+
+
+class ObjectMismatchError(CorruptLedgerError):
+    """An uploaded object read back differs from the local file it copies (size or
+    CRC32C), or is missing: the copy is never trusted; uploading again may succeed."""
+
+    retriable = True
 
 
 class MetadataError(CompactionServiceError):
