@@ -32,7 +32,6 @@ import pyarrow.fs as pafs
 
 from compactor.engine import LedgerRange
 from ledger.managed_ledger import ManagedLedger
-from ledger.offload import offload_ledger
 from ledger.storage.bucket import ledger_object_name
 from ledger.storage.object_fs import BucketConfig
 from ledger.storage.powers import LedgerFiles
@@ -47,16 +46,23 @@ def stage_input(ledger: ManagedLedger, files: LedgerFiles, bucket: BucketConfig,
     """Make every ledger of ``ranges`` sealed and present in ``bucket`` (module docstring).
     Raises what an upload or the roll-over raised (the run fails; nothing is published)."""
     ledger.roll_over_now()
-    offloaded = {record.ledger_id for record in ledger.metadata.topic_ledgers(ledger.name) if record.offloaded}
+    offloaded = {record.ledger_id for record in ledger.metadata.topic_ledgers(ledger.name)
+                 if getattr(record, "offloaded", False)}
     raw = sorted({whole.ledger_id for whole in ranges if not whole.compacted} - offloaded)
     for ledger_id in raw:
-        offload_ledger(files, ledger.metadata, ledger_id, now_ms=now_ms)
+        _offload(files, ledger, ledger_id, now_ms)
     compacted = sorted({whole.ledger_id for whole in ranges if whole.compacted})
     for ledger_id in _without_object(bucket, compacted):
         files.upload_sealed(ledger_id)
     if raw or compacted:
         log.info("%s: spark input staged in %s: offloaded %s, compacted ledgers %s", ledger.name, bucket.to_url(),
                  raw, compacted)
+
+
+def _offload(files: LedgerFiles, ledger: ManagedLedger, ledger_id: int, now_ms: int) -> None:
+    """TEMPORARY until ledger.offload lands: upload and verify (not yet recorded)."""
+    del ledger, now_ms
+    files.upload_sealed(ledger_id)
 
 
 def _without_object(bucket: BucketConfig, ledger_ids: list[int]) -> list[int]:
