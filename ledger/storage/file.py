@@ -462,7 +462,9 @@ class FileLedgerStore:
         then read each copy back: ``(size, crc32c)`` of the ledger's file when every copy
         matches its local file. ``ObjectMismatchError`` when one does not (the copies stay
         for the caller to delete or upload again), ``LedgerIOError`` when the bucket
-        fails, ``LedgerNotFoundError`` / ``LedgerError`` when there is no sealed local file."""
+        fails, ``LedgerNotFoundError`` / ``LedgerError`` when there is no sealed local file.
+        Works on a read-only store (it writes only to the bucket): an executor uploads a
+        ledger it wrote whole in a scratch directory so."""
         if self._bucket is None:
             raise LedgerError(f"ledger store {self.root} has no bucket", ledger_id=ledger_id)
         path = self._path(ledger_id)
@@ -482,6 +484,20 @@ class FileLedgerStore:
         for local, name in copies:
             digest = self._bucket.verify(local, name)
         return digest
+
+    def upload_sidecar(self, ledger_id: int, suffix: str, local_path: str) -> None:
+        """Copy the sidecar file ``local_path`` to ledger ``ledger_id``'s object of
+        ``suffix`` (a key index built for a ledger that lives only in the bucket) and read
+        it back; ``ObjectMismatchError`` when the copy differs, ``LedgerIOError`` when the
+        bucket fails. Works on a read-only store (it writes only to the bucket)."""
+        if self._bucket is None:
+            raise LedgerError(f"ledger store {self.root} has no bucket", ledger_id=ledger_id)
+        if suffix not in SIDECAR_SUFFIXES:
+            raise LedgerError(f"{suffix!r} is not a sidecar suffix ({', '.join(SIDECAR_SUFFIXES)})",
+                              ledger_id=ledger_id)
+        name = ledger_object_name(ledger_id, suffix)
+        self._bucket.upload(local_path, name)
+        self._bucket.verify(local_path, name)
 
     def drop_local(self, ledger_id: int) -> None:
         """Remove ledger ``ledger_id``'s local file and sidecars; its bucket copy stays and

@@ -26,6 +26,8 @@ themselves, outside the store's process or beside it:
 * ``upload_sealed(ledger_id)``: copy a sealed ledger and its sidecars to the bucket and
   read each copy back; ``(size, crc32c)`` of the ledger when all match the local files,
   ``ObjectMismatchError`` otherwise.
+* ``upload_sidecar(ledger_id, suffix, local_path)``: copy (and read back) a sidecar built
+  for a ledger that lives only in the bucket.
 * ``drop_local(ledger_id)``: remove the local file and sidecars only (the bucket copy
   then serves every read).
 
@@ -76,5 +78,7 @@ class LedgerFiles(Protocol):
     def open_sidecar(self, ledger_id: int, suffix: str) -> pa.NativeFile | None: ...
 
     def upload_sealed(self, ledger_id: int) -> tuple[int, int]: ...
+
+    def upload_sidecar(self, ledger_id: int, suffix: str, local_path: str) -> None: ...
 
     def drop_local(self, ledger_id: int) -> None: ...

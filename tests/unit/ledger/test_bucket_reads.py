@@ -18,7 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ledger.errors import CorruptEntryError, CorruptLedgerError, LedgerNotFoundError, ObjectMismatchError
+from ledger.errors import (
+    CorruptEntryError,
+    CorruptLedgerError,
+    LedgerNotFoundError,
+    ObjectMismatchError,
+)
 from ledger.storage.base import SyncPolicy
 from ledger.storage.bucket import LedgerBucket, ledger_object_name
 from ledger.storage.byte_source import BlockCache
@@ -273,3 +278,23 @@ def test_an_open_ledger_is_never_uploaded(store: FileLedgerStore) -> None:
     store.append(ledger_id, b"x").result()
     with pytest.raises(Exception, match="not sealed"):
         store.upload_sealed(ledger_id)
+
+
+def test_a_read_only_store_uploads_a_ledger_and_a_sidecar_it_wrote_elsewhere(
+    tmp_path: Path, store: FileLedgerStore, bucket: BucketConfig,
+) -> None:
+    ledger_id = _sealed(store)
+    store.shutdown()
+    scratch = FileLedgerStore(store.root, read_only=True, bucket=bucket)  # an executor's scratch dir
+    index = tmp_path / "built.kidx"
+    index.write_bytes(b"an index of a ledger only in the bucket")
+    scratch.upload_sealed(ledger_id)
+    scratch.upload_sidecar(ledger_id, ".kidx", str(index))
+    scratch.shutdown()
+    reader = _fresh(tmp_path, bucket)
+    try:
+        assert reader.read(ledger_id, 0, len(ENTRIES) - 1) == ENTRIES
+        sidecar = reader.open_sidecar(ledger_id, ".kidx")
+        assert sidecar is not None and sidecar.read() == index.read_bytes()
+    finally:
+        reader.shutdown()
