@@ -85,7 +85,7 @@ def unindexed_ledgers(metadata: MetadataStore, ledgers_root: str) -> list[tuple[
     missing = []
     for topic in metadata.list_topics():
         for record in metadata.topic_ledgers(topic):
-            if record.is_open or record.entries < INDEX_MIN_ENTRIES:  # TODO(tier): or record.offloaded
+            if record.is_open or record.entries < INDEX_MIN_ENTRIES or record.offloaded:
                 continue
             if not os.path.exists(index_path(os.path.join(ledgers_root, ledger_file_name(record.ledger_id)))):
                 missing.append((record.ledger_id, record.entries))

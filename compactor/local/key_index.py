@@ -61,8 +61,6 @@ from compactor.errors import CompactorError
 from compactor.local.keymap import key_hash
 from compactor.local.scan import scan_entry
 from compactor.view.view import decode_compacted_entry
-from ledger.storage.bucket import LedgerBucket, ledger_object_name
-from ledger.storage.byte_source import BlockCache
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.file_io import open_private
 from ledger.storage.powers import LedgerFiles
@@ -393,21 +391,18 @@ def store_index(files: LedgerFiles, index: KeyIndex, ledger: IndexedLedger) -> N
     """Keep ``index`` of sealed ``ledger`` where its ledger is: beside its local file
     (``write_index``), else, for a ledger that lives in ``files``' bucket only, as the
     ledger's sidecar object there (written to a temporary local file first, then uploaded
-    atomically and read back: ``ledger.storage.bucket.LedgerBucket``). A ledger in
-    neither place: not kept."""
+    atomically and read back: ``LedgerFiles.upload_sidecar``). A ledger in neither
+    place: not kept."""
     local = ledger_path(files.root, ledger.ledger_id)
     if os.path.exists(local):
         write_index(index_path(local), index, ledger)
         return
     if files.bucket is None:
         return
-    bucket = LedgerBucket(files.bucket, BlockCache(0))
-    name = ledger_object_name(ledger.ledger_id, INDEX_SUFFIX)
     with tempfile.TemporaryDirectory(prefix="compactd-kidx-") as scratch:
         path = os.path.join(scratch, ledger_file_name(ledger.ledger_id) + INDEX_SUFFIX)
         write_index(path, index, ledger)
-        bucket.upload(path, name)
-        bucket.verify(path, name)
+        files.upload_sidecar(ledger.ledger_id, INDEX_SUFFIX, path)
 
 
 def _sealed_entries(

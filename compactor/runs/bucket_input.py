@@ -9,9 +9,9 @@ the job is planned:
    run's raw input, which may end in it, lies in sealed ledgers only (an open ledger is
    never uploaded: it still changes). Decision: a Spark run over a bucket rolls the topic
    as a size or time limit would; the next ledger takes the appends meanwhile;
-2. each raw input ledger not yet offloaded is offloaded as any offload is
-   (``ledger.offload.offload_ledger``: the ledger and its sidecars uploaded, read back
-   for size and CRC32C, then recorded offloaded in one metadata transaction), its local
+2. each raw input ledger not yet offloaded is offloaded as any offload is (the ledger and
+   its sidecars uploaded, read back for size and CRC32C: ``LedgerFiles.upload_sealed``;
+   then recorded offloaded in one metadata transaction: ``ManagedLedger.record_offloaded``), its local
    copy kept: it then follows the deletion lag like any offloaded ledger, and the orphan
    collection leaves its objects;
 3. each compacted input ledger (the previous view's) that has no object yet — a view the
@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-
-import pyarrow.fs as pafs
 
 from compactor.engine import LedgerRange
 from ledger.managed_ledger import ManagedLedger
@@ -46,8 +44,7 @@ def stage_input(ledger: ManagedLedger, files: LedgerFiles, bucket: BucketConfig,
     """Make every ledger of ``ranges`` sealed and present in ``bucket`` (module docstring).
     Raises what an upload or the roll-over raised (the run fails; nothing is published)."""
     ledger.roll_over_now()
-    offloaded = {record.ledger_id for record in ledger.metadata.topic_ledgers(ledger.name)
-                 if getattr(record, "offloaded", False)}
+    offloaded = {record.ledger_id for record in ledger.metadata.topic_ledgers(ledger.name) if record.offloaded}
     raw = sorted({whole.ledger_id for whole in ranges if not whole.compacted} - offloaded)
     for ledger_id in raw:
         _offload(files, ledger, ledger_id, now_ms)
@@ -60,13 +57,16 @@ def stage_input(ledger: ManagedLedger, files: LedgerFiles, bucket: BucketConfig,
 
 
 def _offload(files: LedgerFiles, ledger: ManagedLedger, ledger_id: int, now_ms: int) -> None:
-    """TEMPORARY until ledger.offload lands: upload and verify (not yet recorded)."""
-    del ledger, now_ms
+    """Offload one sealed raw ledger, keeping its local copy: upload and read back
+    (``LedgerFiles.upload_sealed``), then record it offloaded (one transaction)."""
     files.upload_sealed(ledger_id)
+    ledger.record_offloaded(ledger_id, now_ms)
 
 
 def _without_object(bucket: BucketConfig, ledger_ids: list[int]) -> list[int]:
     """Those of ``ledger_ids`` with no ledger object in ``bucket`` (one listing call)."""
+    import pyarrow.fs as pafs
+
     if not ledger_ids:
         return []
     infos = bucket.open().get_file_info([f"{bucket.base}/{ledger_object_name(ledger_id)}" for ledger_id in ledger_ids])

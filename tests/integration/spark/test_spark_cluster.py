@@ -29,10 +29,13 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from message.encoder import encode_batch, encode_entry
-from message.proto import pulsar_api_pb2 as pb
 from tests.integration.spark.cluster import Cluster, master_state
-from tests.integration.spark.support import TOPIC, TopicDir, published_compacted_ledger
+from tests.integration.spark.support import (
+    TOPIC,
+    TopicDir,
+    mixed_entries,
+    published_compacted_ledger,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -50,24 +53,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         running.stop()
 
 
-def _entries() -> list[bytes]:
-    """Keyed singles and batches, tombstones and key-less messages over several ledgers;
-    keys written once are spread over the topic, so that every group keeps something."""
-    entries = []
-    for index in range(40):
-        metadata = pb.MessageMetadata(producer_name="p", sequence_id=index, publish_time=1_700_000_000_000 + index)
-        if index % 4 == 3:  # a batch of three slots: two keys and a key-less message
-            slots = [(pb.SingleMessageMetadata(partition_key=f"k{(index + slot) % 7}", payload_size=2), b"b%d" % slot)
-                     for slot in range(2)]
-            slots.append((pb.SingleMessageMetadata(payload_size=1), b"n"))
-            entries.append(encode_batch(metadata, slots, pb.LZ4, with_checksum=True))
-            continue
-        metadata.partition_key = f"k{index % 7}" if index % 5 else f"once-{index}"  # some keys written once, early
-        value = b"" if index % 9 == 5 else b"v%d" % index  # now and then a tombstone
-        entries.append(encode_entry(metadata, value, with_checksum=True))
-    return entries
-
-
 def _compact_topic(data_dir: Path, *arguments: str) -> dict[str, Any]:
     compactd = Path(sys.executable).parent / "compactd"
     command = [str(compactd)] if compactd.exists() else [sys.executable, "-c", "from api.cli import main; main()"]
@@ -83,7 +68,7 @@ def test_compact_topic_on_a_standalone_cluster_publishes_what_the_local_engine_d
     cluster: Cluster, tmp_path: Path,
 ) -> None:
     topic_dir = TopicDir(tmp_path / "spark", entries_per_ledger=6)
-    topic_dir.append(_entries())
+    topic_dir.append(mixed_entries())
     topic_dir.close()  # compact-topic runs on a stopped broker's data dir
     shutil.copytree(tmp_path / "spark", tmp_path / "local")
 
