@@ -51,11 +51,13 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ledger.metadata import LedgerRecord
 from ledger.position import Position
-from ledger.storage.object_fs import BucketConfig
+
+if TYPE_CHECKING:
+    from ledger.storage.object_fs import BucketConfig
 
 __all__ = [
     "KEY_MAP_BYTES_PER_KEY",

@@ -36,6 +36,7 @@ import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING
 
 from compactor.local.key_index import ensure_index, index_path
 from compactor.local.worker import _child_started
@@ -43,8 +44,10 @@ from ledger.errors import LedgerNotFoundError
 from ledger.metadata import MetadataStore
 from ledger.storage.base import SyncPolicy
 from ledger.storage.file import FileLedgerStore
-from ledger.storage.object_fs import BucketConfig
 from ledger.storage.sealed_writer import ledger_file_name
+
+if TYPE_CHECKING:
+    from ledger.storage.object_fs import BucketConfig
 
 __all__ = ["INDEX_MIN_ENTRIES", "KeyIndexBuilds", "build_key_index", "unindexed_ledgers"]
 

@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
@@ -57,8 +58,10 @@ from ledger.managed_ledger import Entry
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 from ledger.storage.file import FileLedgerStore
-from ledger.storage.object_fs import BucketConfig
 from ledger.storage.sealed_writer import SealedLedger, write_sealed_ledger
+
+if TYPE_CHECKING:
+    from ledger.storage.object_fs import BucketConfig
 
 __all__ = ["RoundReport", "RoundRequest", "RoundWorkers", "run_round"]
 

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from compactor.engine import LedgerRange
 from ledger.managed_ledger import ManagedLedger
-from ledger.storage.bucket import ledger_object_name
-from ledger.storage.object_fs import BucketConfig
 from ledger.storage.powers import LedgerFiles
+
+if TYPE_CHECKING:
+    from ledger.storage.object_fs import BucketConfig
 
 __all__ = ["stage_input"]
 
@@ -65,7 +67,9 @@ def _offload(files: LedgerFiles, ledger: ManagedLedger, ledger_id: int, now_ms: 
 
 def _without_object(bucket: BucketConfig, ledger_ids: list[int]) -> list[int]:
     """Those of ``ledger_ids`` with no ledger object in ``bucket`` (one listing call)."""
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # here: importing the runner loads no pyarrow
+
+    from ledger.storage.bucket import ledger_object_name
 
     if not ledger_ids:
         return []
