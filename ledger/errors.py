@@ -10,6 +10,7 @@ root and the ledger layer's errors::
     │   ├── LedgerFencedError               append through a writer that lost its ledger
     │   ├── PositionOutOfRangeError (IndexError)  read outside 0..last_add_confirmed
     │   ├── LedgerIOError (OSError)         the backend failed to write or sync (retriable)
+    │   ├── OffloadAlreadyRunning           an admin offload of the topic is still running (409)
     │   └── CorruptLedgerError              a ledger's stored data is damaged (not a torn tail)
     │       ├── CorruptEntryError           one entry's record fails its CRC32C when read
     │       └── ObjectMismatchError         a bucket's copy of a ledger differs from the local file
@@ -35,6 +36,7 @@ __all__ = [
     "LedgerSealedError",
     "MetadataError",
     "ObjectMismatchError",
+    "OffloadAlreadyRunning",
     "PositionOutOfRangeError",
     "SchemaVersionError",
 ]
@@ -77,6 +79,15 @@ class LedgerIOError(LedgerError, OSError):
     """The backend failed to write or sync; the appends it covered are failed back."""
 
     retriable = True
+
+
+class OffloadAlreadyRunning(LedgerError):
+    """An offload of the topic triggered through the admin API has not finished yet
+    (Pulsar answers HTTP 409 "Offload already running")."""
+
+    def __init__(self, message: str, *, topic: str) -> None:
+        super().__init__(message)
+        self.topic = topic
 
 
 class CorruptLedgerError(LedgerError):

@@ -973,8 +973,8 @@ class ManagedLedger:
         with self._when_idle(CloseEvent(seal=False)):
             ledger_ids = self.metadata.delete_topic(self.name)
             self._ledgers = []
-        for ledger_id in ledger_ids:
-            self.store.delete(ledger_id)
+        for ledger_id in ledger_ids:  # unreferenced now: what fails is collected as an orphan
+            self._delete_quietly(ledger_id)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)

@@ -252,6 +252,10 @@ class MetadataStore:
         """Every referenced ledger recorded offloaded (its bucket objects are live)."""
         return {row[0] for row in self._query("SELECT ledger_id FROM ledgers WHERE offloaded_at_ms != 0")}
 
+    def is_offloaded(self, ledger_id: int) -> bool:
+        """Whether ``ledger_id`` is referenced and recorded offloaded."""
+        return bool(self._query("SELECT 1 FROM ledgers WHERE ledger_id = ? AND offloaded_at_ms != 0", (ledger_id,)))
+
     def local_deleted_ledger_ids(self) -> set[int]:
         """Every referenced ledger whose local copy was let go."""
         return {row[0] for row in self._query("SELECT ledger_id FROM ledgers WHERE local_deleted_at_ms != 0")}

@@ -26,7 +26,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,10 +35,18 @@ import crc32c
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ledger.errors import LedgerIOError, ObjectMismatchError
+from ledger.errors import (
+    CorruptLedgerError,
+    LedgerError,
+    LedgerIOError,
+    LedgerNotFoundError,
+    ObjectMismatchError,
+)
 from ledger.storage.byte_source import BlockCache, ObjectSource, SourceReader
 from ledger.storage.file_io import fsync_dir
 from ledger.storage.object_fs import BucketConfig
+from ledger.storage.record import ScanResult, sealed_layout
+from ledger.storage.sealed_file import SealedFile
 from ledger.storage.sidecars import SIDECAR_SUFFIXES
 
 __all__ = ["LEDGERS_DIR", "TEMP_MARK", "BucketObject", "LedgerBucket", "ledger_object_name", "parse_object_name"]
@@ -46,6 +55,10 @@ LEDGERS_DIR = "ledgers"
 TEMP_MARK = ".uploading-"
 """In the name of a ``filesystem``-driver object being written (never a ledger's name)."""
 _COPY_BLOCK_BYTES = 8 * 1024 * 1024
+HEAD_BYTES = 64 * 1024
+"""What is read of a ledger's first bytes to check MAGIC and its META record."""
+TAIL_BYTES = 64
+"""What is read of its last bytes to find the SEAL record."""
 _T = TypeVar("_T")
 
 
@@ -195,6 +208,89 @@ class LedgerBucket:
                 f" where {local_path} holds {local[0]} bytes, CRC32C {local[1]:#010x}")
         return local
 
+    # -- ledgers ------------------------------------------------------------------------
+
+    def open_sealed(self, ledger_id: int) -> SealedFile | None:
+        """Ledger ``ledger_id``'s object as a ``SealedFile`` through the cache; None when
+        there is none, ``CorruptLedgerError`` when it is not a whole sealed ledger."""
+        source = self.open(ledger_object_name(ledger_id))
+        if source is None:
+            return None
+        sealed = SealedFile.over(source, ledger_id)  # closes the source when it is None
+        if sealed is None:
+            raise CorruptLedgerError(f"{source.name} is not a whole sealed ledger (truncated or damaged); "
+                                     "it is not served", ledger_id=ledger_id)
+        return sealed
+
+    def load(self, ledger_id: int) -> tuple[ScanResult, ObjectSource] | None:
+        """Ledger ``ledger_id``'s object, checked: MAGIC, META and SEAL records intact and
+        the records' lengths adding up to the SEAL's counts (each entry's CRC32C is checked
+        when read): what a store serves it by. None when there is no object;
+        ``CorruptLedgerError`` when it is truncated or damaged."""
+        sealed = self.open_sealed(ledger_id)
+        if sealed is None:
+            return None
+        source = sealed.source
+        assert isinstance(source, ObjectSource)
+        try:
+            offsets, lengths = sealed.walk()
+            head = source.pread(0, min(source.size, HEAD_BYTES))
+            tail = source.pread(max(0, source.size - TAIL_BYTES), TAIL_BYTES)
+            scanned = sealed_layout(head, tail, source.size, offsets, lengths, source.name)
+            if scanned is None or scanned.ledger_id != ledger_id:
+                raise CorruptLedgerError(f"{source.name}: its META or SEAL record is damaged, or it holds "
+                                         "another ledger; it is not served", ledger_id=ledger_id)
+        except BaseException:
+            source.discard_cached()
+            source.close()
+            raise
+        return scanned, source
+
+    def adopt(self, ledger_id: int, entry_offsets: array[int], entry_lengths: array[int]
+              ) -> tuple[ScanResult, ObjectSource] | None:
+        """Ledger ``ledger_id``'s object with the layout its writer recorded, checked
+        against its META and SEAL records only (no walk); None when there is no object or
+        the layout does not match."""
+        source = self.open(ledger_object_name(ledger_id))
+        if source is None:
+            return None
+        head = source.pread(0, min(source.size, HEAD_BYTES))
+        tail = source.pread(max(0, source.size - TAIL_BYTES), TAIL_BYTES)
+        scanned = sealed_layout(head, tail, source.size, entry_offsets, entry_lengths, source.name)
+        if scanned is None or scanned.ledger_id != ledger_id:
+            return None
+        return scanned, source
+
+    def upload_sealed(self, local_path: str, ledger_id: int) -> tuple[int, int]:
+        """Copy the sealed ledger file ``local_path`` and its sidecars, then read each copy
+        back (``verify``); ``(size, crc32c)`` of the ledger's file."""
+        sealed = SealedFile.open(local_path, ledger_id)
+        if sealed is None:
+            if not os.path.exists(local_path):
+                raise LedgerNotFoundError(f"ledger {ledger_id} has no local file to upload", ledger_id=ledger_id)
+            raise LedgerError(f"ledger {ledger_id} is not sealed; only a sealed ledger is uploaded",
+                              ledger_id=ledger_id)
+        sealed.close()
+        copies = [(local_path + suffix, ledger_object_name(ledger_id, suffix))
+                  for suffix in SIDECAR_SUFFIXES if os.path.exists(local_path + suffix)]
+        copies.append((local_path, ledger_object_name(ledger_id)))  # the ledger last
+        for local, name in copies:
+            self.upload(local, name)
+        digest = (0, 0)
+        for local, name in copies:
+            digest = self.verify(local, name)
+        return digest
+
+    def upload_sidecar(self, ledger_id: int, suffix: str, local_path: str) -> None:
+        """Copy the sidecar ``local_path`` as ledger ``ledger_id``'s ``suffix`` object and
+        read it back."""
+        if suffix not in SIDECAR_SUFFIXES:
+            raise LedgerError(f"{suffix!r} is not a sidecar suffix ({', '.join(SIDECAR_SUFFIXES)})",
+                              ledger_id=ledger_id)
+        name = ledger_object_name(ledger_id, suffix)
+        self.upload(local_path, name)
+        self.verify(local_path, name)
+
     def delete(self, name: str) -> bool:
         """Delete object ``name``; False when there was none."""
         self.cache.discard(self.url(name))
@@ -241,9 +337,3 @@ def _file_digest(path: str) -> tuple[int, int]:
     with open(path, "rb") as reader:
         return _digest(lambda: reader.read(_COPY_BLOCK_BYTES))
 
-
-def iter_names(ledger_id: int) -> Iterator[str]:
-    """The ledger's object name, then its sidecars'."""
-    yield ledger_object_name(ledger_id)
-    for suffix in SIDECAR_SUFFIXES:
-        yield ledger_object_name(ledger_id, suffix)

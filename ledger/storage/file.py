@@ -97,7 +97,7 @@ from ledger.storage.record import (
     sealed_layout,
 )
 from ledger.storage.sealed_file import SealedFile
-from ledger.storage.sidecars import SIDECAR_SUFFIXES, sidecar_paths
+from ledger.storage.sidecars import sidecar_paths
 
 __all__ = ["MAX_OPEN_FILES_DEFAULT", "READ_CACHE_BYTES_DEFAULT", "FileLedgerStore"]
 
@@ -376,7 +376,9 @@ class FileLedgerStore:
                 removed = True
         if removed:
             fsync_dir(self.root)
-        if self._bucket is not None:
+        never_uploaded = ledger is not None and ledger.source is None and not (
+            ledger.sealed and ledger.scanned.entry_offsets)  # open or empty: never offloaded
+        if self._bucket is not None and not never_uploaded:
             self._bucket.delete_ledger(ledger_id)
 
     def list(self) -> list[int]:
@@ -438,14 +440,7 @@ class FileLedgerStore:
         sealed = SealedFile.open(self._path(ledger_id), ledger_id)
         if sealed is not None or self._bucket is None or os.path.exists(self._path(ledger_id)):
             return sealed
-        source = self._bucket.open(ledger_object_name(ledger_id))
-        if source is None:
-            return None
-        sealed = SealedFile.over(source, ledger_id)
-        if sealed is None:
-            raise CorruptLedgerError(f"{source.name} is not a whole sealed ledger (truncated or damaged); "
-                                     "it is not served", ledger_id=ledger_id)
-        return sealed
+        return self._bucket.open_sealed(ledger_id)
 
     def open_sidecar(self, ledger_id: int, suffix: str) -> pa.NativeFile | None:
         """Ledger ``ledger_id``'s sidecar ``suffix`` as a random-access file
@@ -465,52 +460,31 @@ class FileLedgerStore:
         fails, ``LedgerNotFoundError`` / ``LedgerError`` when there is no sealed local file.
         Works on a read-only store (it writes only to the bucket): an executor uploads a
         ledger it wrote whole in a scratch directory so."""
-        if self._bucket is None:
-            raise LedgerError(f"ledger store {self.root} has no bucket", ledger_id=ledger_id)
-        path = self._path(ledger_id)
-        sealed = SealedFile.open(path, ledger_id)
-        if sealed is None:
-            if not os.path.exists(path):
-                raise LedgerNotFoundError(f"ledger {ledger_id} has no local file to upload", ledger_id=ledger_id)
-            raise LedgerError(f"ledger {ledger_id} is not sealed; only a sealed ledger is uploaded",
-                              ledger_id=ledger_id)
-        sealed.close()
-        copies = [(path + suffix, ledger_object_name(ledger_id, suffix))
-                  for suffix in SIDECAR_SUFFIXES if os.path.exists(path + suffix)]
-        copies.append((path, ledger_object_name(ledger_id)))  # the ledger last
-        for local, name in copies:
-            self._bucket.upload(local, name)
-        digest = (0, 0)
-        for local, name in copies:
-            digest = self._bucket.verify(local, name)
-        return digest
+        return self._need_bucket(ledger_id).upload_sealed(self._path(ledger_id), ledger_id)
 
     def upload_sidecar(self, ledger_id: int, suffix: str, local_path: str) -> None:
         """Copy the sidecar file ``local_path`` to ledger ``ledger_id``'s object of
         ``suffix`` (a key index built for a ledger that lives only in the bucket) and read
         it back; ``ObjectMismatchError`` when the copy differs, ``LedgerIOError`` when the
         bucket fails. Works on a read-only store (it writes only to the bucket)."""
+        self._need_bucket(ledger_id).upload_sidecar(ledger_id, suffix, local_path)
+
+    def _need_bucket(self, ledger_id: int) -> LedgerBucket:
         if self._bucket is None:
             raise LedgerError(f"ledger store {self.root} has no bucket", ledger_id=ledger_id)
-        if suffix not in SIDECAR_SUFFIXES:
-            raise LedgerError(f"{suffix!r} is not a sidecar suffix ({', '.join(SIDECAR_SUFFIXES)})",
-                              ledger_id=ledger_id)
-        name = ledger_object_name(ledger_id, suffix)
-        self._bucket.upload(local_path, name)
-        self._bucket.verify(local_path, name)
+        return self._bucket
 
-    def drop_local(self, ledger_id: int) -> None:
+    def drop_local(self, ledger_id: int) -> bool:
         """Remove ledger ``ledger_id``'s local file and sidecars; its bucket copy stays and
         serves every read from now on (a reader of this store that had it loaded goes on
-        from the bucket). A no-op when there is no local file. ``ObjectMismatchError``
+        from the bucket). False (a no-op) when there is no local file. ``ObjectMismatchError``
         (nothing removed) when the bucket holds no object of the local file's size."""
         self._check_writable()
-        if self._bucket is None:
-            raise LedgerError(f"ledger store {self.root} has no bucket", ledger_id=ledger_id)
+        bucket = self._need_bucket(ledger_id)
         path = self._path(ledger_id)
         if not os.path.exists(path):
-            return
-        source = self._bucket.open(ledger_object_name(ledger_id))
+            return False
+        source = bucket.open(ledger_object_name(ledger_id))
         local_size = os.path.getsize(path)
         if source is None or source.size != local_size:
             raise ObjectMismatchError(
@@ -530,18 +504,15 @@ class FileLedgerStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(local)
         fsync_dir(self.root)
+        return True
 
     def _adopt_remote(self, ledger_id: int, entry_offsets: array[int], entry_lengths: array[int]) -> bool:
         assert self._bucket is not None
-        source = self._bucket.open(ledger_object_name(ledger_id))
-        if source is None:
+        adopted = self._bucket.adopt(ledger_id, entry_offsets, entry_lengths)
+        if adopted is None:
+            log.warning("ledger %d: no object, or its writer's layout does not match it; it will be walked", ledger_id)
             return False
-        head = source.pread(0, min(source.size, _ADOPT_HEAD_BYTES))
-        tail = source.pread(max(0, source.size - _ADOPT_TAIL_BYTES), _ADOPT_TAIL_BYTES)
-        scanned = sealed_layout(head, tail, source.size, entry_offsets, entry_lengths, source.name)
-        if scanned is None or scanned.ledger_id != ledger_id:
-            log.warning("ledger %d: its writer's layout does not match %s; it will be walked", ledger_id, source.name)
-            return False
+        scanned, source = adopted
         with self._lock:
             if ledger_id in self._ledgers:
                 return False
@@ -732,42 +703,13 @@ class FileLedgerStore:
         """Load ledger ``ledger_id`` from its bucket object, outside the lock; a missing
         object leaves it unloaded (``_load`` then raises ``LedgerNotFoundError``)."""
         assert self._bucket is not None
-        opened = self._open_remote(ledger_id)
+        opened = self._bucket.load(ledger_id)
         if opened is None:
             return
         scanned, source = opened
         with self._lock:
             if ledger_id not in self._ledgers:
                 self._install(ledger_id, self._path(ledger_id), scanned).source = source
-
-    def _open_remote(self, ledger_id: int) -> tuple[ScanResult, ByteSource] | None:
-        """Ledger ``ledger_id``'s object, checked: its MAGIC, META and SEAL records intact
-        and its records' lengths adding up to the SEAL's counts (each entry's CRC32C is
-        checked when read). None when there is no object; ``CorruptLedgerError`` when
-        it is truncated or damaged."""
-        assert self._bucket is not None
-        source = self._bucket.open(ledger_object_name(ledger_id))
-        if source is None:
-            return None
-        sealed = SealedFile.over(source, ledger_id)  # closes the source when it is None
-        if sealed is None:
-            raise CorruptLedgerError(f"{source.name} is not a whole sealed ledger (truncated or damaged); "
-                                     "it is not served", ledger_id=ledger_id)
-        try:
-            offsets, lengths = sealed.walk()
-            head = source.pread(0, min(source.size, _ADOPT_HEAD_BYTES))
-            tail = source.pread(max(0, source.size - _ADOPT_TAIL_BYTES), _ADOPT_TAIL_BYTES)
-        except BaseException:
-            source.discard_cached()
-            source.close()
-            raise
-        scanned = sealed_layout(head, tail, source.size, offsets, lengths, source.name)
-        if scanned is None or scanned.ledger_id != ledger_id:
-            source.discard_cached()
-            source.close()
-            raise CorruptLedgerError(f"{source.name}: its META or SEAL record is damaged, or it holds another "
-                                     "ledger; it is not served", ledger_id=ledger_id)
-        return scanned, source
 
     def _pin_path(self, ledger_id: int, path: str) -> FileHandle:
         try:

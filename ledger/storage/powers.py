@@ -29,7 +29,7 @@ themselves, outside the store's process or beside it:
 * ``upload_sidecar(ledger_id, suffix, local_path)``: copy (and read back) a sidecar built
   for a ledger that lives only in the bucket.
 * ``drop_local(ledger_id)``: remove the local file and sidecars only (the bucket copy
-  then serves every read).
+  then serves every read); False when there was no local file.
 
 A store answers ``LedgerStore.file_powers()`` once, with its ``LedgerFiles`` or ``None``:
 ``FileLedgerStore`` is its own; ``MemoryLedgerStore`` has none; ``FaultyLedgerStore``
@@ -81,4 +81,4 @@ class LedgerFiles(Protocol):
 
     def upload_sidecar(self, ledger_id: int, suffix: str, local_path: str) -> None: ...
 
-    def drop_local(self, ledger_id: int) -> None: ...
+    def drop_local(self, ledger_id: int) -> bool: ...

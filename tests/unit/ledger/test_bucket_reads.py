@@ -11,6 +11,7 @@ a truncated, cut or altered one is refused and nothing of it is served.
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ledger.storage.byte_source import BlockCache
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.object_fs import BucketConfig
 from ledger.storage.record import HEADER
+from ledger.storage.sealed_writer import write_sealed_ledger
 
 ENTRIES = [f"entry-{index:04d}-".encode() * (1 + index % 7) for index in range(300)]
 
@@ -296,5 +298,55 @@ def test_a_read_only_store_uploads_a_ledger_and_a_sidecar_it_wrote_elsewhere(
         assert reader.read(ledger_id, 0, len(ENTRIES) - 1) == ENTRIES
         sidecar = reader.open_sidecar(ledger_id, ".kidx")
         assert sidecar is not None and sidecar.read() == index.read_bytes()
+    finally:
+        reader.shutdown()
+
+
+def test_a_ledger_written_whole_into_the_bucket_is_adopted_from_its_layout(tmp_path: Path, store: FileLedgerStore,
+                                                                         bucket: BucketConfig) -> None:
+    ledger_id = store.reserve_ids(1)[0]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    written = write_sealed_ledger(str(scratch), ledger_id, {"role": "compacted"}, ENTRIES, created_at_ms=1)
+    executor = FileLedgerStore(str(scratch), read_only=True, bucket=bucket)
+    executor.upload_sealed(ledger_id)
+    executor.shutdown()
+    wrong = array("q", written.entry_lengths)
+    wrong[0] += 1
+    assert not store.adopt_sealed(ledger_id, written.entry_offsets, wrong)  # a layout that does not match
+    assert store.adopt_sealed(ledger_id, written.entry_offsets, written.entry_lengths)
+    assert store.read(ledger_id, 0, len(ENTRIES) - 1) == ENTRIES
+    assert dict(store.info(ledger_id).metadata) == {"role": "compacted"}
+
+
+def test_a_store_whose_bucket_is_down_still_serves_its_local_ledgers(tmp_path: Path) -> None:
+    down = BucketConfig("aws-s3", "unreachable", endpoint="http://127.0.0.1:1", region="us-east-1")
+    store = FileLedgerStore(str(tmp_path / "ledgers"), sync=SyncPolicy.NONE, bucket=down)
+    try:
+        ledger_id = _sealed(store, ENTRIES[:5])
+        assert store.read(ledger_id, 0, 4) == ENTRIES[:5]
+        empty = store.create()
+        store.close(empty)
+        store.delete(empty)  # never offloaded (empty): the bucket is not asked
+        open_one = store.create()
+        store.append(open_one, b"x").result()
+        store.delete(open_one)
+        assert store.list() == [ledger_id]
+    finally:
+        store.shutdown()
+
+
+def test_a_reader_in_another_process_goes_on_from_the_bucket_once_the_owner_drops_the_file(
+    store: FileLedgerStore, bucket: BucketConfig,
+) -> None:
+    first, second = _sealed(store), _sealed(store, ENTRIES[:3])
+    reader = FileLedgerStore(store.root, read_only=True, bucket=bucket, max_open_files=1)  # a worker's view
+    try:
+        assert reader.read(first, 0, 0) == ENTRIES[:1]  # loaded from the local file
+        assert reader.read(second, 0, 2) == ENTRIES[:3]  # its descriptor closes the first's
+        store.upload_sealed(first)
+        store.drop_local(first)
+        assert reader.read(first, 0, len(ENTRIES) - 1) == ENTRIES
+        assert reader.info(first).entries == len(ENTRIES)
     finally:
         reader.shutdown()
