@@ -39,6 +39,12 @@ read back whole and consistent; the caller then parses the ledger instead (and m
 fresh index). ``write_index`` writes a temporary file, fsyncs it, renames it over the final
 name and fsyncs the directory: a crash leaves the old file, the new one, or a temporary
 file (``TEMP_SUFFIX``), never half an index under the final name.
+
+Where: a ledger's index is read through its store (``LedgerFiles.open_sidecar``: the local
+file, else the ledger's ``.kidx`` object in the store's bucket), and kept where the ledger
+is (``store_index``): beside its local file, or, for a ledger that lives only in the bucket
+(offloaded with its local copy gone; written there by a Spark executor), uploaded as its
+sidecar object (an atomic put, read back).
 """
 
 from __future__ import annotations
