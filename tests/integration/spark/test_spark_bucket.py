@@ -9,7 +9,8 @@ two runs (each after more appends; the second reads the previous view, itself in
 bucket), the view's entries equal the local engine's over the same topic without a bucket
 (ledgers named by their place), with the same figures; the view's ledgers have no local
 file; the raw input is recorded offloaded and its local copies are kept (they follow the
-deletion lag); after a restart the read-compacted rows are the local engine's still. On
+deletion lag); after a restart the read-compacted rows are the local engine's still; the ``compactd``
+data source given the ``bucket`` option reads the same rows from there. On
 both drivers: a directory, and a bucket of the real S3 server on loopback.
 """
 
@@ -28,7 +29,14 @@ from compactor.spark import SparkEngine
 from compactor.view.manifest import CompactedManifests
 from ledger.storage.bucket import ledger_object_name
 from ledger.storage.object_fs import BucketConfig
-from tests.integration.spark.support import NOW_S, TOPIC, TopicDir, local_messages, mixed_entries
+from tests.integration.spark.support import (
+    NOW_S,
+    TOPIC,
+    TopicDir,
+    local_messages,
+    mixed_entries,
+    spark_rows,
+)
 from tests.integration.spark.test_spark_local import _named_by_place
 from tests.s3_server import AWS_ENV
 
@@ -99,6 +107,11 @@ def test_a_spark_run_through_a_bucket_publishes_the_local_engines_view_from_the_
             assert all(f"{record.ledger_id:020d}.ledger" in local_names for record in sealed)  # local copies kept
         expected = _rows_by_place(on_local)
         assert _rows_by_place(on_spark) == expected
+        # The data source reads the view from the bucket too, given the bucket's location.
+        frame = (engine.session().read.format("compactd").option("dataDir", str(tmp_path / "spark"))
+                 .option("topic", TOPIC).option("readCompacted", "true").option("bucket", bucket.to_url())
+                 .option("bucketEndpoint", bucket.endpoint or "").load())
+        assert spark_rows(frame) == local_messages(on_spark, read_compacted=True)
     finally:
         on_spark.close()
         on_local.close()
