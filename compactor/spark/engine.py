@@ -38,7 +38,8 @@ Sessions: one ``SparkSession`` per ``SparkEngine``, created on first use with ``
 (``local[*]``, ``spark://host:port``); Spark reuses a session already running in the
 process whatever its master. The Python workers run this interpreter (``PYSPARK_PYTHON``,
 when unset); compactd's own code is shipped to them (``compactor.spark.register``), its
-third-party dependencies must be installed there.
+third-party dependencies must be installed there. Errors from PySpark and py4j leave as
+``SparkEngineError``.
 
 Where the executors read and write: without a bucket, in the data dir's ledger directory,
 which must then be the same path, shared, on the broker and every executor. With a bucket
@@ -49,7 +50,6 @@ index there, and upload each group's ledger as ``ledgers/<reserved id>`` (writte
 local scratch directory, then put atomically and read back for its size and CRC32C). They
 get the ``BucketConfig`` (driver, bucket, prefix, endpoint, region), never a credential:
 each reads the AWS configuration chain of its own environment.
-Errors from PySpark and py4j leave as ``SparkEngineError``.
 """
 
 from __future__ import annotations
