@@ -1,7 +1,9 @@
 """A Spark driver for ``test_spark_bucket_cluster``: one compaction of a stopped broker's
 topic on a standalone cluster, through a bucket.
 
-Run as ``python bucket_driver.py DATA_DIR MASTER BUCKET_URL [ENDPOINT]``. It opens the data
+Run as ``python bucket_driver.py DATA_DIR MASTER BUCKET_URL [ENDPOINT]`` (``ENDPOINT`` may be
+empty). ``test_spark_bucket`` also runs it on ``local[2]`` with the rewrite's test fault
+point set (``compactor.spark.rewrite.FAULT_ENV``), to kill it in the middle of a job. It opens the data
 dir as the broker would (its ledger store given the bucket), asks one executor what it sees
 at ``DATA_DIR`` (whether the path exists, and what it lists there), compacts the topic with
 the Spark engine on ``MASTER`` (the runner stages the input in the bucket; the executors
@@ -34,7 +36,7 @@ def _probe(path: str) -> Any:
 
 def main() -> None:
     data_dir, master, url = sys.argv[1:4]
-    endpoint = sys.argv[4] if len(sys.argv) > 4 else None
+    endpoint = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None
     bucket = BucketConfig.from_url(url, endpoint=endpoint)
     topic_dir = TopicDir(Path(data_dir), entries_per_ledger=6, bucket=bucket)
     engine = SparkEngine(master)
