@@ -22,8 +22,9 @@ The pure parts (``parse_size``, ``parse_duration_ms``, ``parse_ratio``, ``topic_
 ``namespace_path``) raise ``ValueError`` naming the bad value; the command layer turns
 that into typer's ``BadParameter``.
 
-This module deliberately has no ``from __future__ import annotations``: the policy verbs
-are built by a factory, and typer reads their annotations as live objects.
+This module deliberately has no ``from __future__ import annotations``: the verbs that are
+one request on their argument's path (``_add_request_verb``) and the policy verbs are built
+by factories, and typer reads their annotations as live objects.
 """
 
 import json
@@ -33,7 +34,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import httpx
 import typer
@@ -246,7 +247,10 @@ def _call(ctx: typer.Context, method: str, path: str, **body: Any) -> Any:
         _fail(str(error))
 
 
-def _parsed(parse: Callable[[str], Any], text: str, hint: str) -> Any:
+_Parsed = TypeVar("_Parsed")
+
+
+def _parsed(parse: Callable[[str], _Parsed], text: str, hint: str) -> _Parsed:
     try:
         return parse(text)
     except ValueError as error:
@@ -254,13 +258,11 @@ def _parsed(parse: Callable[[str], Any], text: str, hint: str) -> Any:
 
 
 def _topic(text: str) -> str:
-    path: str = _parsed(topic_path, text, "'TOPIC'")
-    return path
+    return _parsed(topic_path, text, "'TOPIC'")
 
 
 def _namespace(text: str) -> str:
-    path: str = _parsed(namespace_path, text, "'NAMESPACE'")
-    return path
+    return _parsed(namespace_path, text, "'NAMESPACE'")
 
 
 # -- the commands ------------------------------------------------------------------------
@@ -304,8 +306,35 @@ namespaces = typer.Typer(name="namespaces", no_args_is_help=True, help="Operatio
 app.add_typer(topics)
 app.add_typer(namespaces)
 
-Topic = Annotated[str, typer.Argument(metavar="TOPIC", help="persistent://tenant/namespace/topic, or its short form.")]
-Namespace = Annotated[str, typer.Argument(metavar="NAMESPACE", help="tenant/namespace, e.g. public/default.")]
+_TARGETS = {
+    "topic": ("TOPIC", "persistent://tenant/namespace/topic, or its short form."),
+    "namespace": ("NAMESPACE", "tenant/namespace, e.g. public/default."),
+    "tenant": ("TENANT", "A tenant name, e.g. public."),
+}
+
+
+def _target_argument(scope: str) -> Any:
+    """The TOPIC, NAMESPACE or TENANT argument (``scope`` topic, namespace, tenant) of a verb."""
+    metavar, help_text = _TARGETS[scope]
+    return typer.Argument(..., metavar=metavar, help=help_text)
+
+
+def _add_request_verb(group: typer.Typer, verb: str, method: str, scope: str, to_path: Callable[[str], str],
+                      suffix: str = "", *, printed: bool = False, help_text: str) -> None:
+    """``verb`` on ``group``: one ``method`` request to the path of its ``scope`` argument
+    (``to_path``) followed by ``suffix``, printing the JSON answer when ``printed``."""
+    argument = _target_argument(scope)
+
+    def request(ctx: typer.Context, target: str = argument) -> None:
+        answer = _call(ctx, method, to_path(target) + suffix)
+        if printed:
+            _print_json(answer)
+
+    group.command(verb, help=help_text)(request)
+
+
+Topic = Annotated[str, _target_argument("topic")]
+Namespace = Annotated[str, _target_argument("namespace")]
 
 
 @app.callback()
@@ -339,16 +368,9 @@ def _admin(
     ctx.obj = client
 
 
-@topics.command("create")
-def create_topic(ctx: typer.Context, topic: Topic) -> None:
-    """Create a topic (HTTP 409 when it exists)."""
-    _call(ctx, "PUT", _topic(topic))
-
-
-@topics.command("delete")
-def delete_topic(ctx: typer.Context, topic: Topic) -> None:
-    """Delete a topic, its ledgers and its compacted ledger."""
-    _call(ctx, "DELETE", _topic(topic))
+_add_request_verb(topics, "create", "PUT", "topic", _topic, help_text="Create a topic (HTTP 409 when it exists).")
+_add_request_verb(topics, "delete", "DELETE", "topic", _topic,
+                  help_text="Delete a topic, its ledgers and its compacted ledger.")
 
 
 @topics.command("list")
@@ -359,16 +381,10 @@ def list_topics(ctx: typer.Context, namespace: Namespace) -> None:
         typer.echo(name)
 
 
-@topics.command("stats")
-def topic_stats(ctx: typer.Context, topic: Topic) -> None:
-    """Print the topic's stats (with its compaction section)."""
-    _print_json(_call(ctx, "GET", f"{_topic(topic)}/stats"))
-
-
-@topics.command("stats-internal")
-def topic_internal_stats(ctx: typer.Context, topic: Topic) -> None:
-    """Print the topic's internal stats (ledgers, cursors, compacted ledger)."""
-    _print_json(_call(ctx, "GET", f"{_topic(topic)}/internalStats"))
+_add_request_verb(topics, "stats", "GET", "topic", _topic, "/stats", printed=True,
+                  help_text="Print the topic's stats (with its compaction section).")
+_add_request_verb(topics, "stats-internal", "GET", "topic", _topic, "/internalStats", printed=True,
+                  help_text="Print the topic's internal stats (ledgers, cursors, compacted ledger).")
 
 
 @topics.command("compact")
@@ -379,32 +395,47 @@ def compact(ctx: typer.Context, topic: Topic) -> None:
     typer.echo(f"Topic compaction requested for {_full_name(path)}")
 
 
-@topics.command("compaction-status")
-def compaction_status(
-    ctx: typer.Context,
-    topic: Topic,
-    wait: Annotated[bool, typer.Option("--wait-complete", "-w", help="Wait until the run ends.")] = False,
-    wait_timeout_s: Annotated[float, typer.Option(
-        "--wait-timeout", metavar="SECONDS", min=0.0,
-        help="With -w: give up (exit 1) after this long.")] = WAIT_TIMEOUT_S_DEFAULT,
-    poll_interval_s: Annotated[float, typer.Option(
-        "--poll-interval", metavar="SECONDS", min=0.01,
-        help="With -w: time between two status requests.")] = POLL_INTERVAL_S_DEFAULT,
-) -> None:
-    """Print the status of the topic's compaction; exit 1 when it is ERROR."""
-    path = f"{_topic(topic)}/compaction"
+def _add_status_verb(verb: str, process: str, help_text: str, *, ends: str) -> None:
+    """``verb`` on ``topics``: print the status of the topic's ``process`` (``compaction``,
+    at ``<topic>/compaction``), ``-w`` waiting until the ``ends`` ends (``_print_process_status``)."""
+
+    def status(
+        ctx: typer.Context,
+        topic: Topic,
+        wait: bool = typer.Option(False, "--wait-complete", "-w", help=f"Wait until the {ends} ends."),
+        wait_timeout_s: float = typer.Option(WAIT_TIMEOUT_S_DEFAULT, "--wait-timeout", metavar="SECONDS", min=0.0,
+                                             help="With -w: give up (exit 1) after this long."),
+        poll_interval_s: float = typer.Option(POLL_INTERVAL_S_DEFAULT, "--poll-interval", metavar="SECONDS",
+                                              min=0.01, help="With -w: time between two status requests."),
+    ) -> None:
+        _print_process_status(ctx, _topic(topic), process, wait=wait, wait_timeout_s=wait_timeout_s,
+                              poll_interval_s=poll_interval_s)
+
+    topics.command(verb, help=help_text)(status)
+
+
+_add_status_verb("compaction-status", "compaction", "Print the status of the topic's compaction; exit 1 when it is ERROR.",
+                 ends="run")
+
+
+def _print_process_status(ctx: typer.Context, topic_path: str, process: str, *, wait: bool, wait_timeout_s: float,
+                          poll_interval_s: float) -> None:
+    """Print the status (Pulsar's ``LongRunningProcessStatus``) of the topic's ``process``
+    at ``<topic_path>/<process>``; with ``wait``, once it is no longer RUNNING, asking every
+    ``poll_interval_s`` (exit 1 after ``wait_timeout_s``). Exit 1 when it is ERROR."""
+    path = f"{topic_path}/{process}"
     status = _call(ctx, "GET", path)
     deadline = time.monotonic() + wait_timeout_s
     while wait and _status_word(status) == "RUNNING":
         if time.monotonic() >= deadline:
             _print_json(status)
-            _fail(f"compaction of {_full_name(_topic(topic))} still RUNNING after {wait_timeout_s:g} s")
+            _fail(f"{process} of {_full_name(topic_path)} still RUNNING after {wait_timeout_s:g} s")
         time.sleep(min(poll_interval_s, max(0.0, deadline - time.monotonic())))
         status = _call(ctx, "GET", path)
     _print_json(status)
     if _status_word(status) == "ERROR":
         last_error = status.get("lastError") if isinstance(status, dict) else None
-        _fail(f"compaction failed: {last_error or 'no error given'}")
+        _fail(f"{process} failed: {last_error or 'no error given'}")
 
 
 @topics.command("delete-subscription")
@@ -460,26 +491,13 @@ POLICIES = (
 )
 
 
-def _target_argument(scope: str) -> Any:
-    """The TOPIC (``scope`` "topic") or NAMESPACE argument of a verb on a topic or namespace."""
-    if scope == "topic":
-        return typer.Argument(..., metavar="TOPIC", help="persistent://tenant/namespace/topic, or its short form.")
-    return typer.Argument(..., metavar="NAMESPACE", help="tenant/namespace, e.g. public/default.")
-
-
 def _add_get_remove_verbs(group: typer.Typer, verb: str, name: str, scope: str,
                           to_path: Callable[[str], str]) -> None:
     """``get-<verb>`` (prints policy ``name``, null when unset) and ``remove-<verb>`` on ``group``."""
-    argument = _target_argument(scope)
-
-    def get_policy(ctx: typer.Context, target: str = argument) -> None:
-        _print_json(_call(ctx, "GET", f"{to_path(target)}/{name}"))
-
-    def remove_policy(ctx: typer.Context, target: str = argument) -> None:
-        _call(ctx, "DELETE", f"{to_path(target)}/{name}")
-
-    group.command(f"get-{verb}", help=f"Print the {scope}'s {name} (null when unset).")(get_policy)
-    group.command(f"remove-{verb}", help=f"Remove the {scope}'s {name}.")(remove_policy)
+    _add_request_verb(group, f"get-{verb}", "GET", scope, to_path, f"/{name}", printed=True,
+                      help_text=f"Print the {scope}'s {name} (null when unset).")
+    _add_request_verb(group, f"remove-{verb}", "DELETE", scope, to_path, f"/{name}",
+                      help_text=f"Remove the {scope}'s {name}.")
 
 
 def _add_policy_verbs(group: typer.Typer, spec: PolicySpec, scope: str, to_path: Callable[[str], str]) -> None:

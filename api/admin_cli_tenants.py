@@ -25,10 +25,11 @@ import typer
 from api.admin_cli import (
     Namespace,
     Topic,
+    _add_request_verb,
     _call,
     _namespace,
     _parsed,
-    _print_json,
+    _target_argument,
     _topic,
     app,
     namespace_topics_path,
@@ -45,7 +46,7 @@ app.add_typer(tenants)
 
 Partitions = Annotated[str, typer.Option("--partitions", "-p", metavar="N",
                                          help="The number of partitions (1 or more).")]
-TenantName = Annotated[str, typer.Argument(metavar="TENANT", help="A tenant name, e.g. public.")]
+TenantName = Annotated[str, _target_argument("tenant")]
 
 
 def tenant_path(text: str) -> str:
@@ -64,13 +65,11 @@ def parse_partitions(text: str) -> int:
 
 
 def _partitions(text: str) -> int:
-    count: int = _parsed(parse_partitions, text, "'--partitions'")
-    return count
+    return _parsed(parse_partitions, text, "'--partitions'")
 
 
 def _tenant(text: str) -> str:
-    path: str = _parsed(tenant_path, text, "'TENANT'")
-    return path
+    return _parsed(tenant_path, text, "'TENANT'")
 
 
 # -- partitioned topics ----------------------------------------------------------------
@@ -88,16 +87,10 @@ def update_partitioned_topic(ctx: typer.Context, topic: Topic, partitions: Parti
     _call(ctx, "POST", f"{_topic(topic)}/partitions", body=_partitions(partitions), has_body=True)
 
 
-@topics.command("get-partitioned-topic-metadata")
-def get_partitioned_topic_metadata(ctx: typer.Context, topic: Topic) -> None:
-    """Print {"partitions": N} (0 for a topic that is not partitioned)."""
-    _print_json(_call(ctx, "GET", f"{_topic(topic)}/partitions"))
-
-
-@topics.command("delete-partitioned-topic")
-def delete_partitioned_topic(ctx: typer.Context, topic: Topic) -> None:
-    """Delete a partitioned topic and all its partitions."""
-    _call(ctx, "DELETE", f"{_topic(topic)}/partitions")
+_add_request_verb(topics, "get-partitioned-topic-metadata", "GET", "topic", _topic, "/partitions", printed=True,
+                  help_text='Print {"partitions": N} (0 for a topic that is not partitioned).')
+_add_request_verb(topics, "delete-partitioned-topic", "DELETE", "topic", _topic, "/partitions",
+                  help_text="Delete a partitioned topic and all its partitions.")
 
 
 @topics.command("list-partitioned-topics")
@@ -108,10 +101,8 @@ def list_partitioned_topics(ctx: typer.Context, namespace: Namespace) -> None:
         typer.echo(name)
 
 
-@topics.command("partitioned-stats")
-def partitioned_stats(ctx: typer.Context, topic: Topic) -> None:
-    """Print the partitioned topic's stats, summed and per partition."""
-    _print_json(_call(ctx, "GET", f"{_topic(topic)}/partitioned-stats"))
+_add_request_verb(topics, "partitioned-stats", "GET", "topic", _topic, "/partitioned-stats", printed=True,
+                  help_text="Print the partitioned topic's stats, summed and per partition.")
 
 
 # -- tenants -----------------------------------------------------------------------------
@@ -130,10 +121,7 @@ def create_tenant(ctx: typer.Context, tenant: TenantName) -> None:
     _call(ctx, "PUT", _tenant(tenant), body={}, has_body=True)
 
 
-@tenants.command("delete")
-def delete_tenant(ctx: typer.Context, tenant: TenantName) -> None:
-    """Delete a tenant that has no namespaces."""
-    _call(ctx, "DELETE", _tenant(tenant))
+_add_request_verb(tenants, "delete", "DELETE", "tenant", _tenant, help_text="Delete a tenant that has no namespaces.")
 
 
 # -- namespaces --------------------------------------------------------------------------
@@ -147,13 +135,7 @@ def list_namespaces(ctx: typer.Context, tenant: TenantName) -> None:
         typer.echo(name)
 
 
-@namespaces.command("create")
-def create_namespace(ctx: typer.Context, namespace: Namespace) -> None:
-    """Create a namespace tenant/namespace (its tenant must exist)."""
-    _call(ctx, "PUT", _namespace(namespace))
-
-
-@namespaces.command("delete")
-def delete_namespace(ctx: typer.Context, namespace: Namespace) -> None:
-    """Delete a namespace that has no topics."""
-    _call(ctx, "DELETE", _namespace(namespace))
+_add_request_verb(namespaces, "create", "PUT", "namespace", _namespace,
+                  help_text="Create a namespace tenant/namespace (its tenant must exist).")
+_add_request_verb(namespaces, "delete", "DELETE", "namespace", _namespace,
+                  help_text="Delete a namespace that has no topics.")

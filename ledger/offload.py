@@ -157,6 +157,14 @@ class Offloader:
         with self._lock:
             return self._status.get(topic, OffloadProgress(OffloadStatus.NOT_RUN))
 
+    def forget(self, topic: str) -> None:
+        """The topic was unloaded or deleted: its admin status goes (``NOT_RUN`` when it is
+        loaded again, as in Pulsar). A job still running finishes on its own."""
+        with self._lock:
+            if self._status.get(topic, OffloadProgress(OffloadStatus.NOT_RUN)).status is not OffloadStatus.RUNNING:
+                self._status.pop(topic, None)
+            self._again.pop(topic, None)
+
     def _admin_job(self, ledger: ManagedLedger, before: Position) -> None:
         topic = ledger.name
         try:

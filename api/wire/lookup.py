@@ -18,6 +18,9 @@ supplies the transport and the answers. Rules it keeps:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from api.broker.access import LOOKUP_ACTIONS, AuthorizationError
 from api.broker.errors import BrokerError
 from api.wire.codec import server_error
@@ -26,6 +29,9 @@ from api.wire.frames import Frame
 from api.wire.preparing import get_or_create_schema
 from api.wire.schema_commands import get_schema_response, refused_response
 from message.proto import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from api.broker.topic_name import TopicName
 
 __all__ = ["LookupHandlers"]
 
@@ -40,42 +46,34 @@ class LookupHandlers(ConnectionPart):
 
     def _partitioned_metadata(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.partitionMetadata
-        try:
-            name = self.broker.topic_name(request.topic)
-            self.broker.access.check_topic(self.role, request.topic, *LOOKUP_ACTIONS)  # api.auth: grants
-        except BrokerError as error:
-            self._partitioned_metadata_failed(request.request_id, error)
-            return
-        response = pb.CommandPartitionedTopicMetadataResponse(
-            request_id=request.request_id, partitions=self.broker.partitioned.partitions(name),
-            response=pb.CommandPartitionedTopicMetadataResponse.Success)
-        self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
+        name = self._looked_up(request.topic, request.request_id, self._partitioned_metadata_failed)
+        if name is not None:
+            self.write(_metadata_response(request_id=request.request_id, response=_METADATA.Success,
+                                          partitions=self.broker.partitioned.partitions(name)))
 
     def _partitioned_metadata_failed(self, request_id: int, error: BrokerError) -> None:
-        response = pb.CommandPartitionedTopicMetadataResponse(
-            request_id=request_id, response=pb.CommandPartitionedTopicMetadataResponse.Failed,
-            error=server_error(error.code), message=str(error))
-        self.write(pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=response))
+        self.write(_metadata_response(request_id=request_id, response=_METADATA.Failed, **_failure(error)))
 
     def _lookup(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.lookupTopic
-        try:
-            self.broker.topic_name(request.topic)
-            self.broker.access.check_topic(self.role, request.topic, *LOOKUP_ACTIONS)  # api.auth: grants
-        except BrokerError as error:
-            self._lookup_failed(request.request_id, error)
-            return
-        response = pb.CommandLookupTopicResponse(
-            request_id=request.request_id, response=pb.CommandLookupTopicResponse.Connect,
-            brokerServiceUrl=self.service_url, brokerServiceUrlTls=self.service_url,
-            authoritative=True, proxy_through_service_url=False)
-        self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
+        if self._looked_up(request.topic, request.request_id, self._lookup_failed) is not None:
+            self.write(_lookup_response(
+                request_id=request.request_id, response=_LOOKUP.Connect, brokerServiceUrl=self.service_url,
+                brokerServiceUrlTls=self.service_url, authoritative=True, proxy_through_service_url=False))
 
     def _lookup_failed(self, request_id: int, error: BrokerError) -> None:
-        response = pb.CommandLookupTopicResponse(
-            request_id=request_id, response=pb.CommandLookupTopicResponse.Failed,
-            error=server_error(error.code), message=str(error))
-        self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=response))
+        self.write(_lookup_response(request_id=request_id, response=_LOOKUP.Failed, **_failure(error)))
+
+    def _looked_up(self, topic: str, request_id: int, failed: Callable[[int, BrokerError], None]) -> TopicName | None:
+        """The name of the ``topic`` a PARTITIONED_METADATA or LOOKUP asks about, when it is
+        valid and the role may look it up; else None, the refusal answered by ``failed``."""
+        try:
+            name = self.broker.topic_name(topic)
+            self.broker.access.check_topic(self.role, topic, *LOOKUP_ACTIONS)  # api.auth: grants
+        except BrokerError as error:
+            failed(request_id, error)
+            return None
+        return name
 
     def _topics_of_namespace(self, command: pb.BaseCommand, frame: Frame) -> None:
         request = command.getTopicsOfNamespace
@@ -99,3 +97,20 @@ class LookupHandlers(ConnectionPart):
             self.write(refused_response(command, error))
             return
         get_or_create_schema(self, frame)  # api.wire.preparing: registered off the loop
+
+
+_METADATA = pb.CommandPartitionedTopicMetadataResponse
+_LOOKUP = pb.CommandLookupTopicResponse
+
+
+def _metadata_response(**fields: Any) -> pb.BaseCommand:
+    return pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=_METADATA(**fields))
+
+
+def _lookup_response(**fields: Any) -> pb.BaseCommand:
+    return pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=_LOOKUP(**fields))
+
+
+def _failure(error: BrokerError) -> dict[str, Any]:
+    """The fields of a failed lookup's or metadata request's response: ``error``'s code and text."""
+    return {"error": server_error(error.code), "message": str(error)}

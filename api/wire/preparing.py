@@ -52,6 +52,7 @@ from message.proto import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
     from api.broker.service import BrokerService
+    from api.broker.topic import Topic
     from api.wire.frames import Frame
     from ledger.managed_ledger import ManagedLedger
 
@@ -144,10 +145,8 @@ def _work(broker: BrokerService, command: pb.BaseCommand) -> Awaitable[object] |
     """The work off the loop that ``command`` needs first, or None."""
     if command.type == T.PRODUCER:
         request = command.producer
-        name = TopicName.parse(request.topic)
-        loaded = broker.registry.get(str(name))
+        name, loaded = _loaded(broker, request.topic)
         if loaded is None:
-            broker.check_loadable(name, create=True)  # a refusal is answered at once
             return broker.load_topic(request.topic)
         if loaded.deduplication_starting:  # PRODUCER_SUCCESS carries its last sequence id
             return loaded.deduplication_settled()
@@ -159,10 +158,8 @@ def _work(broker: BrokerService, command: pb.BaseCommand) -> Awaitable[object] |
             return _stores_appends(str(name), ledger, ready)
     elif command.type == T.SUBSCRIBE:
         subscribe = command.subscribe
-        name = TopicName.parse(subscribe.topic)
-        topic = broker.registry.get(str(name))
+        name, topic = _loaded(broker, subscribe.topic)
         if topic is None:
-            broker.check_loadable(name, create=True)  # a refusal is answered at once
             return broker.load_topic(subscribe.topic)
         if subscribe.HasField("schema") and not broker.schemas.versions(schema_base(name)):
             in_use = (topic.ledger.number_of_entries > 0 or bool(topic.producers)
@@ -179,6 +176,16 @@ def _work(broker: BrokerService, command: pb.BaseCommand) -> Awaitable[object] |
         if broker.schemas.registered(name, schema_data(create.schema)) is None:
             return write_off_loop(broker.schemas.put_if_absent, name, schema_data(create.schema))
     return None
+
+
+def _loaded(broker: BrokerService, topic: str) -> tuple[TopicName, Topic | None]:
+    """``topic``'s name and its loaded ``Topic``, or None when it is not loaded and may be
+    (``BrokerService.check_loadable``: a refusal raises, and is answered at once)."""
+    name = TopicName.parse(topic)
+    loaded = broker.registry.get(str(name))
+    if loaded is None:
+        broker.check_loadable(name, create=True)
+    return name, loaded
 
 
 async def _stores_appends(topic: str, ledger: ManagedLedger, ready: Future[None]) -> None:

@@ -35,8 +35,9 @@ and the run's last view is the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -61,7 +62,7 @@ from message.compression import decompress
 from message.encoder import COMPACTED_OUT_SLOT, reframe_batch
 from message.entry import parse_header
 
-__all__ = ["DELETED", "IndexUnavailable", "IndexedRound"]
+__all__ = ["DELETED", "IndexUnavailable", "IndexedRound", "compacted_entries"]
 
 U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
@@ -308,7 +309,9 @@ class IndexedRound:
                 self.clean_keys_kept += int(np.count_nonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0)))
             else:
                 keep = self._dirty_keep(rows, source.dirty_base, retained)
-            yield from self._entries(source.range, rows, keep)
+            whole = source.range
+            yield from compacted_entries(rows, keep, partial(self._read, whole), compacted=whole.compacted,
+                                         raw_ledger_id=None if whole.compacted else whole.ledger_id)
 
     def _dirty_keep(self, rows: Rows, base: int, retained: U64) -> Mask:
         """A dirty keyed value is its key's latest iff its stream number is retained."""
@@ -318,39 +321,47 @@ class IndexedRound:
         last[(retained[low:high] - np.uint64(base)).astype(np.int64)] = True
         return self._keep(rows, lambda asked: last[asked])
 
-    def _entries(
-        self, whole: LedgerRange, rows: Rows, keep: Mask,
-    ) -> Iterator[CompactedEntry]:
-        """The compacted entries of one range, reading only entries with a survivor."""
-        stored = rows["stored"]
-        if not len(stored):
-            return
-        starts = entry_starts(stored)
-        kept = np.add.reduceat(keep.astype(np.int64), starts)
-        messages = np.add.reduceat(((rows["flags"] & _NOT_A_MESSAGE) == 0).astype(np.int64), starts)
-        ends = np.append(starts[1:], len(stored))
-        wanted = np.flatnonzero(kept).tolist()
-        starts_of, ends_of, kept_of, messages_of = starts.tolist(), ends.tolist(), kept.tolist(), messages.tolist()
-        stored_of = stored[starts].tolist()
-        if whole.compacted:
-            ledger_of, entry_of = rows["ledger_id"][starts].tolist(), rows["entry_id"][starts].tolist()
-        else:  # a raw ledger's entries are stored at their entry ids
-            ledger_of, entry_of = [whole.ledger_id] * len(stored_of), stored_of
-        batched_of = ((rows["batch_size"][starts] > 0) & ((rows["flags"][starts] & FLAG_OPAQUE) == 0)).tolist()
-        for chunk in range(0, len(wanted), READ_BATCH_ENTRIES_MAX):
-            entries = wanted[chunk: chunk + READ_BATCH_ENTRIES_MAX]
-            block = self._read(whole, [stored_of[entry] for entry in entries])
-            for entry, data in zip(entries, block, strict=True):
-                start, end = starts_of[entry], ends_of[entry]
-                if whole.compacted:
-                    data = decode_compacted_entry(data).data
-                position = Position(ledger_of[entry], entry_of[entry])
-                if not batched_of[entry]:  # one message, or an entry kept whole as it is
-                    yield CompactedEntry(position, data)
-                else:
-                    yield _batch(position, rows, start, end, keep[start:end], kept_of[entry] == messages_of[entry],
-                                 data)
 
+def compacted_entries(
+    rows: Rows, keep: Mask, read: Callable[[list[int]], Iterable[bytes]], *, compacted: bool,
+    raw_ledger_id: int | None = None,
+) -> Iterator[CompactedEntry]:
+    """The compacted entries of the index ``rows`` of one range whose rows ``keep`` survive,
+    in order (phase two of both engines: this module's rounds, ``compactor.spark.index_scan``).
+
+    Only entries with a survivor are read, ``READ_BATCH_ENTRIES_MAX`` at a time through
+    ``read`` (stored indexes, ascending, to their stored bytes); a compacted range's
+    (``compacted``) are decoded first. An entry that is one message or kept whole is copied
+    as stored; a batch is kept as stored when every live slot survives, else cut
+    (``_batch``). Positions are the rows' ``ledger_id`` and ``entry_id``, or, given
+    ``raw_ledger_id``, that ledger's at the stored index (a raw ledger's entries are stored
+    at their entry ids)."""
+    stored = rows["stored"]
+    if not len(stored):
+        return
+    starts = entry_starts(stored)
+    kept = np.add.reduceat(keep.astype(np.int64), starts)
+    messages = np.add.reduceat(((rows["flags"] & _NOT_A_MESSAGE) == 0).astype(np.int64), starts)
+    ends = np.append(starts[1:], len(stored))
+    wanted = np.flatnonzero(kept).tolist()
+    starts_of, ends_of, whole_of = starts.tolist(), ends.tolist(), (kept == messages).tolist()
+    stored_of = stored[starts].tolist()
+    if raw_ledger_id is None:
+        ledger_of, entry_of = rows["ledger_id"][starts].tolist(), rows["entry_id"][starts].tolist()
+    else:
+        ledger_of, entry_of = [raw_ledger_id] * len(stored_of), stored_of
+    batched_of = ((rows["batch_size"][starts] > 0) & ((rows["flags"][starts] & FLAG_OPAQUE) == 0)).tolist()
+    for first in range(0, len(wanted), READ_BATCH_ENTRIES_MAX):
+        entries = wanted[first:first + READ_BATCH_ENTRIES_MAX]
+        for entry, data in zip(entries, read([stored_of[entry] for entry in entries]), strict=True):
+            if compacted:
+                data = decode_compacted_entry(data).data
+            position = Position(ledger_of[entry], entry_of[entry])
+            if not batched_of[entry]:  # one message, or an entry kept whole as it is
+                yield CompactedEntry(position, data)
+            else:
+                start, end = starts_of[entry], ends_of[entry]
+                yield _batch(position, rows, start, end, keep[start:end], whole_of[entry], data)
 
 def _batch(position: Position, rows: Rows, start: int, end: int, keep: Mask, whole: bool, data: bytes) -> CompactedEntry:
     """The compacted entry of the batch whose rows are ``start..end`` (some kept): as

@@ -58,21 +58,23 @@ class Counted:
         self.progress(self.phase, self.done, max(self.total, self.done))
 
 
+_NO_ROUND = RoundFigures(-1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+"""The figures before any round: nothing written (ledger -1), nothing read."""
+
+
 @dataclass
 class RoundTally:
-    """The figures of a local run's rounds so far."""
+    """The figures of a local run's rounds so far: the last round's (its view is the run's)
+    and the sums of what every round read and removed."""
 
     count: int = 0
     phase_one_s: float = 0.0
     latencies: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
-    ledger_id: int = -1
-    keys_kept: int = 0
+    last: RoundFigures = _NO_ROUND
     removed_events: int = 0
     entries_read: int = 0
     messages_read: int = 0
     bytes_read: int = 0
-    entries_written: int = 0
-    bytes_written: int = 0
     key_map_bytes: int = 0
     worker_throttled_s: float = 0.0
     worker_io_bytes: int = 0
@@ -82,9 +84,7 @@ class RoundTally:
         the most its key map held. Removed events add up exactly: what a round keeps, the
         next one reads again."""
         self.count += 1
-        self.ledger_id, self.entries_written, self.bytes_written = (
-            figures.ledger_id, figures.entries_written, figures.bytes_written)
-        self.keys_kept = figures.keys_kept
+        self.last = figures
         self.removed_events += figures.removed_events
         self.entries_read += figures.entries_read
         self.messages_read += figures.messages_read
@@ -105,11 +105,11 @@ class RoundTally:
         """The run's figures: the last round's view, every round's work."""
         duration_s = time.monotonic() - started
         return RunFigures(
-            engine="local", horizon=str(stop), keys_kept=self.keys_kept,
+            engine="local", horizon=str(stop), keys_kept=self.last.keys_kept,
             throttled_s=run.throttle.throttled_s + self.worker_throttled_s,
-            io_bytes=run.throttle.charged_bytes + self.worker_io_bytes, ledger_id=self.ledger_id, removed_events=self.removed_events,
+            io_bytes=run.throttle.charged_bytes + self.worker_io_bytes, ledger_id=self.last.ledger_id, removed_events=self.removed_events,
             entries_read=self.entries_read, messages_read=self.messages_read, bytes_read=self.bytes_read,
-            entries_written=self.entries_written, bytes_written=self.bytes_written, phase_one_s=self.phase_one_s,
+            entries_written=self.last.entries_written, bytes_written=self.last.bytes_written, phase_one_s=self.phase_one_s,
             phase_two_s=duration_s - self.phase_one_s, duration_s=duration_s, key_map_bytes=self.key_map_bytes,
             append_latency_counts=tuple(self.latencies) if any(self.latencies) else (), rounds=self.count,
         )

@@ -39,11 +39,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-from ledger.storage.bucket import ledger_object_name
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
-from compactor.local.indexed import _batch as rewritten_batch
+from compactor.local.indexed import compacted_entries
 from compactor.local.key_index import (
     FLAG_CHUNK,
     FLAG_COMPACTED_OUT,
@@ -61,7 +60,7 @@ from compactor.local.scan import scan_entry
 from compactor.local.slot_rule import old_tombstones, surviving_rows
 from compactor.spark.rows import open_store, read_range
 from compactor.view.view import CompactedEntry, decode_compacted_entry
-from ledger.position import Position
+from ledger.storage.bucket import ledger_object_name
 from ledger.storage.object_fs import BucketConfig
 from ledger.storage.sealed_file import SealedFile
 
@@ -301,35 +300,7 @@ def survivors(index: PieceIndex, piece: int, decisions: GroupDecisions, *, retai
     keep = surviving_rows(flags, old=old_tombstones(flags, rows.get("publish_time"), keep_tombstones_since_ms),
                           retain_null_key=retain_null_key, latest=lambda asked: retained[asked],
                           chunk_survives=lambda asked: ~dropped[asked])
-    yield from _entries(index, keep)
-
-
-def _entries(index: PieceIndex, keep: Mask) -> Iterator[CompactedEntry]:
-    """The compacted entries of the piece, reading only entries with a survivor."""
-    rows = index.rows
-    stored = rows["stored"]
-    if not len(stored):
-        return
-    starts = entry_starts(stored)
-    kept = np.add.reduceat(keep.astype(np.int64), starts)
-    messages = np.add.reduceat(((rows["flags"] & _NOT_A_MESSAGE) == 0).astype(np.int64), starts)
-    ends = np.append(starts[1:], len(stored))
-    wanted = np.flatnonzero(kept).tolist()
-    starts_of, ends_of, whole_of = starts.tolist(), ends.tolist(), (kept == messages).tolist()
-    stored_of = stored[starts].tolist()
-    ledger_of, entry_of = rows["ledger_id"][starts].tolist(), rows["entry_id"][starts].tolist()
-    batched_of = ((rows["batch_size"][starts] > 0) & ((rows["flags"][starts] & FLAG_OPAQUE) == 0)).tolist()
-    for first in range(0, len(wanted), READ_BATCH_ENTRIES_MAX):
-        entries = wanted[first:first + READ_BATCH_ENTRIES_MAX]
-        for entry, data in zip(entries, index.read([stored_of[entry] for entry in entries]), strict=True):
-            if index.piece.compacted:
-                data = decode_compacted_entry(data).data
-            position = Position(ledger_of[entry], entry_of[entry])
-            if not batched_of[entry]:  # one message, or an entry kept whole as it is
-                yield CompactedEntry(position, data)
-            else:
-                start, end = starts_of[entry], ends_of[entry]
-                yield rewritten_batch(position, rows, start, end, keep[start:end], whole_of[entry], data)
+    yield from compacted_entries(index.rows, keep, index.read, compacted=index.piece.compacted)
 
 
 def ledger_ids_without_index(ledgers_root: str, ledger_ids: list[int], bucket: BucketConfig | None = None) -> list[

@@ -144,9 +144,12 @@ class ObjectSource:
                 blocks[at - first] = block
                 self._cache.put(self.name, at, block)
             index = run_end + 1
-        joined = b"".join(block for block in blocks if block is not None)
-        start = offset - first * block_bytes
-        return joined[start : start + stop - offset]
+        parts = []
+        for index, held in enumerate(blocks, first):  # only the bytes asked for are copied
+            assert held is not None
+            base = index * block_bytes
+            parts.append(held[max(offset, base) - base : min(stop, base + len(held)) - base])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _fetch(self, start: int, stop: int) -> bytes:
         try:

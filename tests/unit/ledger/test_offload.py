@@ -417,3 +417,30 @@ def test_a_durable_cursor_consumes_across_offloaded_and_local_ledgers_and_resume
     assert [entry.data for entry in rest] == [_entry(index) for index in range(15, 4 * ENTRIES_PER_LEDGER + 3)]
     assert topic.ledger.trim() == [l1]  # consumed: trimmed, its objects with it
     assert topic.objects() == [ledger_object_name(l2)]
+
+
+def test_an_admin_offload_while_a_threshold_job_runs_ends_in_error_and_a_deferred_threshold_run_follows(
+    topic: Topic, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    started = threading.Event()
+    real = FileLedgerStore.upload_sealed
+
+    def slow(self: FileLedgerStore, ledger_id: int) -> tuple[int, int]:
+        started.set()
+        release.wait(BOUND_S)
+        return real(self, ledger_id)
+
+    monkeypatch.setattr(FileLedgerStore, "upload_sealed", slow)
+    l1, l2, l3, l4 = topic.ids()[:4]
+    topic.offloader.maybe_offload(topic.ledger, 3 * LEDGER_BYTES)  # takes l1, then waits in its upload
+    assert started.wait(BOUND_S)
+    topic.offloader.offload_prefix(topic.ledger, Position(l3, 0))
+    progress = _admin_done(topic)
+    assert progress.status is OffloadStatus.ERROR and "Offload operation already running" in progress.last_error
+    topic.offloader.maybe_offload(topic.ledger, 0)  # the mutex is busy: runs after the job that holds it
+    release.set()
+    assert topic.offloader.drain(BOUND_S)
+    assert topic.offloaded() == [l1, l2, l3, l4]
+    topic.offloader.forget(TOPIC)
+    assert topic.offloader.status(TOPIC) == OffloadProgress(OffloadStatus.NOT_RUN)
