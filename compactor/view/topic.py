@@ -155,9 +155,11 @@ class CompactedTopic:
         view = self.view
         return None if view is None else view.horizon
 
-    def publish(self, cursor: ManagedCursor, view: CompactedView, previous: CompactedView | None) -> None:
+    def publish(self, cursor: ManagedCursor, view: CompactedView, previous: CompactedView | None, *,
+                in_bucket: bool = False) -> None:
         """Persist ``view`` in one transaction (``cursor``'s mark-delete = the horizon with
-        ``CompactedTopicLedger`` = its first ledger, the manifest = its ledgers, the previous
+        ``CompactedTopicLedger`` = its first ledger, the manifest = its ledgers, recorded
+        ``in_bucket`` when they were written into the object store, the previous
         view's ledgers recorded as garbage), then swap it in; with no grace period, delete
         the previous view's ledgers (a failure there is only logged: they are garbage).
 
@@ -173,7 +175,8 @@ class CompactedTopic:
                 raise CompactorError(f"{self.name}: the compacted view changed during the run")
             replaced = () if previous is None else tuple(i for i in previous.ledger_ids if i not in view.ledger_ids)
             also = functools.partial(self.manifests.write, topic=self.name, ledger_ids=view.ledger_ids,
-                                     garbage=replaced, delete_after_ms=self._delete_after_ms(now_ms))
+                                     garbage=replaced, delete_after_ms=self._delete_after_ms(now_ms),
+                                     in_bucket=in_bucket)
             cursor.mark_delete(view.horizon, {**cursor.properties, COMPACTED_TOPIC_LEDGER: view.ledger_id},
                                also=also)
             self._view = view
