@@ -1,9 +1,12 @@
-"""What the routers share: the ``Admin`` dependency, path parameters, documented errors.
+"""What the routers share: the ``Admin`` dependency, path parameters, documented errors,
+the form of a route that answers 204.
 
 A route on ``TOPIC_PATH`` takes the topic as ``topic: TopicFromPath``: the full name
 (``persistent://tenant/namespace/topic``) built from the three path parameters, which the
 OpenAPI description documents as ``Tenant``, ``Namespace`` and ``TopicPart``; a route on a
 namespace takes it as ``NamespaceFromPath`` (``tenant/namespace``, both parts validated).
+A route whose success is an empty 204 (Pulsar's answer to a change) is declared with
+``no_content``; its handler returns None.
 
 The admin core is reached through ``AdminDependency`` (``broker.admin`` of the broker
 service on ``app.state``), so tests may swap it with ``app.dependency_overrides``. Route
