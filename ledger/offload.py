@@ -15,7 +15,8 @@ at a time, admin-triggered and threshold-triggered alike) and the admin job's st
    recorded; its objects are deleted.
 
 Transient failures (``retriable``: the bucket's 5xx, timeouts, resets, a copy that read
-back wrong, SQLite busy) are retried with exponential backoff (``OffloadRetry``), then the
+back wrong, SQLite busy) are retried with exponential backoff (``OffloadRetry``,
+``retry_transient``: the one retry loop, a Spark run's staging uses it too), then the
 ledger fails; the job goes on with the next ledger and ends ERROR with the first failure
 (Pulsar's offloadLoop). Nothing is recorded for a ledger whose copy was not verified.
 
@@ -74,6 +75,7 @@ __all__ = [
     "OffloadProgress",
     "OffloadRetry",
     "Offloader",
+    "retry_transient",
 ]
 
 log = logging.getLogger(__name__)
@@ -105,6 +107,32 @@ class OffloadRetry:
 
 class _Stopped(Exception):
     """The offloader is shutting down: the job ends where it is."""
+
+
+def retry_transient(what: str, action: Callable[[], _R], retry: OffloadRetry = OffloadRetry(), *,
+                    stopping: threading.Event | None = None) -> _R:
+    """``action()``, tried again on a transient failure (a ``CompactionServiceError`` whose
+    ``retriable`` is set: the bucket's 5xx, timeouts, resets, a copy that read back wrong,
+    SQLite busy) up to ``retry.tries_max`` tries in all, waiting between them from
+    ``retry.backoff_first_s`` doubling up to ``retry.backoff_max_s``; each retry is logged
+    with ``what``. Raises the last failure, or at once one that is not retriable.
+    ``stopping`` set during a wait ends it: the offloader's shutdown (raises ``_Stopped``).
+    One loop for every offload step, the broker's ``Offloader`` and a Spark run's staging
+    (``compactor.runs.bucket_input``) alike."""
+    delay = retry.backoff_first_s
+    waiting = stopping if stopping is not None else threading.Event()
+    for attempt in range(1, retry.tries_max + 1):
+        try:
+            return action()
+        except CompactionServiceError as error:
+            if not error.retriable or attempt == retry.tries_max:
+                raise
+            log.warning("%s failed (try %d of %d), retrying in %.1f s: %s", what, attempt, retry.tries_max, delay,
+                        error)
+        if waiting.wait(delay):
+            raise _Stopped
+        delay = min(delay * 2, retry.backoff_max_s)
+    raise AssertionError("unreachable")
 
 
 class Offloader:
@@ -274,19 +302,7 @@ class Offloader:
                 self._in_flight.discard(ledger_id)
 
     def _retrying(self, what: str, action: Callable[[], _R]) -> _R:
-        delay = self._retry.backoff_first_s
-        for attempt in range(1, self._retry.tries_max + 1):
-            try:
-                return action()
-            except CompactionServiceError as error:
-                if not error.retriable or attempt == self._retry.tries_max:
-                    raise
-                log.warning("%s failed (try %d of %d), retrying in %.1f s: %s",
-                            what, attempt, self._retry.tries_max, delay, error)
-            if self._stopping.wait(delay):
-                raise _Stopped
-            delay = min(delay * 2, self._retry.backoff_max_s)
-        raise AssertionError("unreachable")
+        return retry_transient(what, action, self._retry, stopping=self._stopping)
 
     # -- local copies and orphans -------------------------------------------------------
 

@@ -41,15 +41,16 @@ from compactor.spark import SparkEngine
 from compactor.spark.rewrite import FAULT_ENV
 from compactor.view.manifest import CompactedManifests
 from ledger.offload import Offloader
-from ledger.storage.bucket import LedgerBucket, ledger_object_name, parse_object_name
-from ledger.storage.byte_source import BlockCache
+from ledger.storage.bucket import ledger_object_name, parse_object_name
 from ledger.storage.object_fs import BucketConfig
 from tests.integration.spark.support import (
     NOW_S,
     TOPIC,
     TopicDir,
+    live_ledger_ids,
     local_messages,
     mixed_entries,
+    object_ids,
     spark_rows,
 )
 from tests.integration.spark.test_spark_local import _named_by_place
@@ -165,16 +166,6 @@ def _prepared(tmp_path: Path, bucket: BucketConfig, engine: SparkEngine) -> tupl
     return on_spark, on_spark.compacted_ledger(), expected
 
 
-def _object_ids(bucket: BucketConfig) -> set[int]:
-    return {found.ledger_id for found in LedgerBucket(bucket, BlockCache(0)).objects()}
-
-
-def _live(topic_dir: TopicDir) -> set[int]:
-    """Every ledger a bucket object may belong to: the topic's and its view's."""
-    view = topic_dir.topic.view
-    return {record.ledger_id for record in topic_dir.ledger.ledger_list()} | set(view.ledger_ids if view else ())
-
-
 def test_a_run_whose_every_task_dies_after_uploading_leaves_no_object_and_the_previous_view(
     engine: SparkEngine, tmp_path: Path,
 ) -> None:
@@ -187,7 +178,7 @@ def test_a_run_whose_every_task_dies_after_uploading_leaves_no_object_and_the_pr
             topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine, clock=lambda: NOW_S))
         environment.pop(FAULT_ENV)
         assert topic_dir.compacted_ledger() == served  # the previous view serves
-        assert _object_ids(bucket) <= _live(topic_dir)  # the reserved ledgers' objects were deleted
+        assert object_ids(bucket) <= live_ledger_ids(topic_dir)  # the reserved ledgers' objects were deleted
         topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine, clock=lambda: NOW_S))
         assert _place_named(topic_dir) == expected  # the next run converges
     finally:
@@ -200,7 +191,7 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
 ) -> None:
     bucket = BucketConfig("filesystem", str(tmp_path / "bucket"))
     topic_dir, served, expected = _prepared(tmp_path, bucket, engine)
-    before = _object_ids(bucket) | _live(topic_dir)
+    before = object_ids(bucket) | live_ledger_ids(topic_dir)
     topic_dir.close()  # the driver opens the data dir as the broker would
     driver_script = Path(__file__).with_name("bucket_driver.py")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", FAULT_ENV: "1:99:hang",
@@ -211,7 +202,7 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:  # group 0 uploads its ledger while group 1's task hangs in its writing: then kill -9
         deadline = time.monotonic() + DRIVER_TIMEOUT_S
-        while not _object_ids(bucket) - before:
+        while not object_ids(bucket) - before:
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no compacted ledger uploaded in time"
             time.sleep(0.05)
@@ -222,7 +213,7 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(DRIVER_TIMEOUT_S)
         log.close()
-    uploaded = _object_ids(bucket) - before
+    uploaded = object_ids(bucket) - before
 
     restarted = TopicDir(tmp_path / "spark", bucket=bucket)
     try:
@@ -234,7 +225,7 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
         finally:
             offloader.shutdown()
         assert {parse_object_name(name) for name in removed} == uploaded  # only the killed run's objects
-        assert _object_ids(bucket) <= _live(restarted)
+        assert object_ids(bucket) <= live_ledger_ids(restarted)
         restarted.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine, clock=lambda: NOW_S))
         assert _place_named(restarted) == expected
     finally:
