@@ -82,6 +82,7 @@ from compactor.local.rounds import RoundPhaseOne, capacity_keys, round_phase_one
 from compactor.local.worker import RoundReport, RoundRequest, RoundWorkers, run_round
 from compactor.record import RunFigures
 from compactor.runs.bucket_input import stage_input
+from compactor.runs.held import HeldLedgers, HoldingOutput
 from compactor.runs.lag import stop_before_young, young_after
 from compactor.runs.run_log import log_run, log_run_failed
 from compactor.runs.run_tally import Counted, Progress, RoundTally, RunIo, no_progress, took
@@ -164,6 +165,7 @@ class Compactor:
         self._owns_spark_engine = False
         self._spark_lock = threading.Lock()
         self._workers = RoundWorkers(self.config.worker_processes) if self.config.worker_processes > 0 else None
+        self.held = HeldLedgers()  # what Spark runs in flight hold in the bucket (orphan collection spares it)
 
     def compact(
         self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None,
@@ -237,16 +239,17 @@ class Compactor:
         ranges = [] if previous is None else [
             LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
         ranges += raw_ranges(planned.snapshot.ledgers, horizon, stop)
-        if files.bucket is not None:  # the executors see the bucket only: every input goes there first
-            stage_input(topic.ledger, files, files.bucket, ranges, now_ms=self._now_ms())
-        request = RewriteInput(files.root, tuple(ranges), stop, _compacted_metadata(topic, stop),
-                               self.config.retain_null_key, cutoff, files.bucket)
-        counted.start()
-        result = self._spark().compact(request, files)
-        counted.done = result.entries_read
-        counted.end()
-        job_s = time.monotonic() - started
-        self._publish(topic, cursor, stop, result.ledger_ids, previous, in_bucket=files.bucket is not None)
+        with self.held.holding(sorted({piece.ledger_id for piece in ranges})) as hold:
+            if files.bucket is not None:  # the executors see the bucket only: every input goes there first
+                stage_input(topic.ledger, files, files.bucket, ranges, now_ms=self._now_ms())
+            request = RewriteInput(files.root, tuple(ranges), stop, _compacted_metadata(topic, stop),
+                                   self.config.retain_null_key, cutoff, files.bucket)
+            counted.start()
+            result = self._spark().compact(request, HoldingOutput(files, hold))
+            counted.done = result.entries_read
+            counted.end()
+            job_s = time.monotonic() - started
+            self._publish(topic, cursor, stop, result.ledger_ids, previous, in_bucket=files.bucket is not None)
         duration_s = time.monotonic() - started
         return RunFigures(
             engine="spark", horizon=str(stop), keys_kept=result.keys_kept, throttled_s=run.throttle.throttled_s,

@@ -35,7 +35,9 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from compactor.engine import OutputLedgers, RewriteInput, RewriteResult
 from compactor.errors import SparkEngineError
+from compactor.runs.held import HeldLedgers
 from compactor.runs.runner import CompactionConfig, Compactor
 from compactor.spark import SparkEngine
 from compactor.spark.rewrite import FAULT_ENV
@@ -230,3 +232,53 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
         assert _place_named(restarted) == expected
     finally:
         restarted.close()
+
+
+class _CollectingMidRun:
+    """The Spark engine, with the broker's orphan collection (grace 0) run between the
+    executors' uploads and the publish: what the broker's trim pass may do at any time."""
+
+    def __init__(self, inner: SparkEngine, topic_dir: TopicDir) -> None:
+        self.inner, self.topic_dir = inner, topic_dir
+        self.driver_bytes_per_key = inner.driver_bytes_per_key
+        self.held = HeldLedgers()  # the compactor's, once it exists
+        self.removed: list[str] = []
+        self.uploaded: set[int] = set()
+
+    def compact(self, request: RewriteInput, ledgers: OutputLedgers) -> RewriteResult:
+        result = self.inner.compact(request, ledgers)
+        self.uploaded = set(result.ledger_ids)
+        database = self.topic_dir.data_dir.database
+        live = CompactedManifests(database).live_ledger_ids(int(NOW_S * 1000)) | self.held.ids()
+        offloader = Offloader(self.topic_dir.data_dir.ledgers, self.topic_dir.data_dir.metadata)
+        try:
+            self.removed = offloader.collect_orphan_objects(0, also_live=live)
+        finally:
+            offloader.shutdown()
+        return result
+
+
+def test_the_orphan_collection_during_a_run_spares_what_the_run_holds_in_the_bucket(
+    engine: SparkEngine, tmp_path: Path,
+) -> None:
+    bucket = BucketConfig("filesystem", str(tmp_path / "bucket"))
+    topic_dir, reference = TopicDir(tmp_path / "spark", bucket=bucket), TopicDir(tmp_path / "local")
+    collecting = _CollectingMidRun(engine, topic_dir)
+    compactor = Compactor(CompactionConfig(engine="spark"), spark_engine=collecting, clock=lambda: NOW_S)
+    collecting.held = compactor.held
+    local = Compactor(CompactionConfig(engine="local"), clock=lambda: NOW_S)
+    try:
+        for tested in (topic_dir, reference):
+            tested.append(mixed_entries(23, 0))
+        reference.ledger.roll_over_now()
+        topic_dir.compact(compactor)
+        reference.compact(local)
+        assert collecting.uploaded and collecting.removed == []  # the run's group ledgers were spared
+        assert compactor.held.ids() == set()  # and released once published
+        assert _place_named(topic_dir) == _place_named(reference)
+        view = topic_dir.topic.view
+        assert view is not None and set(view.ledger_ids) == collecting.uploaded
+    finally:
+        topic_dir.close()
+        reference.close()
+        local.close()
