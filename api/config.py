@@ -267,8 +267,7 @@ class Settings:
     managed_ledger_offload_threshold_in_bytes: int = _setting(
         OFFLOAD_THRESHOLD_OFF, "Broker default of the offloadThreshold policy: bytes of a topic's newest "
         "ledgers kept on local disk; at each roll-over older sealed ledgers are offloaded, oldest first. "
-        "0 offloads every sealed ledger; negative turns automatic offload off (Pulsar's "
-        "managedLedgerOffloadAutoTriggerSizeThresholdBytes).", metavar="BYTES")
+        "0 offloads every sealed ledger; negative turns automatic offload off.", metavar="BYTES")
     managed_ledger_offload_deletion_lag_ms: int = _setting(
         OFFLOAD_DELETION_LAG_MS_DEFAULT, "Broker default of the offloadDeletionLagMs policy: how long after its "
         "offload a ledger's local copy is deleted (reads then go to the bucket); negative keeps local "
