@@ -62,7 +62,9 @@ class RunFigures:
     """What one successful run measured.
 
     Attributes:
-        ledger_id: the compacted ledger published, or -1 when nothing was compacted.
+        ledger_id: the compacted ledger published, or -1 when nothing was compacted (an
+            incremental run's view holds older ledgers too: this is its newest one, which
+            holds the run's stop, written by the run or by its merge step).
         removed_events: messages read that the compacted ledger does not hold.
         entries_read, messages_read, bytes_read: phase one's input.
         entries_written, bytes_written: the compacted ledger's content.

@@ -84,6 +84,7 @@ class RoundTally:
     dead_marked: int = 0
     merged_ledgers: int = 0
     keys_live: int | None = None  # the view's live keys, when its marks count them
+    newest_ledger_id: int | None = None  # the view's ledger holding the run's stop, after a merge
 
     def add(self, figures: RoundFigures, key_map_bytes_max: int) -> None:
         """Count a published round: ``figures`` its ``RoundFigures``, ``key_map_bytes_max``
@@ -117,7 +118,7 @@ class RoundTally:
         return RunFigures(
             engine="local", horizon=str(stop), keys_kept=self.last.keys_kept if self.keys_live is None else self.keys_live,
             throttled_s=run.throttle.throttled_s + self.worker_throttled_s,
-            io_bytes=run.throttle.charged_bytes + self.worker_io_bytes, ledger_id=self.last.ledger_id, removed_events=self.removed_events + self.dead_marked,
+            io_bytes=run.throttle.charged_bytes + self.worker_io_bytes, ledger_id=self.last.ledger_id if self.newest_ledger_id is None else self.newest_ledger_id, removed_events=self.removed_events + self.dead_marked,
             entries_read=self.entries_read, messages_read=self.messages_read, bytes_read=self.bytes_read,
             entries_written=written[0], bytes_written=written[1], phase_one_s=self.phase_one_s,
             phase_two_s=duration_s - self.phase_one_s, duration_s=duration_s, key_map_bytes=self.key_map_bytes,

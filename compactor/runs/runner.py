@@ -326,8 +326,9 @@ class Compactor:
                 report, figures = None, one.figures(*written)
             new = LedgerMarks.none(figures.entries_written, figures.messages_kept, figures.keys_kept)
             try:
-                ledger_ids, marks = self._round_view(topic, previous, (horizon, round_stop), (figures.ledger_id, new),
-                                                     cutoff, rounds, incremental=incremental, run=run)
+                ledger_ids, marks = self._round_view(topic, previous, raw_ranges(snapshot.ledgers, horizon, round_stop),
+                                                     (figures.ledger_id, new), cutoff, rounds,
+                                                     incremental=incremental, run=run)
             except NeedsRewrite as reason:
                 _delete_quietly_store(topic, figures.ledger_id)
                 log.info("%s: rewriting the view whole: %s", topic.name, reason)
@@ -346,23 +347,23 @@ class Compactor:
             view, merged = self._merge(topic, cursor, at.previous, self._planned_merges(at.previous), run)
             rounds.merged_ledgers, rounds.bytes_written = merged[0], rounds.bytes_written + merged[1]
             rounds.entries_written += merged[2]
-            rounds.keys_live = _live_keys(view)
+            rounds.keys_live, rounds.newest_ledger_id = _live_keys(view), view.ledger_ids[-1]
         return rounds.figures(started, stop, run)
 
     def _round_view(
-        self, topic: CompactedTopic, previous: CompactedView | None, backlog: tuple[Position, Position],
+        self, topic: CompactedTopic, previous: CompactedView | None, backlog: Sequence[LedgerRange],
         new: tuple[int, LedgerMarks], cutoff: int | None, rounds: RoundTally, *, incremental: bool, run: RunIo,
     ) -> tuple[list[int], dict[int, LedgerMarks]]:
         """The ledgers and marks of a round's view: the new ledger alone (a rewrite), or the
-        previous view's ledgers with the marks the backlog ``(horizon, stop]`` changed, then
-        the new ledger (``compactor.local.supersede``; ``NeedsRewrite`` when it cannot)."""
+        previous view's ledgers with the marks the round's ``backlog`` (its raw ranges)
+        changed, then the new ledger (``compactor.local.supersede``; ``NeedsRewrite`` when
+        it cannot)."""
         ledger_id, marks = new
         if not incremental or previous is None:
             return [ledger_id], {ledger_id: marks}
-        horizon, stop = backlog
         indexes = Indexes(topic.ledger.store, run.throttle.charge)
         try:
-            keys = backlog_keys(indexes, raw_ranges(topic.ledger.ledger_list(), horizon, stop))
+            keys = backlog_keys(indexes, backlog)
             older = [(LedgerRange(i, 0, entries - 1, compacted=True), previous.marks_of(i))
                      for i, entries in previous.segments if entries]
             changed, dead_marked = mark_dead(indexes, older, keys, keep_tombstones_since_ms=cutoff,
