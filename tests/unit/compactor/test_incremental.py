@@ -29,13 +29,26 @@ from hypothesis import strategies as st
 from compactor.engine import KEY_MAP_BYTES_PER_KEY
 from compactor.local.algorithm import CompactedEntry, compact
 from compactor.runs.merges import TIER_BASE_BYTES, LedgerShape, ledgers_max, plan_merges, tier
-from compactor.runs.runner import MEMORY_BUDGET_BYTES_DEFAULT, CompactionConfig, Compactor, collect_orphans
+from compactor.runs.runner import (
+    MEMORY_BUDGET_BYTES_DEFAULT,
+    CompactionConfig,
+    Compactor,
+    collect_orphans,
+)
 from compactor.view.manifest import CompactedManifests
 from compactor.view.marks import LedgerMarks
 from compactor.view.reader import CompactedReader, last_message_id
 from compactor.view.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
 from cursor import CursorStore, ManagedCursor
-from ledger import EARLIEST, DataDir, FaultyLedgerStore, ManagedLedger, ManagedLedgerConfig, Position, SimulatedCrash
+from ledger import (
+    EARLIEST,
+    DataDir,
+    FaultyLedgerStore,
+    ManagedLedger,
+    ManagedLedgerConfig,
+    Position,
+    SimulatedCrash,
+)
 from ledger.storage.base import LedgerStore
 from message.encoder import encode_batch, encode_entry
 from message.proto import pulsar_api_pb2 as pb
@@ -222,6 +235,7 @@ def test_incremental_runs_publish_the_full_rewrites_view_and_write_only_the_back
 ) -> None:
     broker = start(tmp_path, parsed=store == "parsed")
     compactor = Compactor(_config(store, retain_null_key=retain_null_key, merge_fan_in=64, merge_dead_ratio=1.0))
+    previous_ids: tuple[int, ...] = ()
     for run in range(4):
         append(broker, workload(run, 30, publish_ms=NOW_MS))
         figures = compactor.compact(broker.topic)
@@ -232,9 +246,9 @@ def test_incremental_runs_publish_the_full_rewrites_view_and_write_only_the_back
         if run:  # the older ledgers stay; what the backlog superseded is marked, not rewritten
             assert figures.dead_marked > 0 and view.dead_messages >= figures.dead_marked
             assert figures.entries_read <= 30 and figures.rounds >= 1
-            assert len(view.ledger_ids) == previous_ledgers + figures.rounds
-            assert view.ledger_ids[:previous_ledgers] == previous_ids
-        previous_ledgers, previous_ids = len(view.ledger_ids), view.ledger_ids
+            assert len(view.ledger_ids) == len(previous_ids) + figures.rounds
+            assert view.ledger_ids[:len(previous_ids)] == previous_ids
+        previous_ids = view.ledger_ids
     # a restart restores the ledgers and their marks from the manifest
     ledger_ids, dead = view.ledger_ids, view.dead_messages
     kill(broker)
