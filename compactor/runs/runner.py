@@ -35,6 +35,22 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    without one). A run whose cursor was deleted, or whose previous view was replaced,
    meanwhile fails here.
 
+**Incremental runs** (``CompactionConfig.incremental``, the default; ``compact(rewrite=True)``
+forces a full rewrite). Steps 3 and 4 of the local engine read only the raw entries after
+the horizon (no previous view: every round is a round over its backlog alone), and the
+new ledger is *appended* to the previous view's ledgers. Before the publish,
+``compactor.local.supersede`` finds what the round's backlog superseded in the older
+ledgers from key indexes and records it as dead marks (``compactor.view.marks``), stored in
+step 5's transaction with the manifest; nothing is garbage. A backlog or view holding a
+chunk (``NeedsRewrite``) makes the run delete its ledger and rewrite instead. After the
+last round, one **merge step** (``_merge``, policy ``compactor.runs.merges``) copies the live
+entries of each group of ledgers to plan into one new ledger each and publishes the view
+with them in place (same horizon, same transaction and crash rules; the replaced
+ledgers become garbage). A full rewrite over a view with marks reads it through them: the
+previous view's dead entries are skipped and its dead slots emptied (``CompactedView.read``
+with ``emptied``, ``RoundRequest.dead``). The Spark engine always rewrites; it first merges
+the ledgers with dead marks (its executors read ledgers whole).
+
 Every read batch and every append of a run is charged to the run's I/O throttle
 (``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
 run ends with one log line (``compactor.runs.run_log``).
