@@ -528,3 +528,31 @@ def test_a_crash_in_the_merge_step_leaves_the_incremental_view_or_the_merged_one
     compactor.compact(broker.topic)
     assert_serves(broker.topic)
     assert CursorStore(broker.data_dir.database).load(TOPIC, COMPACTION_SUBSCRIPTION) is not None
+
+
+def test_the_spark_sources_rows_skip_dead_entries_and_slots(tmp_path: Path) -> None:
+    """The ``compactd`` data source (batch; the stream plans its snapshot the same way)
+    reads the view's ledgers on executors: each piece carries its ledger's marks."""
+    from compactor.spark import rows
+    from compactor.spark.source import plan_ranges
+
+    broker = _marked_topic(tmp_path)
+    view = broker.topic.view
+    assert view is not None
+    pieces = plan_ranges(broker.data_dir.path, TOPIC, read_compacted=True, include_open_ledger=True)
+    assert [marks is not None and marks.any_dead for piece, marks in pieces if piece.compacted] == [True, False]
+    got = [(row["key"], row["value"], row["ledger_id"], row["entry_id"], row["batch_index"])
+           for piece, marks in pieces
+           for batch in rows.message_batches(rows.ledgers_root_of(broker.data_dir.path), piece, marks)
+           for row in batch.to_pylist()]
+    expected = [(key, value, entry.position.ledger_id, entry.position.entry_id, index)
+                for entry in reference(broker.ledger, view.horizon)
+                for key, value, index in _messages(entry)]
+    assert got == expected and ("b", b"b1", broker.ledger.first_position().ledger_id, 0, 1) not in got
+
+
+def _messages(entry: CompactedEntry) -> list[tuple[str | None, bytes | None, int]]:
+    from message.entry import iter_messages, parse_entry
+
+    return [(m.key, None if m.null_value else m.payload, m.batch_index) for m in iter_messages(parse_entry(entry.data))
+            if not m.compacted_out]
