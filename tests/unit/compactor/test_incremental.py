@@ -556,3 +556,37 @@ def _messages(entry: CompactedEntry) -> list[tuple[str | None, bytes | None, int
 
     return [(m.key, None if m.null_value else m.payload, m.batch_index) for m in iter_messages(parse_entry(entry.data))
             if not m.compacted_out]
+
+
+class _RecordingSpark:
+    """A ``RewriteEngine`` that records what it was asked and fails (nothing to publish)."""
+
+    driver_bytes_per_key = 1
+
+    def __init__(self) -> None:
+        self.requests: list[object] = []
+
+    def compact(self, request: object, ledgers: object) -> object:
+        from compactor.errors import SparkEngineError
+
+        self.requests.append(request)
+        raise SparkEngineError("recorded")
+
+
+def test_a_spark_run_over_a_marked_view_first_merges_the_marked_ledgers(tmp_path: Path) -> None:
+    """The executors read the view's ledgers whole: a spark run is handed none with dead marks."""
+    from compactor.errors import SparkEngineError
+
+    broker = _marked_topic(tmp_path)
+    marked = broker.topic.view
+    assert marked is not None and marked.dead_messages
+    append(broker, [_value("a", b"a2", 9)])
+    engine = _RecordingSpark()
+    with pytest.raises(SparkEngineError, match="recorded"):
+        Compactor(CompactionConfig(engine="spark"), spark_engine=engine).compact(broker.topic)  # type: ignore[arg-type]
+    view = broker.topic.view
+    assert view is not None and view.dead_messages == 0 and view.ledger_ids[0] not in marked.ledger_ids
+    assert_serves(broker.topic)
+    [request] = engine.requests
+    compacted = [piece.ledger_id for piece in request.ranges if piece.compacted]  # type: ignore[attr-defined]
+    assert compacted == [ledger_id for ledger_id, entries in view.segments if entries]
