@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
+from compactor.local import key_index
 from compactor.local.index_source import IndexSource
-from compactor.local.indexed import IndexedRound, IndexUnavailable
+from compactor.local.indexed import IndexedRound, IndexUnavailable, OutputIndex
 from compactor.local.rounds import capacity_keys, round_phase_one, round_phase_two
 from compactor.record import LATENCY_BUCKETS_MS, RoundFigures, latency_bucket
 from compactor.throttle import Throttle
@@ -202,15 +203,29 @@ def _indexed_round(
             return None
         stop = indexed.stop if indexed.filled and indexed.stop is not None else request.stop
         phase_one_s = time.monotonic() - started
-        kept, latencies, written = _write(request, stop, indexed.survivors(), throttle)
+        output = OutputIndex()
+        kept, latencies, written = _write(request, stop, indexed.survivors(output), throttle)
     finally:
         source.close()
+    _write_output_index(request, written, output)
     return RoundReport(
         stop=stop, figures=indexed.figures(written.ledger_id, written.entries, written.size_bytes, kept),
         key_map_bytes_max=indexed.key_map.nbytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
         entry_offsets=written.entry_offsets, entry_lengths=written.entry_lengths,
     )
+
+
+def _write_output_index(request: RoundRequest, written: SealedLedger, output: OutputIndex) -> None:
+    """Write the key index of the ledger the round wrote (``indexed.OutputIndex``: from the
+    input's rows, no parse), so that the next incremental run finds its keys without
+    reading it; a failure is only logged (the index is built when first needed)."""
+    try:
+        index = output.index(written.entry_offsets, written.entry_lengths)
+        key_index.write_index(key_index.index_path(key_index.ledger_path(request.ledgers_root, written.ledger_id)),
+                              index, key_index.IndexedLedger(written.ledger_id, written.entries, written.size_bytes))
+    except (OSError, ValueError) as error:
+        log.warning("could not write the key index of compacted ledger %d: %s", written.ledger_id, error)
 
 
 def _stream(

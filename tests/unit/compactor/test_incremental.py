@@ -628,3 +628,29 @@ def test_a_crash_between_incremental_rounds_leaves_the_last_rounds_view_and_the_
     compactor.compact(broker.topic)
     assert broker.topic.view is not None and broker.topic.view.horizon == stop
     assert_serves(broker.topic)
+
+
+def test_a_round_over_indexes_writes_its_ledgers_key_index_as_parsing_would_build_it(tmp_path: Path) -> None:
+    """The next incremental run reads the new ledger's keys from its ``.kidx``, which the
+    round made from its input's rows: it must be the index a parse of the ledger builds."""
+    from compactor.engine import LedgerRange
+    from compactor.local.key_index import IndexedLedger, index_path, ledger_path, read_index
+    from compactor.local.supersede import Indexes
+
+    broker = start(tmp_path)
+    compactor = Compactor(_config("files", merge_fan_in=64, merge_dead_ratio=1.0))
+    for run in range(3):
+        append(broker, workload(20 + run, 30, publish_ms=NOW_MS))
+        compactor.compact(broker.topic)
+    view = broker.topic.view
+    assert view is not None and len(view.ledger_ids) == 3
+    parsed = Indexes(FaultyLedgerStore(broker.data_dir.ledgers))  # shows no files: builds by parsing
+    for ledger_id, entries in view.segments:
+        info = broker.data_dir.ledgers.info(ledger_id)
+        written = read_index(index_path(ledger_path(broker.data_dir.ledgers.root, ledger_id)),
+                             IndexedLedger(ledger_id, entries, info.size_bytes))
+        assert written is not None  # written by the round (the newest ledger was never read since)
+        built = parsed.load(LedgerRange(ledger_id, 0, entries - 1, compacted=True), ())
+        for name, column in built.items():
+            if name not in ("entry_offset", "stored_bytes"):
+                assert written[name].tolist() == column.tolist(), name
