@@ -12,7 +12,8 @@ publishes:
    round's input as ranges (the previous view's segments, then the raw ledgers after the
    horizon up to the stop marker; each range ends at a confirmed entry, so it never
    changes), and the run's settings;
-2. the child (``run_round``) reads the ranges through a read-only ``FileLedgerStore``,
+2. the child (``run_round``) reads the ranges through a read-only ``FileLedgerStore``
+   (with the broker's bucket: an offloaded ledger, and its index, are read there),
    runs the round's phase one and phase two exactly as the in-process round does, with its
    own I/O throttle at the run's rate, and writes the survivors as one whole sealed ledger
    at the reserved id (``ledger.storage.sealed_writer``: temporary file, fsync, atomic
@@ -43,6 +44,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
@@ -59,6 +61,9 @@ from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_writer import SealedLedger, write_sealed_ledger
+
+if TYPE_CHECKING:
+    from ledger.storage.object_fs import BucketConfig
 
 __all__ = ["RoundReport", "RoundRequest", "RoundWorkers", "run_round"]
 
@@ -88,6 +93,8 @@ class RoundRequest:
         max_bytes_per_second: the run's I/O throttle (0: unlimited).
         key_index: run the round over the ledgers' key indexes (``compactor.local.indexed``),
             building the missing ones, unless its input needs parsing.
+        bucket: the broker's object store (``LedgerFiles.bucket``): an input ledger whose
+            local file is gone (offloaded) is read there, with its index; None: none.
         dead: the dead marks of the compacted ranges' ledgers (``compactor.view.marks``):
             their dead entries and slots are not part of the input.
     """
@@ -103,6 +110,7 @@ class RoundRequest:
     keep_tombstones_since_ms: int | None = None
     max_bytes_per_second: int = 0
     key_index: bool = True
+    bucket: BucketConfig | None = None
     dead: tuple[tuple[int, LedgerMarks], ...] = ()
 
 
@@ -127,7 +135,7 @@ def run_round(request: RoundRequest, *, throttle: Throttle | None = None) -> Rou
     ``throttle``, the run's, is given: it also carries the run's interruption, and its
     figures stay the run's, so the report's ``throttled_s`` and ``io_bytes`` are 0); see
     the module docstring."""
-    store = FileLedgerStore(request.ledgers_root, sync=SyncPolicy.NONE, read_only=True)
+    store = FileLedgerStore(request.ledgers_root, sync=SyncPolicy.NONE, read_only=True, bucket=request.bucket)
     try:
         if throttle is None:
             return _round(store, request, Throttle(request.max_bytes_per_second))

@@ -30,6 +30,10 @@ parallel. Options:
   its last confirmed entry at planning time, as a reader created then would see it (a live
   topic often has only an open ledger); ``"false"``: sealed ledgers only, which never
   change under a running broker.
+* ``bucket`` (with ``bucketEndpoint``, ``bucketRegion``): the broker's offload location
+  (``s3://bucket/prefix`` or ``file:///dir``): a ledger offloaded and no longer on the
+  local disk, or a compacted ledger a Spark run wrote there, is read from it. Credentials
+  come from each executor's own AWS configuration chain.
 
 ``spark.readStream.format("compactd")`` reads the same rows as a stream (the compacted
 snapshot, then the live tail): ``compactor.spark.stream``.
@@ -62,6 +66,7 @@ from cursor.store import CursorStore
 from ledger.errors import LedgerNotFoundError
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
+from ledger.storage.object_fs import BucketConfig
 
 __all__ = ["CompactdDataSource", "CompactedSnapshot", "PhaseOneDataSource", "full_topic_name", "plan_ranges",
            "topic_state"]
@@ -127,12 +132,12 @@ def _snapshot(metadata: MetadataStore, topic: str) -> CompactedSnapshot | None:
 
 
 def plan_ranges(
-    data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool,
+    data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool, bucket: BucketConfig | None = None,
 ) -> list[tuple[LedgerRange, LedgerMarks | None]]:
     """The ledger ranges a read of ``topic`` covers, in topic order (see the module
     docstring), each with the dead marks of its ledger (compacted ones only)."""
     records, snapshot = topic_state(data_dir, topic, read_compacted=read_compacted)
-    store = rows.open_store(rows.ledgers_root_of(data_dir))
+    store = rows.open_store(rows.ledgers_root_of(data_dir), bucket)
     try:
         ranges: list[tuple[LedgerRange, LedgerMarks | None]] = []
         horizon = Position(-1, -1)
@@ -202,23 +207,25 @@ class _MessageReader(DataSourceReader):
         self.topic = full_topic_name(topic)
         self.read_compacted = _flag(lowered, "readcompacted")
         self.include_open_ledger = _flag(lowered, "includeopenledger", "true")
+        self.bucket = rows.bucket_option(lowered)
 
     def partitions(self) -> Sequence[InputPartition]:
         ranges = plan_ranges(self.data_dir, self.topic, read_compacted=self.read_compacted,
-                             include_open_ledger=self.include_open_ledger)
+                             include_open_ledger=self.include_open_ledger, bucket=self.bucket)
         return [InputPartition(ledger_range) for ledger_range in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if partition is None or partition.value is None:  # no ledger to read: Spark's one empty partition
             return
         ledger_range, marks = partition.value
-        yield from rows.message_batches(rows.ledgers_root_of(self.data_dir), ledger_range, marks)
+        yield from rows.message_batches(rows.ledgers_root_of(self.data_dir), ledger_range, self.bucket, marks)
 
 
 class PhaseOneDataSource(DataSource):
     """Format ``"compactd-phase-one"``: the Spark engine's view of one run's stream.
 
-    Options: ``ledgersRoot``, ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
+    Options: ``ledgersRoot`` (absent: the ``bucket`` option's ledgers alone), ``bucket``,
+    ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
     last_entry_id, compacted, group]``, one per piece) and ``keepTombstonesSinceMs``
     (absent: every tombstone deletes).
     """
@@ -238,7 +245,8 @@ class PhaseOneDataSource(DataSource):
 class _PhaseOneReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         lowered = {key.lower(): value for key, value in options.items()}
-        self.ledgers_root = lowered["ledgersroot"]
+        self.ledgers_root = lowered.get("ledgersroot") or None
+        self.bucket = rows.bucket_option(lowered)
         self.pieces = [(LedgerRange(int(a), int(b), int(c), bool(d)), int(group))
                        for a, b, c, d, group in json.loads(lowered["ranges"])]
         cutoff = lowered.get("keeptombstonessincems")
@@ -251,4 +259,5 @@ class _PhaseOneReader(DataSourceReader):
         if partition is None or partition.value is None:  # no range to read: Spark's one empty partition
             return
         ledger_range, group = partition.value
-        yield from rows.phase_one_batches(self.ledgers_root, ledger_range, group, self.keep_tombstones_since_ms)
+        yield from rows.phase_one_batches(self.ledgers_root, ledger_range, group, self.keep_tombstones_since_ms,
+                                          self.bucket)

@@ -47,6 +47,7 @@ from compactor.spark import rows
 from compactor.view.marks import LedgerMarks
 from ledger.errors import LedgerNotFoundError
 from ledger.position import Position
+from ledger.storage.object_fs import BucketConfig
 from message.entry import parse_entry
 
 __all__ = ["StreamReader", "next_end", "offset", "tail_ranges"]
@@ -113,14 +114,14 @@ class _Topic:
     """What a planning step reads of the data dir (read-only, no lock); ``topic_state`` is
     ``compactor.spark.source.topic_state`` (the one reader of the ``__compaction`` row)."""
 
-    def __init__(self, data_dir: str, topic: str, topic_state: TopicState) -> None:
-        self.data_dir, self.topic, self.topic_state = data_dir, topic, topic_state
+    def __init__(self, data_dir: str, topic: str, topic_state: TopicState, bucket: BucketConfig | None = None) -> None:
+        self.data_dir, self.topic, self.topic_state, self.bucket = data_dir, topic, topic_state, bucket
 
     def state(self) -> tuple[list[tuple[int, int]], tuple[int, ...], Position]:
         """The readable ledgers, the published compacted view's ledgers (none: never
         compacted) and its horizon."""
         records, snapshot = self.topic_state(self.data_dir, self.topic, read_compacted=True)
-        store = rows.open_store(rows.ledgers_root_of(self.data_dir))
+        store = rows.open_store(rows.ledgers_root_of(self.data_dir), self.bucket)
         try:
             ledgers = []
             for record in records:
@@ -145,7 +146,7 @@ class _Topic:
     def before_time(self, ledgers: Ledgers, time_ms: int) -> Position:
         """The position just before the first raw entry published at or after ``time_ms``
         (a scan of the entries' metadata, ledger by ledger)."""
-        store = rows.open_store(rows.ledgers_root_of(self.data_dir))
+        store = rows.open_store(rows.ledgers_root_of(self.data_dir), self.bucket)
         try:
             previous = Position(-1, -1)
             for ledger_range in tail_ranges(ledgers, Position(-1, -1), Position(1 << 62, 1 << 62)):
@@ -166,7 +167,7 @@ class StreamReader(DataSourceStreamReader):
     """The stream reader of the ``compactd`` format (see the module docstring)."""
 
     def __init__(self, data_dir: str, topic: str, options: dict[str, str], topic_state: TopicState) -> None:
-        self.source = _Topic(data_dir, topic, topic_state)
+        self.source = _Topic(data_dir, topic, topic_state, rows.bucket_option(options))
         self.starting = options.get("startingoffsets", "earliest").strip().lower()
         if self.starting not in ("earliest", "latest"):
             raise CompactorError(f"option startingOffsets: {self.starting!r} is not earliest or latest")
@@ -199,7 +200,7 @@ class StreamReader(DataSourceStreamReader):
             return []
         snapshot = _snapshot_ledgers(end)
         if snapshot:
-            store = rows.open_store(rows.ledgers_root_of(self.source.data_dir))
+            store = rows.open_store(rows.ledgers_root_of(self.source.data_dir), self.source.bucket)
             try:
                 pieces = rows.snapshot_ranges(store, snapshot)
             finally:
@@ -213,7 +214,8 @@ class StreamReader(DataSourceStreamReader):
         if partition is None or partition.value is None:  # no range to read
             return
         ledger_range, marks = partition.value
-        yield from rows.message_batches(rows.ledgers_root_of(self.source.data_dir), ledger_range, marks)
+        yield from rows.message_batches(rows.ledgers_root_of(self.source.data_dir), ledger_range, self.source.bucket,
+                                        marks)
 
 
 def _number(options: dict[str, str], name: str) -> int | None:
