@@ -543,7 +543,7 @@ def test_the_spark_sources_rows_skip_dead_entries_and_slots(tmp_path: Path) -> N
     assert [marks is not None and marks.any_dead for piece, marks in pieces if piece.compacted] == [True, False]
     got = [(row["key"], row["value"], row["ledger_id"], row["entry_id"], row["batch_index"])
            for piece, marks in pieces
-           for batch in rows.message_batches(rows.ledgers_root_of(broker.data_dir.path), piece, marks)
+           for batch in rows.message_batches(rows.ledgers_root_of(broker.data_dir.path), piece, marks=marks)
            for row in batch.to_pylist()]
     expected = [(key, value, entry.position.ledger_id, entry.position.entry_id, index)
                 for entry in reference(broker.ledger, view.horizon)
