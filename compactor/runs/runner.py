@@ -383,7 +383,13 @@ class Compactor:
         ledger_id, marks = new
         if not incremental or previous is None:
             return [ledger_id], {ledger_id: marks}
-        indexes = Indexes(topic.ledger.store, run.throttle.charge)
+        read = [0]
+
+        def charge(size: int) -> None:  # what marking reads (key indexes) is the run's read too
+            read[0] += size
+            run.throttle.charge(size)
+
+        indexes = Indexes(topic.ledger.store, charge)
         try:
             keys = backlog_keys(indexes, backlog)
             older = [(LedgerRange(i, 0, entries - 1, compacted=True), previous.marks_of(i))
@@ -393,6 +399,7 @@ class Compactor:
         finally:
             indexes.close()
         rounds.dead_marked += dead_marked
+        rounds.bytes_read += read[0]
         empty = {i: LedgerMarks.none(0, 0, 0) for i, entries in previous.segments if not entries}
         return [*previous.ledger_ids, ledger_id], {**empty, **previous.marks, **changed, ledger_id: marks}
 

@@ -654,3 +654,20 @@ def test_a_round_over_indexes_writes_its_ledgers_key_index_as_parsing_would_buil
         for name, column in built.items():
             if name not in ("entry_offset", "stored_bytes"):
                 assert written[name].tolist() == column.tolist(), name
+
+
+def test_a_backup_restores_the_view_with_its_dead_marks(tmp_path: Path) -> None:
+    from ledger.backup import restore_backup, take_backup
+
+    broker = _marked_topic(tmp_path / "data")
+    view = broker.topic.view
+    assert view is not None and view.dead_messages
+    expected = logical(read_compacted(broker.topic))
+    take_backup(broker.data_dir, str(tmp_path / "backup"))
+    kill(broker)
+    restore_backup(str(tmp_path / "backup"), str(tmp_path / "restored"))
+    restored = start(tmp_path / "restored")
+    again = restored.topic.view
+    assert again is not None and (again.ledger_ids, again.dead_messages) == (view.ledger_ids, view.dead_messages)
+    assert logical(read_compacted(restored.topic)) == expected
+    assert_serves(restored.topic)
