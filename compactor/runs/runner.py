@@ -51,8 +51,10 @@ entries of each group of ledgers to plan into one new ledger each and publishes 
 with them in place (same horizon, same transaction and crash rules; the replaced
 ledgers become garbage). A full rewrite over a view with marks reads it through them: the
 previous view's dead entries are skipped and its dead slots emptied (``CompactedView.read``
-with ``emptied``, ``RoundRequest.dead``). The Spark engine always rewrites; it first merges
-the ledgers with dead marks (its executors read ledgers whole).
+with ``emptied``, ``RoundRequest.dead``). On the Spark engine an incremental run's job
+reads the backlog alone and the driver marks what its ledgers supersede (``_spark_run``);
+a Spark rewrite over a marked view first merges the marked ledgers (its executors read
+ledgers whole).
 
 Every read batch and every append of a run is charged to the run's I/O throttle
 (``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
