@@ -99,7 +99,14 @@ from compactor.engine import (
 )
 from compactor.errors import CompactionTimeoutError, MalformedEntryError, SparkEngineError
 from compactor.local.rounds import RoundPhaseOne, capacity_keys, round_phase_one, round_phase_two
-from compactor.local.supersede import Indexes, NeedsRewrite, backlog_keys, ledger_counts, mark_dead
+from compactor.local.supersede import (
+    BacklogKeys,
+    Indexes,
+    NeedsRewrite,
+    backlog_keys,
+    ledger_counts,
+    mark_dead,
+)
 from compactor.local.worker import RoundReport, RoundRequest, RoundWorkers, run_round
 from compactor.record import LATENCY_BUCKETS_MS, RunFigures
 from compactor.runs.bucket_input import stage_input
@@ -358,9 +365,11 @@ class Compactor:
             if files is not None and execute is not None:
                 report = self._worker_round(topic, _Round(cursor, clean, horizon), _Planned(snapshot, stop), cutoff,
                                             (Counted("phase-one", total, progress),
-                                             Counted("phase-two", total, progress)), run, (files, execute))
+                                             Counted("phase-two", total, progress)), run, (files, execute),
+                                            report_keys=incremental and previous is not None)
                 _adopt(files, report)
                 round_stop, figures = report.stop, report.figures
+                keys = None if report.keys is None else BacklogKeys(*report.keys)
             else:
                 round_started = time.monotonic()
                 one = self._local_phase_one(topic, clean, horizon, stop, cutoff,
@@ -374,12 +383,12 @@ class Compactor:
                     functools.partial(round_phase_two, one=one, retain_null_key=self.config.retain_null_key,
                                       keep_tombstones_since_ms=cutoff),
                     Counted("phase-two", total, progress), rounds.latencies, run.throttle)
-                report, figures = None, one.figures(*written)
+                report, figures, keys = None, one.figures(*written), None
             new = LedgerMarks.none(figures.entries_written, figures.messages_kept, figures.keys_kept)
             try:
                 ledger_ids, marks = self._round_view(topic, previous, raw_ranges(snapshot.ledgers, horizon, round_stop),
                                                      {figures.ledger_id: new}, cutoff, rounds,
-                                                     incremental=incremental, run=run)
+                                                     incremental=incremental, run=run, keys=keys)
             except NeedsRewrite as reason:
                 _delete_quietly_store(topic, figures.ledger_id)
                 log.info("%s: rewriting the view whole: %s", topic.name, reason)
@@ -404,13 +413,15 @@ class Compactor:
     def _round_view(
         self, topic: CompactedTopic, previous: CompactedView | None, backlog: Sequence[LedgerRange],
         new: Mapping[int, LedgerMarks | None], cutoff: int | None, rounds: RoundTally, *, incremental: bool,
-        run: RunIo,
+        run: RunIo, keys: BacklogKeys | None = None,
     ) -> tuple[list[int], dict[int, LedgerMarks]]:
         """The ledgers and marks of a round's view: the ``new`` ledgers alone (a rewrite), or
         the previous view's ledgers with the marks the round's ``backlog`` (its raw ranges)
         changed, then the new ones (``compactor.local.supersede``; ``NeedsRewrite`` when it
         cannot). ``new``: the new ledgers in stream order, each with its marks (None: its
-        counts are not known; they are read from its index when it is first marked)."""
+        counts are not known; they are read from its index when it is first marked).
+        ``keys``: the backlog's keys when the round already has them (a round over
+        indexes), else they are read from the backlog's indexes."""
         fresh = {ledger_id: marks for ledger_id, marks in new.items() if marks is not None}
         if not incremental or previous is None:
             return list(new), fresh
@@ -422,7 +433,7 @@ class Compactor:
 
         indexes = Indexes(topic.ledger.store, charge)
         try:
-            keys = backlog_keys(indexes, backlog)
+            keys = backlog_keys(indexes, backlog) if keys is None else keys
             older = [(LedgerRange(i, 0, entries - 1, compacted=True), previous.marks_of(i))
                      for i, entries in previous.segments if entries]
             changed, dead_marked = mark_dead(indexes, older, keys, keep_tombstones_since_ms=cutoff,
@@ -488,11 +499,12 @@ class Compactor:
     def _worker_round(
         self, topic: CompactedTopic, start: _Round, planned: _Planned, cutoff: int | None,
         counted: tuple[Counted, Counted], run: RunIo,
-        over: tuple[LedgerFiles, Callable[[RoundRequest], RoundReport]],
+        over: tuple[LedgerFiles, Callable[[RoundRequest], RoundReport]], *, report_keys: bool = False,
     ) -> RoundReport:
         """One round of the local engine as ``compactor.local.worker`` runs it over the
         store's ledger ``files`` (``execute``: in a worker process, or here): its ledger id
-        reserved here, then both phases and the sealed ledger."""
+        reserved here, then both phases and the sealed ledger (``report_keys``: and the keys
+        its raw input writes, when it ran over indexes)."""
         _, previous, horizon = start
         snapshot, stop = planned
         files, execute = over
@@ -505,7 +517,7 @@ class Compactor:
             files.root, tuple(ranges), horizon, stop, ledger_id,
             tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
             self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index, files.bucket,
-            dead)
+            dead, report_keys)
         for phase in counted:  # both phases run in one call: a bar each, whole at its end
             phase.start()
         try:
