@@ -333,7 +333,7 @@ class Compactor:
             ledger_id=view.ledger_ids[-1] if incremental else result.ledger_ids[0],
             removed_events=result.messages_read - result.messages_kept + marked.dead_marked,
             entries_read=result.entries_read, messages_read=result.messages_read,
-            bytes_read=result.bytes_read + marked.bytes_read, entries_written=result.entries_written + merged[2],
+            bytes_read=result.bytes_read, entries_written=result.entries_written + merged[2],
             bytes_written=result.bytes_written + merged[1], phase_one_s=job_s, phase_two_s=duration_s - job_s,
             duration_s=duration_s, key_map_bytes=0, append_latency_counts=(), rounds=1,
             dead_marked=marked.dead_marked, merged_ledgers=merged[0],
@@ -425,13 +425,7 @@ class Compactor:
         fresh = {ledger_id: marks for ledger_id, marks in new.items() if marks is not None}
         if not incremental or previous is None:
             return list(new), fresh
-        read = [0]
-
-        def charge(size: int) -> None:  # what marking reads (key indexes) is the run's read too
-            read[0] += size
-            run.throttle.charge(size)
-
-        indexes = Indexes(topic.ledger.store, charge)
+        indexes = Indexes(topic.ledger.store, run.throttle.charge)  # the key indexes read: io_bytes
         try:
             keys = backlog_keys(indexes, backlog) if keys is None else keys
             older = [(LedgerRange(i, 0, entries - 1, compacted=True), previous.marks_of(i))
@@ -446,7 +440,6 @@ class Compactor:
         finally:
             indexes.close()
         rounds.dead_marked += dead_marked
-        rounds.bytes_read += read[0]
         empty = {i: LedgerMarks.none(0, 0, 0) for i, entries in previous.segments if not entries}
         return [*previous.ledger_ids, *new], {**empty, **previous.marks, **changed, **fresh}
 
