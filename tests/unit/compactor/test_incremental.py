@@ -661,3 +661,41 @@ def test_the_minimum_lag_holds_back_the_young_backlog_of_an_incremental_run(tmp_
     view = broker.topic.view
     assert view is not None and view.horizon == young and len(view.ledger_ids) == 3
     assert_serves(broker.topic)
+
+
+class _CrashInRound:
+    """A progress callback that crashes when ``phase`` starts for the ``round``-th time."""
+
+    def __init__(self, phase: str, round_: int) -> None:
+        self.phase, self.round, self.starts = phase, round_, 0
+
+    def __call__(self, phase: str, done: int, _total: int) -> None:
+        if phase == self.phase and done == 0:
+            self.starts += 1
+            if self.starts == self.round:
+                raise SimulatedCrash(f"{phase} of round {self.round}")
+
+
+@pytest.mark.parametrize("phase", ["phase-one", "phase-two"])
+def test_a_crash_between_incremental_rounds_leaves_the_last_rounds_view_and_the_next_run_converges(
+    tmp_path: Path, phase: str,
+) -> None:
+    broker = start(tmp_path, parsed=True)  # rounds here, through the store: the progress calls come between them
+    compactor = Compactor(_config("rounds", merge_fan_in=64, merge_dead_ratio=1.0))
+    append(broker, workload(1, 20, publish_ms=NOW_MS))
+    compactor.compact(broker.topic)
+    first = broker.topic.view
+    assert first is not None
+    stop = append(broker, workload(2, 30, publish_ms=NOW_MS))
+    with pytest.raises(SimulatedCrash):
+        compactor.compact(broker.topic, progress=_CrashInRound(phase, 2))
+    kill(broker)
+    broker = start(tmp_path, parsed=True)
+    view = broker.topic.view
+    assert view is not None and first.horizon < view.horizon < stop  # round one published, round two did not
+    assert view.ledger_ids[:len(first.ledger_ids)] == first.ledger_ids and view.dead_messages > 0
+    assert len(broker.orphans) == (1 if phase == "phase-two" else 0)  # round two's unpublished ledger
+    assert_serves(broker.topic)
+    compactor.compact(broker.topic)
+    assert broker.topic.view is not None and broker.topic.view.horizon == stop
+    assert_serves(broker.topic)
