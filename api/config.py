@@ -156,6 +156,15 @@ class Settings:
     compaction_key_index: bool = _setting(
         _COMPACTION.key_index, "Index each sealed ledger's keys in a background worker process (a .kidx file "
         "beside the ledger), and run compaction rounds over the indexes instead of parsing every message.")
+    compaction_incremental: bool = _setting(
+        _COMPACTION.incremental, "Compact only the backlog into a new ledger of the view and mark what it "
+        "supersedes in the older ledgers dead, instead of rewriting the whole view each run.")
+    compaction_merge_dead_ratio: float = _setting(
+        _COMPACTION.merge_dead_ratio, "Rewrite a ledger of a compacted view once this share of its messages is "
+        "dead (Kafka's min.cleanable.dirty.ratio).", minimum=0, maximum=1, metavar="RATIO")
+    compaction_merge_fan_in: int = _setting(
+        _COMPACTION.merge_fan_in, "Tiered merging of a compacted view's ledgers: at most this many less one "
+        "per size tier (each tier this many times the one below).", minimum=2, metavar="N")
     compaction_memory_budget_bytes: int = _setting(
         _COMPACTION.memory_budget_bytes, "Most memory the local engine's key map may hold (24 bytes a key); past it a run "
         "compacts in rounds, each one published.", minimum=1, metavar="BYTES")

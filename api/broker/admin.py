@@ -301,8 +301,9 @@ class Admin:
                                      "underReplicated": False}
         if view is not None:
             compacted.update(ledgerId=view.ledger_id, entries=view.entries, size=view.size, ledgers=[
-                {"ledgerId": ledger_id, "entries": entries, "size": size}
-                for (ledger_id, entries), size in zip(view.segments, view.sizes, strict=True)])
+                {"ledgerId": ledger_id, "entries": entries, "size": size,
+                 "deadMessages": marks.dead_messages if (marks := view.marks_of(ledger_id)) is not None else 0}
+                for (ledger_id, entries), size in zip(view.live_segments, view.sizes, strict=True)])
         return {
             "entriesAddedCounter": ledger.entries_added_counter,
             "numberOfEntries": ledger.number_of_entries,

@@ -97,6 +97,9 @@ def compaction_config(settings: Settings) -> CompactionConfig:
         spark_master=settings.spark_master,
         memory_budget_bytes=settings.compaction_memory_budget_bytes,
         key_index=settings.compaction_key_index,
+        incremental=settings.compaction_incremental,
+        merge_dead_ratio=settings.compaction_merge_dead_ratio,
+        merge_fan_in=settings.compaction_merge_fan_in,
     )
 
 

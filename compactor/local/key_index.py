@@ -74,6 +74,7 @@ from ledger.storage.sealed_file import SealedFile
 from ledger.storage.sealed_writer import ledger_file_name
 
 __all__ = [
+    "COLUMNS",
     "FLAG_CHUNK",
     "FLAG_COMPACTED_OUT",
     "FLAG_KEYLESS",
@@ -120,7 +121,7 @@ FLAG_CHUNK = 16
 FLAG_COMPACTED_OUT = 32
 """A slot a previous compaction emptied: not a message, kept only for ``slot_end``."""
 
-_COLUMNS: tuple[tuple[str, str], ...] = (
+COLUMNS: tuple[tuple[str, str], ...] = (
     ("stored", "uint32"), ("ledger_id", "uint64"), ("entry_id", "uint64"), ("batch_index", "int32"),
     ("batch_size", "int32"), ("hash_high", "uint64"), ("hash_low", "uint64"), ("flags", "uint8"),
     ("publish_time", "int64"), ("slot_end", "uint32"), ("entry_bytes", "uint32"),
@@ -128,6 +129,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
+_COLUMNS = COLUMNS  # (name, numpy dtype) of every column, in the file's order; the last two: where entries are stored
 _TYPECODES = {"uint8": "B", "uint32": "I", "int32": "i", "uint64": "Q", "int64": "q"}
 
 

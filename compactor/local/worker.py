@@ -46,13 +46,18 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
+
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
+from compactor.local import key_index
 from compactor.local.index_source import IndexSource
-from compactor.local.indexed import IndexedRound, IndexUnavailable
+from compactor.local.indexed import IndexedRound, IndexUnavailable, OutputIndex
 from compactor.local.rounds import capacity_keys, round_phase_one, round_phase_two
 from compactor.record import LATENCY_BUCKETS_MS, RoundFigures, latency_bucket
 from compactor.throttle import Throttle
+from compactor.view.marks import LedgerMarks
 from compactor.view.view import CompactedEntry, decode_compacted_entry, encode_compacted_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -93,6 +98,10 @@ class RoundRequest:
             building the missing ones, unless its input needs parsing.
         bucket: the broker's object store (``LedgerFiles.bucket``): an input ledger whose
             local file is gone (offloaded) is read there, with its index; None: none.
+        dead: the dead marks of the compacted ranges' ledgers (``compactor.view.marks``):
+            their dead entries and slots are not part of the input.
+        report_keys: report the hashes of every key the round's raw input writes
+            (``RoundReport.keys``: an incremental run marks the older ledgers by them).
     """
 
     ledgers_root: str
@@ -107,6 +116,8 @@ class RoundRequest:
     max_bytes_per_second: int = 0
     key_index: bool = True
     bucket: BucketConfig | None = None
+    dead: tuple[tuple[int, LedgerMarks], ...] = ()
+    report_keys: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +134,7 @@ class RoundReport:
     append_latency_counts: tuple[int, ...]
     entry_offsets: array[int] = field(default_factory=lambda: array("q"))  # the written ledger's layout
     entry_lengths: array[int] = field(default_factory=lambda: array("q"))
+    keys: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]] | None = None  # high, low halves (report_keys)
 
 
 def run_round(request: RoundRequest, *, throttle: Throttle | None = None) -> RoundReport:
@@ -197,7 +209,7 @@ def _indexed_round(
     indexed = IndexedRound(
         request.ranges, capacity_keys=capacity_keys(request.memory_budget_bytes),
         keep_tombstones_since_ms=request.keep_tombstones_since_ms, retain_null_key=request.retain_null_key,
-        load=source.load, read=source.read)
+        load=source.load, read=source.read, dead=dict(request.dead))
     try:
         try:
             indexed.plan()
@@ -206,23 +218,41 @@ def _indexed_round(
             return None
         stop = indexed.stop if indexed.filled and indexed.stop is not None else request.stop
         phase_one_s = time.monotonic() - started
-        kept, latencies, written = _write(request, stop, indexed.survivors(), throttle)
+        output = OutputIndex()
+        kept, latencies, written = _write(request, stop, indexed.survivors(output), throttle)
     finally:
         source.close()
+    _write_output_index(request, written, output)
     return RoundReport(
         stop=stop, figures=indexed.figures(written.ledger_id, written.entries, written.size_bytes, kept),
         key_map_bytes_max=indexed.key_map.nbytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
         entry_offsets=written.entry_offsets, entry_lengths=written.entry_lengths,
+        keys=(indexed.key_map.high, indexed.key_map.low) if request.report_keys else None,
     )
+
+
+def _write_output_index(request: RoundRequest, written: SealedLedger, output: OutputIndex) -> None:
+    """Write the key index of the ledger the round wrote (``indexed.OutputIndex``: from the
+    input's rows, no parse), so that the next incremental run finds its keys without
+    reading it; a failure is only logged (the index is built when first needed)."""
+    try:
+        index = output.index(written.entry_offsets, written.entry_lengths)
+        key_index.write_index(key_index.index_path(key_index.ledger_path(request.ledgers_root, written.ledger_id)),
+                              index, key_index.IndexedLedger(written.ledger_id, written.entries, written.size_bytes))
+    except (OSError, ValueError) as error:
+        log.warning("could not write the key index of compacted ledger %d: %s", written.ledger_id, error)
 
 
 def _stream(
     store: FileLedgerStore, request: RoundRequest, throttle: Throttle, stop: Position | None = None,
 ) -> Iterator[Entry]:
     """The round's input stream up to ``stop`` (all of it when None), each read batch
-    charged to ``throttle`` before it is handed on."""
+    charged to ``throttle`` before it is handed on; a compacted ledger's dead entries are
+    skipped and its dead slots emptied (``request.dead``)."""
+    dead = dict(request.dead)
     for whole in request.ranges:
+        marks = dead.get(whole.ledger_id) if whole.compacted else None
         last = whole.last_entry_id
         for first in range(whole.first_entry_id, last + 1, READ_BATCH_ENTRIES_MAX):
             batch = store.read(whole.ledger_id, first, min(last, first + READ_BATCH_ENTRIES_MAX - 1))
@@ -230,6 +260,13 @@ def _stream(
             for offset, data in enumerate(batch):
                 if whole.compacted:
                     compacted = decode_compacted_entry(data)
+                    if marks is not None and marks.any_dead:
+                        if marks.dead_entries[first + offset]:
+                            continue
+                        slots = marks.dead_slots_of(first + offset)
+                        if slots:
+                            compacted = compacted.without(slots)
+                            compacted = CompactedEntry(compacted.position, compacted.emptied())
                     entry = Entry(compacted.position, compacted.data)
                 else:
                     entry = Entry(Position(whole.ledger_id, first + offset), data)

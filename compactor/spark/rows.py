@@ -8,7 +8,7 @@ is read from the object store) and turn one ``LedgerRange`` into rows:
   ``compactd`` data source, ``MESSAGE_SCHEMA``). Raw entries: markers, entries that do not
   decode (opaque) and slots a previous run dropped (``compacted_out``) give no row.
   Compacted entries: the surviving slots only (the ``ack_set`` a read-compacted reader is
-  sent). ``key`` is text: a key that is not valid UTF-8 (a producer's raw bytes) has its
+  sent), less those the view's dead marks name (a dead entry gives no row). ``key`` is text: a key that is not valid UTF-8 (a producer's raw bytes) has its
   bad bytes replaced there, as Arrow strings must be text; ``key_bytes`` is the key's
   bytes exactly (``Message.key_bytes``: the raw bytes, base64-decoded when the producer
   sent binary key bytes, the flagged text's bytes when that is not valid base64); both are
@@ -41,6 +41,7 @@ from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
 from compactor.local.keymap import key_hash
 from compactor.local.scan import scan_entry
+from compactor.view.marks import LedgerMarks
 from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
@@ -120,13 +121,21 @@ def snapshot_ranges(store: FileLedgerStore, ledger_ids: Sequence[int]) -> list[L
     return ranges
 
 
-def read_range(store: FileLedgerStore, ledger_range: LedgerRange) -> Iterator[CompactedEntry]:
-    """The range's entries at their original positions (compacted entries decoded)."""
+def read_range(
+    store: FileLedgerStore, ledger_range: LedgerRange, marks: LedgerMarks | None = None,
+) -> Iterator[CompactedEntry]:
+    """The range's entries at their original positions (compacted entries decoded); a
+    compacted ledger's dead ``marks`` (``compactor.view.marks``) skip its dead entries and take
+    its dead slots off ``surviving``."""
     last = ledger_range.last_entry_id
+    dead = marks if marks is not None and marks.any_dead else None
     for first in range(ledger_range.first_entry_id, last + 1, READ_BATCH_ENTRIES_MAX):
         chunk = store.read(ledger_range.ledger_id, first, min(last, first + READ_BATCH_ENTRIES_MAX - 1))
         for offset, data in enumerate(chunk):
-            if ledger_range.compacted:
+            if ledger_range.compacted and dead is not None:
+                if not dead.dead_entries[first + offset]:
+                    yield decode_compacted_entry(data).without(dead.dead_slots_of(first + offset))
+            elif ledger_range.compacted:
                 yield decode_compacted_entry(data)
             else:
                 yield CompactedEntry(Position(ledger_range.ledger_id, first + offset), data)
@@ -170,13 +179,16 @@ class _Columns:
         return batch
 
 
-def message_batches(ledgers_root: str | None, ledger_range: LedgerRange,
-                    bucket: BucketConfig | None = None) -> Iterator[pa.RecordBatch]:
-    """One row per message of the range (see the module docstring); ``open_store``'s arguments."""
+def message_batches(
+    ledgers_root: str | None, ledger_range: LedgerRange, bucket: BucketConfig | None = None,
+    marks: LedgerMarks | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """One row per message of the range (see the module docstring); ``open_store``'s
+    arguments; the dead ``marks`` of a compacted ledger applied."""
     store = open_store(ledgers_root, bucket)
     try:
         columns = _Columns(MESSAGE_SCHEMA)
-        for entry in read_range(store, ledger_range):
+        for entry in read_range(store, ledger_range, marks):
             _add_messages(columns, entry)
             if columns.full():
                 yield columns.take()

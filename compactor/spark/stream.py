@@ -44,6 +44,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError, MalformedEntryError
 from compactor.spark import rows
+from compactor.view.marks import LedgerMarks
 from ledger.errors import LedgerNotFoundError
 from ledger.position import Position
 from ledger.storage.object_fs import BucketConfig
@@ -135,6 +136,13 @@ class _Topic:
             return ledgers, (), Position(-1, -1)
         return ledgers, tuple(snapshot.ledger_ids), snapshot.horizon
 
+    def marks(self) -> dict[int, LedgerMarks]:
+        """The dead marks of the published view's ledgers (``compactor.view.marks``), read
+        when a batch of the snapshot is planned: a ledger's marks only grow, each naming
+        messages the tail after the snapshot's horizon supersedes."""
+        _, snapshot = self.topic_state(self.data_dir, self.topic, read_compacted=True)
+        return {} if snapshot is None else dict(snapshot.marks)
+
     def before_time(self, ledgers: Ledgers, time_ms: int) -> Position:
         """The position just before the first raw entry published at or after ``time_ms``
         (a scan of the entries' metadata, ledger by ledger)."""
@@ -197,14 +205,17 @@ class StreamReader(DataSourceStreamReader):
                 pieces = rows.snapshot_ranges(store, snapshot)
             finally:
                 store.shutdown()
-            return [InputPartition(piece) for piece in pieces]
+            marks = self.source.marks()
+            return [InputPartition((piece, marks.get(piece.ledger_id))) for piece in pieces]
         ledgers, _, _ = self.source.state()
-        return [InputPartition(piece) for piece in tail_ranges(ledgers, _position(start), _position(end))]
+        return [InputPartition((piece, None)) for piece in tail_ranges(ledgers, _position(start), _position(end))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if partition is None or partition.value is None:  # no range to read
             return
-        yield from rows.message_batches(rows.ledgers_root_of(self.source.data_dir), partition.value, self.source.bucket)
+        ledger_range, marks = partition.value
+        yield from rows.message_batches(rows.ledgers_root_of(self.source.data_dir), ledger_range, self.source.bucket,
+                                        marks)
 
 
 def _number(options: dict[str, str], name: str) -> int | None:
