@@ -73,15 +73,18 @@ class Policy:
     retain_null_key: bool = False
 
 
-@dataclass(frozen=True)
 class Produce:
-    """Append ``drafts``; their publish times step by ``spacing_ms`` from the clock."""
+    """Append ``drafts``; their publish times step by ``spacing_ms`` from the clock. (Not a
+    dataclass: Hypothesis would print every entry's bytes of a failing history.)"""
 
-    drafts: tuple[Draft, ...]
-    spacing_ms: int
+    __slots__ = ("drafts", "spacing_ms")
+
+    def __init__(self, drafts: tuple[Draft, ...], spacing_ms: int) -> None:
+        self.drafts, self.spacing_ms = drafts, spacing_ms
 
     def __repr__(self) -> str:
-        return f"Produce({len(self.drafts)} entries, {[d[0] for d in self.drafts]}, spacing_ms={self.spacing_ms})"
+        kinds = [draft[0] + ("(chunk)" if draft[0] == "single" and draft[2][0][1].chunk else "") for draft in self.drafts]
+        return f"Produce({kinds}, spacing_ms={self.spacing_ms})"
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,16 @@ class Logical:
     def __repr__(self) -> str:
         ids = [f"{p.ledger_id}:{p.entry_id}:{p.batch_index}" for p, _, _ in self.messages]
         return f"Logical(horizon={self.horizon}, last={self.last_message_id}, ids={ids})"
+
+
+def difference(served: Logical, expected: Logical) -> str:
+    """What an assertion says when two logical views differ."""
+    ids = lambda view: [(p.ledger_id, p.entry_id, p.batch_index) for p, _, _ in view.messages]  # noqa: E731
+    extra = [m for m in served.messages if m not in expected.messages]
+    missing = [m for m in expected.messages if m not in served.messages]
+    return (f"served horizon {served.horizon} last {served.last_message_id}, expected {expected.horizon} "
+            f"last {expected.last_message_id}; served {ids(served)}; expected {ids(expected)}; "
+            f"extra {extra}; missing {missing}")
 
 
 def delivered(entry: CompactedEntry) -> list[Message]:

@@ -47,6 +47,7 @@ from tests.unit.compactor.history import (
     Step,
     compact,
     copied,
+    difference,
     entry_starts,
     histories,
     logical,
@@ -63,14 +64,18 @@ STORE_OPERATIONS = ("read", "append", "create", "close", "delete")
 SEEKS_MAX = 4  # seeks checked per compaction
 
 
-def assert_agrees(opened: Opened, clock: Clock, policy: Policy, root: Path, name: str) -> tuple[Opened, Logical]:
+def assert_agrees(opened: Opened, clock: Clock, policy: Policy, root: Path, name: str,
+                  published: Clock) -> tuple[Opened, Logical]:
     """The topic of ``opened`` serves the logical view of the whole history compacted at
-    once, before and after a restart, seeks included; returns the restarted process."""
+    once at the time its view was ``published`` (a run that found nothing to compact
+    publishes nothing: the view stays what the last run made of the history, whose
+    expired tombstones the next run with something to compact drops), before and after
+    a restart, seeks included; returns the restarted process."""
     served = logical(opened.topic)
     opened = copied(opened, clock, root / name)
     assert logical(opened.topic) == served, "the view restored from the data dir differs from the published one"
-    expected, seeks = reference_with_seeks(root / name, clock, policy)
-    assert served == expected
+    expected, seeks = reference_with_seeks(root / name, published, policy)
+    assert served == expected, difference(served, expected)
     for start, messages in seeks.items():
         assert logical_from(opened.topic, start) == messages, f"a reader sought to {start}"
     assert stray_ledgers(opened) == set()
@@ -92,21 +97,26 @@ def reference_with_seeks(path: Path, clock: Clock, policy: Policy) -> tuple[Logi
 
 
 def run_history(opened: Opened, clock: Clock, policy: Policy, steps: list[Step], root: Path,
-                check: bool = True) -> Opened:
-    """Carry out ``steps`` on ``opened``, checking the agreement after each compaction."""
+                check: bool = True) -> tuple[Opened, int]:
+    """Carry out ``steps`` on ``opened``, checking the agreement after each compaction;
+    returns the restarted process and the time of the last run that published."""
+    published_ms = clock.ms
     for number, step in enumerate(steps):
         if isinstance(step, Produce):
             produce(opened, clock, step)
             continue
         clock.ms += step.advance_ms
+        before = opened.topic.view
         figures = compact(opened, clock, policy, merge=step.merge)
+        if opened.topic.view is not before:
+            published_ms = clock.ms
         if getattr(figures, "merged_ledgers", 0):
             event("a run merged ledgers")
         if getattr(figures, "dead_marked", 0):
             event("a run marked messages dead")
         if check:
-            opened, _ = assert_agrees(opened, clock, policy, root, f"copy-{number}")
-    return opened
+            opened, _ = assert_agrees(opened, clock, policy, root, f"copy-{number}", Clock(published_ms))
+    return opened, published_ms
 
 
 @AGREEMENT
@@ -120,7 +130,7 @@ def test_after_every_incremental_run_the_logical_view_is_that_of_compacting_the_
         root = Path(directory)
         opened = open_dir(root / "topic", clock, faulty=through_store)
         try:
-            opened = run_history(opened, clock, policy, steps, root)
+            opened, _ = run_history(opened, clock, policy, steps, root)
         finally:
             opened.close()
 
@@ -144,17 +154,20 @@ CrashPoint = tuple[str, str, int]
 """("store", operation, calls before it) or ("checkpoint", name, passes before it)."""
 
 
-def crash_points(opened: Opened, clock: Clock, policy: Policy, step: Compact, root: Path) -> tuple[Opened, list[CrashPoint]]:
-    """Every point the run of ``step`` would pass on ``opened``'s data dir, counted on a dry
-    run over a copy (a run is deterministic over the same data dir)."""
+def crash_points(opened: Opened, clock: Clock, policy: Policy, step: Compact,
+                 root: Path) -> tuple[Opened, list[CrashPoint], bool]:
+    """Every point the run of ``step`` would pass on ``opened``'s data dir, and whether it
+    publishes, found by a dry run over a copy (a run is deterministic over the same data
+    dir)."""
     opened = copied(opened, clock, root / "dry-run")
     dry = open_dir(root / "dry-run", clock, faulty=True)
     try:
         assert dry.store is not None
         database = dry.data_dir.database
         database.fault_points = checkpoints = Checkpoints()
-        before = dict(dry.store.calls)
+        before, view = dict(dry.store.calls), dry.topic.view
         compact(dry, clock, policy, merge=step.merge)
+        publishes = dry.topic.view is not view
         calls = {operation: dry.store.calls.get(operation, 0) - before.get(operation, 0)
                  for operation in STORE_OPERATIONS}
         passed = dict(checkpoints.passed)
@@ -163,7 +176,7 @@ def crash_points(opened: Opened, clock: Clock, policy: Policy, step: Compact, ro
         shutil.rmtree(root / "dry-run")
     points = [("store", operation, index) for operation, count in calls.items() for index in range(count)]
     points += [("checkpoint", name, index) for name, count in sorted(passed.items()) for index in range(count)]
-    return opened, points
+    return opened, points, publishes
 
 
 def arm(opened: Opened, point: CrashPoint) -> None:
@@ -196,13 +209,15 @@ def test_a_kill_at_any_point_of_a_run_leaves_the_old_or_the_new_view_whole_and_t
         root = Path(directory)
         opened = open_dir(root / "topic", clock, faulty=True)
         try:
-            opened = run_history(opened, clock, policy, before, root, check=False)
+            opened, published_ms = run_history(opened, clock, policy, before, root, check=False)
             old = logical(opened.topic)
             clock.ms += last.advance_ms
-            opened, points = crash_points(opened, clock, policy, last, root)
+            opened, points, publishes = crash_points(opened, clock, policy, last, root)
             if not points:  # a run with nothing to do passes no store operation and no publish
                 return
-            point = data.draw(st.sampled_from(points), label="crash point")
+            published = Clock(clock.ms if publishes else published_ms)
+            where = data.draw(st.sampled_from(sorted({point[:2] for point in points})), label="where")
+            point = data.draw(st.sampled_from([p for p in points if p[:2] == where]), label="crash point")
             event(f"crash at {point[0]} {point[1]}")
             arm(opened, point)
             with pytest.raises(SimulatedCrash):
@@ -213,7 +228,7 @@ def test_a_kill_at_any_point_of_a_run_leaves_the_old_or_the_new_view_whole_and_t
             served = logical(opened.topic)
             assert stray_ledgers(opened) == set(), "the restart left a ledger nothing references"
             opened = copied(opened, clock, root / "reference")
-            new = reference(root / "reference", clock, policy)
+            new = reference(root / "reference", published, policy)
             assert served in (old, new), "the restart serves neither the old view nor the new one"
             if served == new != old:
                 event("the crashed run had published")
