@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["CONFIG_ENV", "app", "main", "settings_from_command_line"]
 
 ADMIN_COMMAND = "admin"
-ADMIN_MODULES = ("api.admin_cli_schemas", "api.admin_cli_tenants", "api.admin_cli_topics")  # they add the verbs
+ADMIN_MODULES = ("api.admin_cli_schemas", "api.admin_cli_tenants", "api.admin_cli_topics", "api.admin_cli_offload")  # they add the verbs
 _LAZY = {"app": "api.cli_app", "CONFIG_ENV": "api.cli_app", "settings_from_command_line": "api.cli_app"}
 
 

@@ -23,6 +23,7 @@ import typer
 
 from api import (  # noqa: F401 - admin_cli_schemas, admin_cli_topics register their verbs
     admin_cli,
+    admin_cli_offload,
     admin_cli_schemas,
     admin_cli_tenants,
     admin_cli_topics,

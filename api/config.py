@@ -41,6 +41,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 from api.schema_names import SchemaStrategyName
 from api.wire.frames import MESSAGE_BYTES_MAX
@@ -52,7 +53,8 @@ from cursor.store import MARK_DELETE_RATE_LIMIT
 from ledger.errors import CompactionServiceError
 from ledger.managed_ledger import ManagedLedgerConfig
 from ledger.storage.base import SyncPolicy
-from ledger.storage.file import MAX_OPEN_FILES_DEFAULT
+from ledger.storage.file import MAX_OPEN_FILES_DEFAULT, READ_CACHE_BYTES_DEFAULT
+from ledger.storage.object_fs import BucketConfig, BucketConfigError
 
 __all__ = [
     "CONFIG_ENV",
@@ -63,6 +65,7 @@ __all__ = [
     "env_name",
     "flag_name",
     "load_settings",
+    "offload_bucket",
     "require_supported",
     "setting_specs",
     "settings_from_command_line",
@@ -84,6 +87,11 @@ FsyncPolicy = Literal["always", "group", "none"]  # the values of ledger.storage
 LogFormat = Literal["text", "json"]  # api.logs: readable lines, or JSON lines
 LogLevel = Literal["debug", "info", "warning", "error"]
 SchemaStrategy = SchemaStrategyName  # Pulsar's SchemaCompatibilityStrategy names
+
+# Offload (Pulsar's broker.conf defaults): automatic offload off; local copies kept 4 h.
+OFFLOAD_THRESHOLD_OFF = -1
+OFFLOAD_DELETION_LAG_MS_DEFAULT = 4 * 3_600_000
+OFFLOAD_DRIVERS = ("aws-s3", "s3", "filesystem")  # ledger.storage.object_fs's names (s3: aws-s3)
 
 # The default configs of the lower layers: the defaults of the settings they apply.
 _LEDGER = ManagedLedgerConfig()
@@ -148,6 +156,15 @@ class Settings:
     compaction_key_index: bool = _setting(
         _COMPACTION.key_index, "Index each sealed ledger's keys in a background worker process (a .kidx file "
         "beside the ledger), and run compaction rounds over the indexes instead of parsing every message.")
+    compaction_incremental: bool = _setting(
+        _COMPACTION.incremental, "Compact only the backlog into a new ledger of the view and mark what it "
+        "supersedes in the older ledgers dead, instead of rewriting the whole view each run.")
+    compaction_merge_dead_ratio: float = _setting(
+        _COMPACTION.merge_dead_ratio, "Rewrite a ledger of a compacted view once this share of its messages is "
+        "dead (Kafka's min.cleanable.dirty.ratio).", minimum=0, maximum=1, metavar="RATIO")
+    compaction_merge_fan_in: int = _setting(
+        _COMPACTION.merge_fan_in, "Tiered merging of a compacted view's ledgers: at most this many less one "
+        "per size tier (each tier this many times the one below).", minimum=2, metavar="N")
     compaction_memory_budget_bytes: int = _setting(
         _COMPACTION.memory_budget_bytes, "Most memory the local engine's key map may hold (24 bytes a key); past it a run "
         "compacts in rounds, each one published.", minimum=1, metavar="BYTES")
@@ -231,6 +248,43 @@ class Settings:
     tls_require_trusted_client_cert: bool = _setting(
         False, "Mutual TLS: the TLS ports refuse a client without a certificate signed by "
         "--tls-trust-certs-file; its CN is the role of auth method tls.")
+    retention_check_interval_seconds: float = _setting(
+        120.0, "How often every loaded topic is trimmed (consumed ledgers deleted) and, with offload on, "
+        "offloaded ledgers' local copies past the deletion lag and unreferenced bucket objects are "
+        "deleted (Pulsar's retentionCheckIntervalInSeconds).", above=0, metavar="SECONDS")
+    managed_ledger_offload_driver: str | None = _setting(
+        None, "Object store sealed ledgers are offloaded to: aws-s3 (S3 or S3-compatible; s3 is read as "
+        "aws-s3) or filesystem (a directory, --file-system-uri); none: offload is off. Credentials come "
+        "only from the AWS default chain (AWS_* environment, ~/.aws, an instance role), never a setting.",
+        metavar="DRIVER")
+    s3_managed_ledger_offload_bucket: str | None = _setting(
+        None, "The aws-s3 driver's bucket.", metavar="BUCKET")
+    s3_managed_ledger_offload_service_endpoint: str | None = _setting(
+        None, "The aws-s3 driver's endpoint, for an S3-compatible store (http:// or https:// URL); none: AWS's.",
+        metavar="URL")
+    s3_managed_ledger_offload_region: str | None = _setting(
+        None, "The aws-s3 driver's region; none: the AWS default chain's.", metavar="REGION")
+    s3_managed_ledger_offload_tls_ca_file: str | None = _setting(
+        None, "CA certificates (PEM) an https:// endpoint's certificate is checked against; none: the system's.",
+        metavar="PATH")
+    file_system_uri: str | None = _setting(
+        None, "The filesystem driver's directory, file:///ABSOLUTE/PATH (local, or a mount every Spark "
+        "executor sees).", metavar="file:///PATH")
+    managed_ledger_offload_prefix: str | None = _setting(
+        None, "Prefix of every offloaded object's name in the bucket, so that clusters can share one; "
+        "none: no prefix.", metavar="PREFIX")
+    managed_ledger_offload_threshold_in_bytes: int = _setting(
+        OFFLOAD_THRESHOLD_OFF, "Broker default of the offloadThreshold policy: bytes of a topic's newest "
+        "ledgers kept on local disk; at each roll-over older sealed ledgers are offloaded, oldest first. "
+        "0 offloads every sealed ledger; negative turns automatic offload off (Pulsar's "
+        "managedLedgerOffloadAutoTriggerSizeThresholdBytes).", metavar="BYTES")
+    managed_ledger_offload_deletion_lag_ms: int = _setting(
+        OFFLOAD_DELETION_LAG_MS_DEFAULT, "Broker default of the offloadDeletionLagMs policy: how long after its "
+        "offload a ledger's local copy is deleted (reads then go to the bucket); negative keeps local "
+        "copies.", metavar="MS")
+    managed_ledger_offload_read_cache_bytes: int = _setting(
+        READ_CACHE_BYTES_DEFAULT, "Memory of the block cache that reads of offloaded ledgers go through.",
+        minimum=1, metavar="BYTES")
     http_allowed_hosts: tuple[str, ...] = _setting(
         (), "Host header names the admin API answers besides the bind address and loopback "
         "(any IP literal when bound to 0.0.0.0), comma-separated; * answers any (no DNS rebinding "
@@ -431,6 +485,14 @@ def _check_text(spec: SettingSpec, label: str, given: object, value: str) -> Non
         raise _bad(spec, label, given, "is empty")
     if spec.key in ("token_secret_key", "token_public_key") and not value.startswith(TOKEN_KEY_PREFIXES):
         raise _bad(spec, label, given, "is not a key URL (file:///PATH or data:...)")
+    if spec.key == "managed_ledger_offload_driver" and value.strip().lower() not in OFFLOAD_DRIVERS:
+        raise _bad(spec, label, given, "is not an offload driver (aws-s3 or filesystem)")
+    if spec.key == "s3_managed_ledger_offload_service_endpoint" and "@" in urlsplit(value).netloc:
+        # the value is not shown: it holds a credential
+        raise ConfigError(f"{label}: credentials do not belong in the endpoint URL; the AWS default chain "
+                          "(AWS_* environment, ~/.aws, an instance role) gives them", key=spec.key)
+    if spec.key == "file_system_uri" and not value.startswith("file:///"):
+        raise _bad(spec, label, given, "is not a file:///ABSOLUTE/PATH URL")
     if spec.key == "advertised_address" and (any(c.isspace() or c in "/@?#" for c in value) or value.count(":") == 1):
         raise _bad(spec, label, given, "is not a host name or IP address (no scheme, port or path)")
 
@@ -455,11 +517,38 @@ def _check_together(settings: Settings) -> None:
     if settings.authorization_enabled and not settings.authentication_enabled:
         raise ConfigError("--authorization-enabled needs --authentication-enabled",
                           key="authorization_enabled", value=True)
+    offload_bucket(settings)  # the driver's location is complete and valid
     if settings.tls_require_trusted_client_cert and (
             settings.tls_trust_certs_file is None or settings.tls_cert_file is None):
         raise ConfigError(
             "--tls-require-trusted-client-cert needs --tls-trust-certs-file and --tls-cert-file",
             key="tls_require_trusted_client_cert", value=True)
+
+
+def offload_bucket(settings: Settings) -> BucketConfig | None:
+    """Where sealed ledgers are offloaded (``ledger.storage.object_fs``); None when offload is
+    off (no ``managed_ledger_offload_driver``). ``ConfigError`` naming the setting when the
+    driver's location is missing or not valid. Never a credential: the AWS chain's."""
+    driver = settings.managed_ledger_offload_driver
+    if driver is None:
+        return None
+    prefix = settings.managed_ledger_offload_prefix or ""
+    try:
+        if driver.strip().lower() == "filesystem":
+            if settings.file_system_uri is None:
+                raise ConfigError("the filesystem offload driver needs --file-system-uri file:///PATH",
+                                  key="file_system_uri")
+            location = BucketConfig.from_url(settings.file_system_uri)
+            return BucketConfig("filesystem", location.bucket, prefix)
+        if settings.s3_managed_ledger_offload_bucket is None:
+            raise ConfigError("the aws-s3 offload driver needs --s3-managed-ledger-offload-bucket",
+                              key="s3_managed_ledger_offload_bucket")
+        return BucketConfig("aws-s3", settings.s3_managed_ledger_offload_bucket, prefix,
+                            settings.s3_managed_ledger_offload_service_endpoint,
+                            settings.s3_managed_ledger_offload_region,
+                            settings.s3_managed_ledger_offload_tls_ca_file)
+    except BucketConfigError as error:
+        raise ConfigError(f"offload: {error}", key="managed_ledger_offload_driver", value=driver) from None
 
 
 def _bad(spec: SettingSpec, label: str, value: object, problem: str) -> ConfigError:

@@ -8,6 +8,7 @@ Domain errors (STYLE P4) map to Pulsar's admin status codes::
     SubscriptionNotFoundError   404
     TopicExistsError            409
     CompactionInProgressError   409  ("Compaction already in progress")
+    OffloadAlreadyRunning       409  ("Offload already running")
     ConsumerBusyError           409
     PreconditionFailedError     412  (e.g. deleting a topic with clients attached)
     NotAllowedError             405  (pulsar-admin's NotAllowedException)
@@ -50,6 +51,7 @@ from api.broker.errors import (
 from api.broker.partitions import InvalidPartitionCountError
 from compactor.errors import CompactionInProgressError
 from ledger.errors import CompactionServiceError
+from ledger.offload import OffloadAlreadyRunning
 
 __all__ = ["STATUS_BY_ERROR", "install_error_handlers", "reason_response", "status_of"]
 
@@ -63,6 +65,7 @@ STATUS_BY_ERROR: tuple[tuple[type[CompactionServiceError], int], ...] = (
     (SubscriptionNotFoundError, 404),
     (TopicExistsError, 409),
     (CompactionInProgressError, 409),
+    (OffloadAlreadyRunning, 409),
     (ConsumerBusyError, 409),
     (PreconditionFailedError, 412),
     (StorageUnavailableError, 503),

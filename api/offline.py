@@ -43,7 +43,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.config import ConfigError, Settings, settings_from_command_line
+from api.config import ConfigError, Settings, offload_bucket, settings_from_command_line
 from compactor.record import RunFigures
 from ledger.errors import CompactionServiceError
 
@@ -110,7 +110,9 @@ def compact_offline(
     path = settings.data_dir
     if not os.path.isfile(os.path.join(path, METADATA_FILE)):
         raise OfflineError(f"no compactd data dir at {os.path.abspath(path)} (no {METADATA_FILE})")
-    data_dir = DataDir.open(path, sync=SyncPolicy(settings.fsync), max_open_files=settings.max_open_ledger_files)
+    data_dir = DataDir.open(path, sync=SyncPolicy(settings.fsync), max_open_files=settings.max_open_ledger_files,
+                            bucket=offload_bucket(settings),  # its offloaded ledgers are read from there
+                            read_cache_bytes=settings.managed_ledger_offload_read_cache_bytes)
     try:
         collect_orphans(data_dir)
         metadata, cursors = data_dir.metadata, CursorStore(data_dir.database)

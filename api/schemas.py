@@ -6,6 +6,7 @@ by ``PolicySpec.kind``); the core stores what it is given.
 
 * ``ErrorBody`` — every 4xx and 5xx answer: Pulsar's ``{"reason": "…"}``.
 * ``CompactionStatus`` — Pulsar's ``LongRunningProcessStatus``.
+* ``OffloadRequest``, ``OffloadProcessStatus`` — ``PUT``/``GET …/offload``.
 * ``TopicStats``, ``InternalStats`` — the fields of Pulsar's topic stats and internal stats
   that compactd fills.
 * ``POLICIES`` — each policy's name, value type (with its bounds) and description.
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from api.schema_names import SchemaStrategyName
 
 __all__ = [
     "JAVA_LONG_MAX",
+    "JAVA_LONG_MIN",
     "POLICIES",
     "CompactedLedgerInfo",
     "CompactionSection",
@@ -30,6 +32,8 @@ __all__ = [
     "InternalStats",
     "LedgerInternalInfo",
     "MessageIdData",
+    "OffloadProcessStatus",
+    "OffloadRequest",
     "PolicySpec",
     "PublisherStats",
     "ResetCursorData",
@@ -45,6 +49,7 @@ __all__ = [
 # Pulsar keeps these policies in Java ``long``s; a larger value is refused here rather than
 # accepted and later misread by a Pulsar tool (or overflowing SQLite's 64-bit integers).
 JAVA_LONG_MAX = 2**63 - 1
+JAVA_LONG_MIN = -(2**63)
 
 
 
@@ -115,6 +120,7 @@ class TopicStats(_Open):
     msgRateOut: float = Field(0.0, description="Messages a second dispatched, over the last 10 s.")
     msgThroughputOut: float = Field(0.0, description="Bytes a second dispatched, over the last 10 s.")
     storageSize: int = Field(description="Bytes stored for the topic.")
+    offloadedStorageSize: int = Field(0, description="Bytes of the topic's ledgers offloaded to the bucket.")
     publishers: list[PublisherStats] = Field(description="The connected producers.")
     subscriptions: dict[str, SubscriptionStats]
     compaction: CompactionSection
@@ -124,6 +130,7 @@ class LedgerInternalInfo(_Open):
     ledgerId: int
     entries: int
     size: int
+    offloaded: bool = Field(False, description="Its offload to the bucket completed (Pulsar's offloadContext.complete).")
 
 
 class CursorInternalStats(_Open):
@@ -160,6 +167,29 @@ class MessageIdData(_Open):
     partitionIndex: int = -1
 
 
+class OffloadRequest(BaseModel):
+    """Pulsar's ``MessageIdImpl`` as ``PUT …/offload`` takes it: offload every sealed ledger
+    before ``ledgerId`` (other fields a Pulsar client sends are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ledgerId: StrictInt = Field(ge=-1, le=JAVA_LONG_MAX, description="Ledger of the message: "
+                                "every sealed ledger before it is offloaded.")
+    entryId: StrictInt = Field(ge=-1, le=JAVA_LONG_MAX, description="Entry of the message (only its validity matters).")
+    partitionIndex: StrictInt = Field(-1, description="Ignored.")
+
+
+class OffloadProcessStatus(BaseModel):
+    """Pulsar's ``OffloadProcessStatus``: the topic's last admin-triggered offload (in memory:
+    NOT_RUN after the broker loaded the topic)."""
+
+    status: Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"] = Field(
+        description="NOT_RUN (none since the topic was loaded), RUNNING, SUCCESS or ERROR.")
+    lastError: str = Field(description="Why the offload failed (ERROR); empty otherwise.")
+    firstUnoffloadedMessage: MessageIdData = Field(
+        description="SUCCESS: the first ledger not offloaded, entry 0; otherwise earliest (-1:-1).")
+
+
 class ResetCursorData(BaseModel):
     """Pulsar's ``ResetCursorData``: where ``resetcursor`` moves a subscription."""
 
@@ -174,7 +204,9 @@ class PolicySpec(NamedTuple):
     """One compaction policy as the API exposes it."""
 
     name: str
-    kind: Literal["long", "ratio", "bool"]  # a JSON integer in [0, JAVA_LONG_MAX], a number in [0, 1], true/false
+    # a JSON integer in [0, JAVA_LONG_MAX], one in [JAVA_LONG_MIN, JAVA_LONG_MAX] (negative: off),
+    # a number in [0, 1], true/false
+    kind: Literal["long", "signed", "ratio", "bool"]
     summary: str
     description: str
 
@@ -218,6 +250,19 @@ POLICIES = (
         "is acknowledged with the stored message's id and not stored again. Off unless "
         "enabled (topic policy, else namespace policy, else --broker-deduplication-enabled). "
         "JSON true or false.",
+    ),
+    PolicySpec(
+        "offloadThreshold", "signed", "offload threshold (bytes)",
+        "Pulsar's offloadThreshold: bytes of the topic's newest ledgers kept on local disk; at "
+        "each roll-over, older sealed ledgers are offloaded to the bucket, oldest first. 0 "
+        "offloads every sealed ledger; negative turns automatic offload off (else "
+        "--managed-ledger-offload-threshold-in-bytes). A JSON integer. Set with POST or PUT.",
+    ),
+    PolicySpec(
+        "offloadDeletionLagMs", "signed", "offload deletion lag (ms)",
+        "Pulsar's offloadDeletionLagMs: how long after its offload a ledger's local copy is "
+        "deleted (reads then go to the bucket); negative keeps local copies (else "
+        "--managed-ledger-offload-deletion-lag-ms). A JSON integer. Set with POST or PUT.",
     ),
 )
 

@@ -6,7 +6,8 @@
    (``api.auth.tls.preflight``): ``ConfigError``; log one warning when listening beyond
    loopback with authentication off;
 2. open the data dir, taking its lock first (``DataDirLockedError`` when another
-   process holds it; nothing is touched then);
+   process holds it; nothing is touched then), its ledger store reading offloaded
+   ledgers from the offload bucket when a driver is set (``api.config.offload_bucket``);
 3. collect orphan ledgers a crashed compaction left behind;
 4. build the broker service and start its Pulsar listener on ``bind:broker_port``;
 5. start the admin REST listener (uvicorn) on ``bind:http_port``;
@@ -46,7 +47,7 @@ import uvicorn
 from api.auth.rest import HostAllowListMiddleware
 from api.auth.tls import broker_ssl_context, https_options, preflight, tls_enabled
 from api.broker.access import exposure_warning
-from api.config import Settings, require_supported
+from api.config import Settings, offload_bucket, require_supported
 from api.fd_budget import fd_budget
 from api.http import create_app
 from api.http_connections import capped_http_protocol
@@ -176,8 +177,9 @@ async def serve(settings: Settings, *, broker_factory: BrokerFactory,
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_stop_on_signals(stop))
         budget = fd_budget(settings.max_open_ledger_files)  # ledger files never take the broker's own
-        data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync),
-                                max_open_files=budget.ledger_files)  # a locked data dir stops here, unlogged
+        data_dir = DataDir.open(settings.data_dir, sync=SyncPolicy(settings.fsync),  # locked: stops here, unlogged
+                                max_open_files=budget.ledger_files, bucket=offload_bucket(settings),
+                                read_cache_bytes=settings.managed_ledger_offload_read_cache_bytes)
         stack.callback(data_dir.close)
         log.info("file descriptors: %d; ledger files keep at most %d open, Pulsar connections %d, "
                  "admin connections %d", budget.limit, budget.ledger_files, budget.pulsar_connections,

@@ -62,7 +62,9 @@ class RunFigures:
     """What one successful run measured.
 
     Attributes:
-        ledger_id: the compacted ledger published, or -1 when nothing was compacted.
+        ledger_id: the compacted ledger published, or -1 when nothing was compacted (an
+            incremental run's view holds older ledgers too: this is its newest one, which
+            holds the run's stop, written by the run or by its merge step).
         removed_events: messages read that the compacted ledger does not hold.
         entries_read, messages_read, bytes_read: phase one's input.
         entries_written, bytes_written: the compacted ledger's content.
@@ -80,6 +82,11 @@ class RunFigures:
         io_bytes: bytes the run read and appended, as charged to its throttle.
         rounds: views the run published: more than one when the local engine's key map
             reached the memory budget (``compactor.local.rounds``); 0 when nothing was compacted.
+        dead_marked: messages of the view's older ledgers this run marked dead instead of
+            rewriting them (an incremental run, ``compactor.view.marks``); counted in
+            ``removed_events`` too.
+        merged_ledgers: ledgers of the view the run's merge step rewrote (dead-ratio and
+            tiered merges, ``compactor.runs.merges``); their bytes are in ``bytes_written``.
     """
 
     ledger_id: int = -1
@@ -100,6 +107,8 @@ class RunFigures:
     throttled_s: float = 0.0
     io_bytes: int = 0
     rounds: int = 0
+    dead_marked: int = 0
+    merged_ledgers: int = 0
 
 
 @dataclass(slots=True)

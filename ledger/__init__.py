@@ -1,5 +1,5 @@
 """Ledgers, managed ledgers (a topic's log), the shared metadata database and the ledger
-layer's tables on it.
+layer's tables on it, and the offload of sealed ledgers to a bucket (``ledger.offload``).
 
 Nothing in this package knows what a message is: entries are opaque bytes.
 """

@@ -35,6 +35,11 @@ into a directory on its own host (``extract_backup``), which then holds the same
 and is verified against the manifest. The broker never writes outside its data dir on a
 request's behalf.
 
+**Offloaded ledgers** (in the bucket only) are pinned while the metadata writes are held
+and downloaded into the backup (``ledger.backup_offloaded``); the backup's database marks
+every ledger local. **In a bucket**: ``ledger.backup_bucket`` writes a backup's tar stream
+as objects and restores from them, with the same checks.
+
 ``verify_backup`` checks the manifest and every file against it; ``restore_backup``
 verifies, then copies the files into a new data dir (never over an existing one) and syncs
 them. A damaged, incomplete or foreign backup is refused with ``BackupError`` naming the
@@ -59,6 +64,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.backup_offloaded import PinnedLedgers, bucket_only_ledger_ids, forget_offload
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
 from ledger.storage.file_io import (
@@ -68,6 +74,7 @@ from ledger.storage.file_io import (
     make_private_dirs,
     open_private,
 )
+from ledger.storage.object_fs import BucketConfig
 from ledger.storage.record import HEADER, RecordKind, encode_record
 
 __all__ = [
@@ -75,7 +82,9 @@ __all__ = [
     "STAGING",
     "BackupError",
     "BackupSummary",
+    "check_manifest",
     "extract_backup",
+    "open_tar_stream",
     "opened_offline",
     "remove_staged",
     "restore_backup",
@@ -135,26 +144,56 @@ def take_backup(data_dir: DataDir, output: str, *, _staged: bool = False) -> Bac
     make_private_dirs(ledgers_out)
     started_ms = int(time.time() * 1000)
     pending: dict[int, tuple[str, int, int]] = {}  # open ledger: (temporary link, entries, bytes)
-    with data_dir.database.backed_up_to(os.path.join(output, _DATABASE)):
-        open_ids = _open_ledger_ids(os.path.join(output, _DATABASE))
-        for ledger_id in store.list():
-            source = os.path.join(files.root, f"{ledger_id:020d}{_SUFFIX}")
-            if ledger_id in open_ids:
-                entries, length = files.confirmed_length(ledger_id)
-                temporary = os.path.join(output, f"{ledger_id}.partial")
-                if _link_or_copy(source, temporary):
-                    pending[ledger_id] = (temporary, entries, length)
-            else:
-                _link_or_copy(source, os.path.join(ledgers_out, os.path.basename(source)))
-        _link_or_copy(os.path.join(files.root, _SEQUENCE), os.path.join(ledgers_out, _SEQUENCE), copy=True)
-    for ledger_id, (temporary, _, length) in pending.items():
-        _copy_prefix(temporary, os.path.join(ledgers_out, f"{ledger_id:020d}{_SUFFIX}"), length)
-        os.unlink(temporary)
-    _drop_unsealed(ledgers_out, kept=set(pending))
+    database = os.path.join(output, _DATABASE)
+    pinned: PinnedLedgers | None = None
+    try:
+        with data_dir.database.backed_up_to(database):
+            open_ids = _open_ledger_ids(database)
+            linked = set()
+            for ledger_id in store.list():
+                source = os.path.join(files.root, f"{ledger_id:020d}{_SUFFIX}")
+                if ledger_id in open_ids:
+                    entries, length = files.confirmed_length(ledger_id)
+                    temporary = os.path.join(output, f"{ledger_id}.partial")
+                    if _link_or_copy(source, temporary):
+                        pending[ledger_id] = (temporary, entries, length)
+                elif _link_or_copy(source, os.path.join(ledgers_out, os.path.basename(source))):
+                    linked.add(ledger_id)
+            _link_or_copy(os.path.join(files.root, _SEQUENCE), os.path.join(ledgers_out, _SEQUENCE), copy=True)
+            pinned = _pin_offloaded(bucket_only_ledger_ids(database) - linked, files.bucket, data_dir.path)
+        for ledger_id, (temporary, _, length) in pending.items():
+            _copy_prefix(temporary, os.path.join(ledgers_out, f"{ledger_id:020d}{_SUFFIX}"), length)
+            os.unlink(temporary)
+        _drop_unsealed(ledgers_out, kept=set(pending))
+        if pinned is not None:
+            for path in pinned.download(ledgers_out, _SUFFIX, BackupError):
+                if not _ends_sealed(path):
+                    raise BackupError(f"the offloaded copy of {os.path.basename(path)} in the bucket is not a "
+                                      "whole sealed ledger")
+    finally:
+        if pinned is not None:
+            pinned.release()
+    forget_offload(database)
     summary = _write_manifest(output, started_ms, {k: v[1] for k, v in pending.items()})
     log.info("backup of %s written to %s: %d files, %d bytes", data_dir.path, output, summary.files,
              summary.size_bytes)
     return summary
+
+
+def _pin_offloaded(ledger_ids: set[int], bucket: BucketConfig | None, path: str) -> PinnedLedgers | None:
+    """Pin the ledgers that live only in the bucket (``ledger.backup_offloaded``)."""
+    if not ledger_ids:
+        return None
+    if bucket is None:
+        raise BackupError(f"ledger {min(ledger_ids)} of {path} lives only in its offload bucket, and the data dir "
+                          "was opened without one: back up the running broker with --admin-url")
+    pinned = PinnedLedgers(bucket)
+    try:
+        pinned.pin(ledger_ids, BackupError)
+    except BaseException:
+        pinned.release()
+        raise
+    return pinned
 
 
 def _prepare_output(output: str, *, inside: str | None) -> None:
@@ -313,11 +352,16 @@ def extract_backup(chunks: Iterable[bytes], output: str) -> dict[str, Any]:
     _prepare_output(output, inside=None)
     make_private_dirs(os.path.join(output, _LEDGERS))  # else the extraction creates it with the umask's mode
     try:
-        with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+        with open_tar_stream(chunks) as archive:
             archive.extractall(output, filter="data")
     except (tarfile.TarError, EOFError) as error:
         raise BackupError(f"the backup stream into {output} is damaged or cut short: {error}") from None
     return verify_backup(output)
+
+
+def open_tar_stream(chunks: Iterable[bytes]) -> tarfile.TarFile:
+    """The tar stream ``chunks`` (``tar_chunks``) opened for reading, member after member."""
+    return tarfile.open(fileobj=_ChunkReader(chunks), mode="r|")
 
 
 class _ChunkReader(io.RawIOBase):
@@ -377,6 +421,12 @@ def _read_manifest(backup: str) -> dict[str, Any]:
         raise BackupError(f"{backup} is not a complete compactd backup: it has no {MANIFEST}") from None
     except (OSError, ValueError) as error:
         raise BackupError(f"backup {backup} is damaged: {MANIFEST} cannot be read: {error}") from None
+    return check_manifest(manifest, backup, path)
+
+
+def check_manifest(manifest: object, backup: str, path: str) -> dict[str, Any]:
+    """``manifest`` (parsed JSON) when it is a backup manifest this compactd reads, with a
+    valid file list naming the database; ``BackupError`` naming ``backup``/``path`` otherwise."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BackupError(f"{path} is not a compactd backup manifest")
     if manifest.get("version") != FORMAT_VERSION:

@@ -5,7 +5,9 @@ Layout::
     DATA_DIR/LOCK           the data-dir lock (``ledger.lock``)
     DATA_DIR/metadata.db    the shared SQLite metadata database (``ledger.database``; WAL,
                             ``-wal``/``-shm`` beside it): every layer's tables in one file
-    DATA_DIR/ledgers/       one file per ledger (``ledger.storage.file``)
+    DATA_DIR/ledgers/       one file per ledger (``ledger.storage.file``), but for the
+                            sealed ledgers offloaded to the bucket (``ledger.offload``)
+                            whose local copy is gone: those are read from the bucket
 
 Everything is created owner-only: directories 0700, files 0600 (message data is private).
 ``DataDir.open`` takes the lock first and touches nothing else when it cannot; ``close``
@@ -26,7 +28,8 @@ from ledger.database import Database
 from ledger.lock import DataDirLock
 from ledger.metadata import MetadataStore
 from ledger.storage.base import LedgerStore, SyncPolicy
-from ledger.storage.file import MAX_OPEN_FILES_DEFAULT, FileLedgerStore
+from ledger.storage.file import MAX_OPEN_FILES_DEFAULT, READ_CACHE_BYTES_DEFAULT, FileLedgerStore
+from ledger.storage.object_fs import BucketConfig
 from ledger.storage.sealed_writer import remove_temp_files
 from ledger.storage.sidecars import remove_stale_sidecars
 
@@ -51,15 +54,18 @@ class DataDir:
 
     @classmethod
     def open(
-        cls, path: str, *, sync: SyncPolicy = SyncPolicy.GROUP, max_open_files: int = MAX_OPEN_FILES_DEFAULT
+        cls, path: str, *, sync: SyncPolicy = SyncPolicy.GROUP, max_open_files: int = MAX_OPEN_FILES_DEFAULT,
+        bucket: BucketConfig | None = None, read_cache_bytes: int = READ_CACHE_BYTES_DEFAULT,
     ) -> DataDir:
         """Lock ``path`` and open its stores; ``DataDirLockedError`` if another process has it.
-        ``max_open_files`` bounds the ledger files kept open while idle."""
+        ``max_open_files`` bounds the ledger files kept open while idle; ``bucket`` is where
+        sealed ledgers are offloaded (read through a cache of ``read_cache_bytes``)."""
         lock = DataDirLock.acquire(path)
         try:
             metadata = MetadataStore(os.path.join(lock.data_dir, "metadata.db"))
             ledgers = FileLedgerStore(os.path.join(lock.data_dir, "ledgers"), sync=sync,
-                                      max_open_files=max_open_files)
+                                      max_open_files=max_open_files, bucket=bucket,
+                                      read_cache_bytes=read_cache_bytes)
         except BaseException:
             lock.release()
             raise

@@ -10,8 +10,10 @@ root and the ledger layer's errors::
     │   ├── LedgerFencedError               append through a writer that lost its ledger
     │   ├── PositionOutOfRangeError (IndexError)  read outside 0..last_add_confirmed
     │   ├── LedgerIOError (OSError)         the backend failed to write or sync (retriable)
+    │   ├── OffloadAlreadyRunning           an admin offload of the topic is still running (409)
     │   └── CorruptLedgerError              a ledger's stored data is damaged (not a torn tail)
-    │       └── CorruptEntryError           one entry's record fails its CRC32C when read
+    │       ├── CorruptEntryError           one entry's record fails its CRC32C when read
+    │       └── ObjectMismatchError         a bucket's copy of a ledger differs from the local file
     ├── MetadataError                       the SQLite metadata store refused or failed
     │   └── SchemaVersionError              database written by a newer compactd
     └── DataDirLockedError                  another process holds the data dir
@@ -33,6 +35,8 @@ __all__ = [
     "LedgerNotFoundError",
     "LedgerSealedError",
     "MetadataError",
+    "ObjectMismatchError",
+    "OffloadAlreadyRunning",
     "PositionOutOfRangeError",
     "SchemaVersionError",
 ]
@@ -77,6 +81,15 @@ class LedgerIOError(LedgerError, OSError):
     retriable = True
 
 
+class OffloadAlreadyRunning(LedgerError):
+    """An offload of the topic triggered through the admin API has not finished yet
+    (Pulsar answers HTTP 409 "Offload already running")."""
+
+    def __init__(self, message: str, *, topic: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+
+
 class CorruptLedgerError(LedgerError):
     """A ledger's stored data is damaged where it cannot be a torn tail."""
 
@@ -88,6 +101,13 @@ class CorruptEntryError(CorruptLedgerError):
     def __init__(self, message: str, *, ledger_id: int, entry_id: int) -> None:
         super().__init__(message, ledger_id=ledger_id)
         self.entry_id = entry_id
+
+
+class ObjectMismatchError(CorruptLedgerError):
+    """An uploaded object read back differs from the local file it copies (size or
+    CRC32C), or is missing: the copy is never trusted; uploading again may succeed."""
+
+    retriable = True
 
 
 class MetadataError(CompactionServiceError):

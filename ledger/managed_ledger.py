@@ -61,7 +61,7 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -198,6 +198,8 @@ class _Ledger:
     created_at_ms: int
     closed_at_ms: int  # 0 while open
     failed: bool = False
+    offloaded_at_ms: int = 0  # ``LedgerRecord.offloaded_at_ms``
+    local_deleted_at_ms: int = 0
 
 
 class ManagedLedger:
@@ -291,7 +293,8 @@ class ManagedLedger:
         """Seal a ledger left open by the last run; None if its data is gone."""
         if not record.is_open:
             return _Ledger(record.ledger_id, record.entries, record.size_bytes,
-                           record.created_at_ms, record.closed_at_ms)
+                           record.created_at_ms, record.closed_at_ms, offloaded_at_ms=record.offloaded_at_ms,
+                           local_deleted_at_ms=record.local_deleted_at_ms)
         try:
             self.store.close(record.ledger_id)
             info = self.store.info(record.ledger_id)
@@ -694,7 +697,8 @@ class ManagedLedger:
     def _record(self, ledger: _Ledger) -> LedgerRecord:
         entries, size = self._counts(ledger)
         return LedgerRecord(ledger.ledger_id, self.name, "data", entries, size,
-                            ledger.created_at_ms, ledger.closed_at_ms)
+                            ledger.created_at_ms, ledger.closed_at_ms, ledger.offloaded_at_ms,
+                            ledger.local_deleted_at_ms)
 
     def _counts(self, ledger: _Ledger) -> tuple[int, int]:
         """(entries, bytes) confirmed in ``ledger``, as one consistent pair."""
@@ -857,6 +861,32 @@ class ManagedLedger:
                 remaining -= last - first + 1
         return plan
 
+    # -- offload (``ledger.offload`` drives it) -------------------------------------------
+
+    def record_offloaded(self, ledger_id: int, offloaded_at_ms: int) -> bool:
+        """Record that sealed ledger ``ledger_id``'s bucket copy was verified (one metadata
+        transaction, then the list); False when it is no longer in the list (trimmed or
+        deleted meanwhile)."""
+        with self._lock:
+            ledger = next((ledger for ledger in self._ledgers if ledger.ledger_id == ledger_id), None)
+            if ledger is None or not ledger.closed_at_ms:
+                return False
+        if not self.metadata.record_offloaded(ledger_id, offloaded_at_ms):
+            return False
+        with self._lock:
+            ledger.offloaded_at_ms = offloaded_at_ms
+        return True
+
+    def record_local_deleted(self, ledger_ids: Sequence[int], deleted_at_ms: int) -> list[int]:
+        """Record (before their files go) that the local copies of the offloaded
+        ``ledger_ids`` are let go; the ids recorded."""
+        recorded = self.metadata.record_local_deleted(ledger_ids, deleted_at_ms)
+        with self._lock:
+            for ledger in self._ledgers:
+                if ledger.ledger_id in recorded:
+                    ledger.local_deleted_at_ms = deleted_at_ms
+        return recorded
+
     # -- trimming -----------------------------------------------------------------------
 
     def trim(self) -> list[int]:
@@ -920,8 +950,8 @@ class ManagedLedger:
         with self._when_idle(CloseEvent(seal=False)):
             ledger_ids = self.metadata.delete_topic(self.name)
             self._ledgers = []
-        for ledger_id in ledger_ids:
-            self.store.delete(ledger_id)
+        for ledger_id in ledger_ids:  # unreferenced now: what fails is collected as an orphan
+            self._delete_quietly(ledger_id)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)

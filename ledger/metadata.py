@@ -7,7 +7,10 @@ through their own stores):
 * ``topics``: every topic that exists;
 * ``ledgers``: every ledger a topic references, with its role (``data`` ledgers form the
   topic's ledger list; the compactor's ledgers are found through cursor properties), state
-  and, once closed, its entry count and size;
+  and, once closed, its entry count and size; once offloaded (``ledger.offload``), when its
+  bucket copy was verified (``offloaded_at_ms``, Pulsar's ``complete`` + ``timestamp``)
+  and when its local copy was let go (``local_deleted_at_ms``, Pulsar's
+  ``bookkeeperDeleted``);
 * ``counters``: named counters that never repeat across restarts.
 
 Deleting a topic removes, in the same transaction, every row the layers above declared as
@@ -17,7 +20,9 @@ this layer needs to know nothing of cursors.
 
 Ordering rule carried over from Pulsar: a ledger leaves the topic's list here **before**
 it is deleted from the ledger store, so a crash in between leaks an orphan ledger (which
-start-up collects) but never leaves a reference to a deleted ledger.
+start-up collects) but never leaves a reference to a deleted ledger. Likewise a ledger is
+recorded offloaded only after its bucket copy was verified, and recorded local-deleted
+before its local file is removed.
 """
 
 from __future__ import annotations
@@ -59,6 +64,11 @@ MIGRATIONS: tuple[str, ...] = (
         value INTEGER NOT NULL
     )
     """,
+    # 3: offload (issue 29): when the bucket copy was verified, when the local copy went.
+    """
+    ALTER TABLE ledgers ADD COLUMN offloaded_at_ms INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE ledgers ADD COLUMN local_deleted_at_ms INTEGER NOT NULL DEFAULT 0
+    """,
 )
 
 
@@ -72,6 +82,9 @@ class LedgerRecord:
         role: ``"data"`` for the topic's log; other roles belong to the layers above.
         entries, size_bytes: filled in when the ledger is closed; 0 while it is open.
         created_at_ms, closed_at_ms: times in ms since the epoch; ``closed_at_ms`` 0 = open.
+        offloaded_at_ms: when its bucket copy was verified and recorded; 0 = not offloaded.
+        local_deleted_at_ms: when its local copy was let go (recorded before the file is
+            removed); 0 = the local copy is kept.
     """
 
     ledger_id: int
@@ -81,11 +94,23 @@ class LedgerRecord:
     size_bytes: int
     created_at_ms: int
     closed_at_ms: int
+    offloaded_at_ms: int = 0
+    local_deleted_at_ms: int = 0
 
     @property
     def is_open(self) -> bool:
         """True while the ledger has not been closed."""
         return self.closed_at_ms == 0
+
+    @property
+    def offloaded(self) -> bool:
+        """Its verified copy is in the bucket (internal stats' ``offloaded``)."""
+        return self.offloaded_at_ms != 0
+
+    @property
+    def local_deleted(self) -> bool:
+        """Its local copy was let go (or is being removed): reads come from the bucket."""
+        return self.local_deleted_at_ms != 0
 
 
 class MetadataStore:
@@ -193,11 +218,47 @@ class MetadataStore:
     def topic_ledgers(self, topic: str, *, role: str = "data") -> list[LedgerRecord]:
         """The ledgers of ``topic`` with ``role``, ascending by id."""
         rows = self._query(
-            "SELECT ledger_id, topic, role, entries, size_bytes, created_at_ms, closed_at_ms "
-            "FROM ledgers WHERE topic = ? AND role = ? ORDER BY ledger_id",
+            "SELECT ledger_id, topic, role, entries, size_bytes, created_at_ms, closed_at_ms, offloaded_at_ms, "
+            "local_deleted_at_ms FROM ledgers WHERE topic = ? AND role = ? ORDER BY ledger_id",
             (topic, role),
         )
         return [LedgerRecord(*row) for row in rows]
+
+    def record_offloaded(self, ledger_id: int, offloaded_at_ms: int) -> bool:
+        """Record that ``ledger_id``'s bucket copy was verified, in one transaction (fault
+        seam ``ledgers.offloaded``); False when no closed ledger of that id is referenced
+        any more (trimmed meanwhile: its uploaded objects are nobody's)."""
+        with self.transaction("ledgers.offloaded", ledger_id=ledger_id) as db:
+            cursor = db.execute(
+                "UPDATE ledgers SET offloaded_at_ms = ? WHERE ledger_id = ? AND closed_at_ms != 0",
+                (offloaded_at_ms, ledger_id))
+            return cursor.rowcount == 1
+
+    def record_local_deleted(self, ledger_ids: Sequence[int], deleted_at_ms: int) -> list[int]:
+        """Record, in one transaction (fault seam ``ledgers.local_deleted``), that the local
+        copies of the offloaded ``ledger_ids`` go, BEFORE their files are removed; the ids
+        so recorded (those still referenced and offloaded)."""
+        with self.transaction("ledgers.local_deleted", ledger_ids=list(ledger_ids)) as db:
+            recorded = []
+            for ledger_id in ledger_ids:
+                cursor = db.execute(
+                    "UPDATE ledgers SET local_deleted_at_ms = ? WHERE ledger_id = ? AND offloaded_at_ms != 0",
+                    (deleted_at_ms, ledger_id))
+                if cursor.rowcount == 1:
+                    recorded.append(ledger_id)
+            return recorded
+
+    def offloaded_ledger_ids(self) -> set[int]:
+        """Every referenced ledger recorded offloaded (its bucket objects are live)."""
+        return {row[0] for row in self._query("SELECT ledger_id FROM ledgers WHERE offloaded_at_ms != 0")}
+
+    def is_offloaded(self, ledger_id: int) -> bool:
+        """Whether ``ledger_id`` is referenced and recorded offloaded."""
+        return bool(self._query("SELECT 1 FROM ledgers WHERE ledger_id = ? AND offloaded_at_ms != 0", (ledger_id,)))
+
+    def local_deleted_ledger_ids(self) -> set[int]:
+        """Every referenced ledger whose local copy was let go."""
+        return {row[0] for row in self._query("SELECT ledger_id FROM ledgers WHERE local_deleted_at_ms != 0")}
 
     def referenced_ledger_ids(self) -> set[int]:
         """Every ledger id any topic references (for orphan collection)."""

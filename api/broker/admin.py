@@ -19,6 +19,9 @@ before an operation on it).
   ``maxCompactionLagMs``, ``deleteRetentionMs``, ``minCompactionLagMs`` and
   ``compactionMaxBytesPerSecond`` (Kafka's). The caller validates values;
   a change of ``deduplicationEnabled`` applies to the loaded topics at once.
+* Offload: ``trigger_offload`` and ``offload_status`` (Pulsar's ``PUT``/``GET …/offload``),
+  carried out by ``api.broker.offloads.TopicOffloads``; the two offload policies
+  ``offloadThreshold`` and ``offloadDeletionLagMs`` are Pulsar's.
 * ``stats`` and ``internal_stats`` in Pulsar's JSON shapes (the fields compactd can fill).
   They never fail on what a topic holds: a cursor name or property key that is not text
   (a broker before wire validation stored what upb gave it for a non-UTF-8 string: bytes)
@@ -34,7 +37,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from api.broker.admin_topics import TopicOperations
 from api.broker.dedup import DEDUP_CURSOR
-from api.broker.errors import PreconditionFailedError, TopicExistsError, TopicNotFoundError
+from api.broker.errors import (
+    NotAllowedError,
+    PreconditionFailedError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
 from api.broker.off_loop import write_off_loop
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
@@ -43,6 +51,7 @@ from cursor.cursor import ManagedCursor
 from ledger.errors import CompactionServiceError
 
 if TYPE_CHECKING:
+    from api.broker.offloads import TopicOffloads
     from api.broker.partitions import PartitionedTopics
     from api.broker.policies import PolicyStore
     from api.broker.registry import TopicRegistry
@@ -55,7 +64,8 @@ __all__ = ["POLICY_NAMES", "Admin", "AdminBroker"]
 log = logging.getLogger(__name__)
 
 POLICY_NAMES = ("compactionThreshold", "minCleanableDirtyRatio", "maxCompactionLagMs", "deleteRetentionMs",
-                "deduplicationEnabled", "minCompactionLagMs", "compactionMaxBytesPerSecond")
+                "deduplicationEnabled", "minCompactionLagMs", "compactionMaxBytesPerSecond", "offloadThreshold",
+                "offloadDeletionLagMs")
 
 
 def _shown(name: object) -> str:
@@ -75,6 +85,7 @@ class AdminBroker(Protocol):
     runs: CompactionRuns
     tenants: Tenants
     partitioned: PartitionedTopics
+    offloads: TopicOffloads
 
     def get_topic(self, text: str, *, create: bool = True) -> Topic:
         """The loaded topic named ``text``, loading or creating it."""
@@ -207,6 +218,23 @@ class Admin:
         status, last_error = self.broker.runs.status(str(self.topic(text).name))
         return {"status": status, "lastError": last_error}
 
+    # -- offload --------------------------------------------------------------------
+
+    def trigger_offload(self, text: str, ledger_id: int, entry_id: int) -> None:
+        """Start offloading the topic's sealed ledgers before ``ledger_id`` in the
+        background (``api.broker.offloads``): ``OffloadAlreadyRunning`` (409) while an admin
+        offload of it runs, ``NotAllowedError`` (405) without a driver or on a partitioned
+        parent (offload each partition)."""
+        if self.broker.partitioned.is_parent(TopicName.parse(text)):
+            raise NotAllowedError(f"{TopicName.parse(text)} is a partitioned topic: offload each of its partitions")
+        self.broker.offloads.trigger(self.topic(text), ledger_id, entry_id)
+
+    def offload_status(self, text: str) -> dict[str, Any]:
+        """Pulsar's ``OffloadProcessStatus`` of the topic's last admin offload."""
+        if self.broker.partitioned.is_parent(TopicName.parse(text)):
+            raise NotAllowedError(f"{TopicName.parse(text)} is a partitioned topic: ask each of its partitions")
+        return self.broker.offloads.status(self.topic(text))
+
     async def wait_for_runs(self) -> None:
         """Wait until no run is queued or running (tests)."""
         await self.broker.runs.wait_idle()
@@ -273,8 +301,9 @@ class Admin:
                                      "underReplicated": False}
         if view is not None:
             compacted.update(ledgerId=view.ledger_id, entries=view.entries, size=view.size, ledgers=[
-                {"ledgerId": ledger_id, "entries": entries, "size": size}
-                for (ledger_id, entries), size in zip(view.segments, view.sizes, strict=True)])
+                {"ledgerId": ledger_id, "entries": entries, "size": size,
+                 "deadMessages": marks.dead_messages if (marks := view.marks_of(ledger_id)) is not None else 0}
+                for (ledger_id, entries), size in zip(view.live_segments, view.sizes, strict=True)])
         return {
             "entriesAddedCounter": ledger.entries_added_counter,
             "numberOfEntries": ledger.number_of_entries,
@@ -283,8 +312,8 @@ class Admin:
             "currentLedgerSize": ledgers[-1].size_bytes if ledgers else 0,
             "lastConfirmedEntry": str(ledger.last_confirmed_position()),
             "state": "LedgerOpened",
-            "ledgers": [{"ledgerId": r.ledger_id, "entries": r.entries, "size": r.size_bytes, "offloaded": False}
-                        for r in ledgers],
+            "ledgers": [{"ledgerId": r.ledger_id, "entries": r.entries, "size": r.size_bytes,
+                         "offloaded": r.offloaded} for r in ledgers],
             "cursors": cursors,
             "compactedLedger": compacted,
         }

@@ -110,8 +110,8 @@ class TopicOperations:
         return {
             **counters.in_fields(), **counters.out_fields(counters.message_out),
             "storageSize": topic.ledger.total_size,
+            "offloadedStorageSize": sum(r.size_bytes for r in topic.ledger.ledger_list() if r.offloaded),
             "backlogSize": max((s["backlogSize"] for s in subscriptions.values()), default=0),
-            "offloadedStorageSize": 0,
             "publishers": [_describe(owner) or {"producerName": name, "producerId": -1, "msgRateIn": 0.0,
                                                 "msgThroughputIn": 0.0}
                            for name, owner in topic.producers.items()],

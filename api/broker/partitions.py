@@ -316,6 +316,7 @@ class PartitionedTopics:
         result: dict[str, Any] = {
             "msgInCounter": sum(s["msgInCounter"] for s in each.values()),
             "storageSize": sum(s["storageSize"] for s in each.values()),
+            "offloadedStorageSize": sum(s["offloadedStorageSize"] for s in each.values()),
             "publishers": [],
             "subscriptions": subscriptions,
             "metadata": {"partitions": self.partitions(name)},

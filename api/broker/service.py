@@ -27,6 +27,12 @@ builds (``compactor.local.index_builds``: each sealed ledger is indexed in a wor
 ones, then seals every topic's current ledger, which makes (or fails) every pending append
 before it returns, and writes every queued cursor state (``cursor.store``: a clean stop
 loses no acknowledgement).
+With an offload driver (``api.config.offload_bucket``), ``offloads``
+(``api.broker.offloads.TopicOffloads``) owns the one ``ledger.offload.Offloader``: each
+roll-over (a topic's ``on_sealed`` hook) offloads what the topic's ``offloadThreshold`` lets
+go, the periodic trim pass (every ``retention_check_interval_seconds``) deletes local copies
+past ``offloadDeletionLagMs`` and unreferenced objects, and ``stop`` shuts it down after
+the topics are sealed.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Any
 from api.broker.access import AccessControl
 from api.broker.admin import Admin
 from api.broker.errors import NotAllowedError, TopicNotFoundError
+from api.broker.offloads import TopicOffloads
 from api.broker.partitions import PartitionedTopics
 from api.broker.policies import PolicyStore
 from api.broker.registry import TopicRegistry
@@ -50,7 +57,7 @@ from api.broker.seek import find_by_publish_time, publish_time
 from api.broker.tenants import Tenants
 from api.broker.topic import Topic
 from api.broker.topic_name import TopicName
-from api.config import Settings
+from api.config import Settings, offload_bucket
 from compactor.errors import CompactionInProgressError
 from compactor.local.index_builds import KeyIndexBuilds, unindexed_ledgers
 from compactor.record import RunFigures
@@ -64,17 +71,18 @@ from compactor.runs.scheduler import (
     plan,
 )
 from compactor.runs.status import CompactionStatusStore
+from compactor.view.manifest import CompactedManifests
+from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from ledger.offload import Offloader
 from ledger.position import Position
 
-__all__ = ["GARBAGE_SWEEP_INTERVAL_S", "TRIM_INTERVAL_S", "BrokerService", "compaction_config", "ledger_config"]
+__all__ = ["GARBAGE_SWEEP_INTERVAL_S", "BrokerService", "compaction_config", "ledger_config"]
 
 log = logging.getLogger(__name__)
 
-# How often consumed ledgers are trimmed (Pulsar's retentionCheckIntervalInSeconds: 120).
-TRIM_INTERVAL_S = 120.0
 # How often replaced compacted ledgers past their grace period are deleted.
 GARBAGE_SWEEP_INTERVAL_S = 15.0
 
@@ -89,6 +97,9 @@ def compaction_config(settings: Settings) -> CompactionConfig:
         spark_master=settings.spark_master,
         memory_budget_bytes=settings.compaction_memory_budget_bytes,
         key_index=settings.compaction_key_index,
+        incremental=settings.compaction_incremental,
+        merge_dead_ratio=settings.compaction_merge_dead_ratio,
+        merge_fan_in=settings.compaction_merge_fan_in,
     )
 
 
@@ -143,6 +154,9 @@ class BrokerService:
                                topics=data_dir.metadata.list_topics())
         self.partitioned = PartitionedTopics(
             data_dir.database, max_partitions=settings.max_num_partitions_per_partitioned_topic)
+        # Offload of sealed ledgers to the bucket (with a driver; the data dir's store reads it).
+        offloader = Offloader(data_dir.ledgers, data_dir.metadata) if offload_bucket(settings) is not None else None
+        self.offloads = TopicOffloads(offloader, self.policies, settings)
         self.admin = Admin(self)
         self.last_plan = Plan()
 
@@ -169,10 +183,12 @@ class BrokerService:
         """End the periodic work and the runs in flight; seal every topic (pending appends
         finish). A listener closes its connections before it calls this."""
         self.stop_tasks()
+        self.offloads.begin_stop()  # the seals below start no offload
         if self.key_indexes is not None:  # first: the seals below queue nothing (the next start indexes them)
             await asyncio.to_thread(self.key_indexes.close)
         await self.runs.stop()
         await self.registry.stop()  # seals and cursor writes off the loop; loads in flight end, then close
+        await asyncio.to_thread(self.offloads.shutdown)  # after the seals: their hooks start no job
         try:
             self.cursors.close()  # what is still queued (topics that failed to close) is written
         except Exception as error:  # noqa: BLE001 - the stop goes on; those acks come again
@@ -192,14 +208,24 @@ class BrokerService:
 
     async def _trim_periodically(self) -> None:
         """Trim every loaded topic each interval, on a worker thread: a trim's deletes and
-        metadata commit never run on the event loop."""
+        metadata commit never run on the event loop. With offload, the same pass deletes the
+        local copies past the deletion lag and the unreferenced objects (``TopicOffloads``)."""
         while True:
-            await asyncio.sleep(TRIM_INTERVAL_S)
-            for topic in self.registry.loaded_topics():
+            await asyncio.sleep(self.settings.retention_check_interval_seconds)
+            topics = self.registry.loaded_topics()
+            for topic in topics:
                 try:
                     await asyncio.to_thread(topic.ledger.trim)
                 except Exception as error:  # noqa: BLE001 - the next interval tries again
                     log.warning("trimming %s: %s", topic.name, error)
+            if self.offloads.enabled:
+                await asyncio.to_thread(self.offloads.trim_pass, topics, self._compacted_ledger_ids)
+
+    def _compacted_ledger_ids(self) -> set[int]:
+        """Every compacted ledger still in use (views, and replaced ones in their grace
+        period): in the bucket, they are no orphans (``compactor.runs.runner.collect_orphans``)."""
+        live = self.cursors.cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
+        return live | CompactedManifests(self.data_dir.database).live_ledger_ids(int(time.time() * 1000))
 
     async def _sweep_periodically(self) -> None:
         """Delete the replaced compacted ledgers whose grace period is over
@@ -258,9 +284,12 @@ class BrokerService:
         with its first ledger when new) and its ``Topic`` (internal cursors, de-duplication
         replay); nothing else can reach it before it is published."""
         key = str(name)
+        opened: list[ManagedLedger] = []  # the hook's ledger, once open (a seal during the open offloads nothing)
+        on_sealed = self.offloads.on_sealed_hook(name, lambda: opened[0] if opened else None,
+                                                 self.key_indexes.submit if self.key_indexes is not None else None)
         ledger = ManagedLedger.open(key, self.data_dir.ledgers, self.data_dir.metadata, self.ledger_config,
-                                    roll_over_in_background=True,
-                                    on_sealed=self.key_indexes.submit if self.key_indexes is not None else None)
+                                    roll_over_in_background=True, on_sealed=on_sealed)
+        opened.append(ledger)
         try:
             return Topic(name, ledger, loop, deduplication=self.deduplication_enabled(name), cursors=self.cursors,
                          compacted_grace_period_s=self.settings.compacted_ledger_grace_period_s)

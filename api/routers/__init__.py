@@ -2,6 +2,7 @@
 
 * ``topics`` — list, create, delete topics; delete a subscription.
 * ``compaction`` — trigger a run, read its status.
+* ``offload`` — offload a topic's sealed ledgers to the bucket, read its status.
 * ``policies`` — the compaction policies of topics and namespaces.
 * ``stats`` — topic stats, internal stats, Prometheus metrics.
 * ``permissions`` — produce/consume grants of roles on namespaces and topics.
@@ -17,6 +18,7 @@ documented error answers.
 
 from api.routers.backup import router as backup_router
 from api.routers.compaction import router as compaction_router
+from api.routers.offload import router as offload_router
 from api.routers.partitions import router as partitions_router
 from api.routers.permissions import router as permissions_router
 from api.routers.policies import router as policies_router
@@ -28,5 +30,5 @@ from api.routers.topics import router as topics_router
 
 __all__ = ["ROUTERS"]
 
-ROUTERS = (topics_router, compaction_router, policies_router, stats_router, permissions_router,
+ROUTERS = (topics_router, compaction_router, offload_router, policies_router, stats_router, permissions_router,
            schemas_router, backup_router, subscriptions_router, partitions_router, tenants_router)

@@ -1,15 +1,16 @@
 """Compaction policies of a topic and of a namespace: GET, POST (set), DELETE (remove).
 
-For each policy of ``api.schemas.POLICIES`` — Pulsar's ``compactionThreshold`` and
-``deduplicationEnabled`` and, beyond Pulsar, ``minCleanableDirtyRatio``,
+For each policy of ``api.schemas.POLICIES`` — Pulsar's ``compactionThreshold``,
+``deduplicationEnabled``, ``offloadThreshold`` and ``offloadDeletionLagMs`` and, beyond Pulsar, ``minCleanableDirtyRatio``,
 ``maxCompactionLagMs``, ``deleteRetentionMs``, ``minCompactionLagMs``,
 ``compactionMaxBytesPerSecond`` — at::
 
     /admin/v2/persistent/{tenant}/{namespace}/{topic}/<name>     (the topic must exist)
     /admin/v2/namespaces/{tenant}/{namespace}/<name>
 
-The POST body is a bare JSON value, validated here: an integer in [0, 2^63-1], for the
-ratio a number in [0, 1], for a switch true or false. A value of the wrong type answers 400, one out of range 412
+The POST body (PUT too for the two offload policies, as Pulsar sets them) is a bare JSON
+value, validated here: an integer in [0, 2^63-1] (the offload policies: any Java long,
+negative meaning off), for the ratio a number in [0, 1], for a switch true or false. A value of the wrong type answers 400, one out of range 412
 (Pulsar's "compactionThreshold must be 0 or more"). GET of an unset policy answers 204
 with no body. The topic policy wins over the namespace policy, which wins over the broker
 default (``compactor.runs.scheduler.effective_threshold``).
@@ -33,7 +34,7 @@ from api.routers.common import (
     errors,
     namespace_from_path,
 )
-from api.schemas import JAVA_LONG_MAX, POLICIES, PolicySpec
+from api.schemas import JAVA_LONG_MAX, JAVA_LONG_MIN, POLICIES, PolicySpec
 
 __all__ = ["NAMESPACE_PATH", "router"]
 
@@ -49,7 +50,7 @@ async def _topic_scope(admin: AdminDependency, topic: TopicFromPath) -> str:
 
 def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: str, not_found: tuple[int, ...]) -> None:
     tags: list[str | Enum] = [f"{where} policies"]
-    value_schema = {"type": {"long": "integer", "ratio": "number", "bool": "boolean"}[spec.kind]}
+    value_schema = {"type": {"long": "integer", "signed": "integer", "ratio": "number", "bool": "boolean"}[spec.kind]}
 
     @router.get(path, tags=tags, response_class=Response, summary=f"Get the {where} {spec.summary}",
                 description=f"{spec.description}\n\nAnswers 204 with no body when the {where} has none set.",
@@ -73,6 +74,18 @@ def _add_routes(spec: PolicySpec, path: str, scope_of: ScopeDependency, where: s
         async def set_long(admin: AdminDependency, scope: Annotated[str, Depends(scope_of)],
                            value: Annotated[StrictInt, Body(ge=0, le=JAVA_LONG_MAX, description=spec.summary)]) -> Response:
             return await set_policy(admin, scope, value)
+    elif spec.kind == "signed":
+        async def set_signed(admin: AdminDependency, scope: Annotated[str, Depends(scope_of)],
+                             value: Annotated[StrictInt, Body(ge=JAVA_LONG_MIN, le=JAVA_LONG_MAX,
+                                                              description=spec.summary)]) -> Response:
+            return await set_policy(admin, scope, value)
+
+        post(set_signed)
+        # Pulsar sets its namespace offload policies with PUT: the same handler on PUT.
+        router.put(path, tags=tags, status_code=204, response_class=Response,
+                   summary=f"Set the {where} {spec.summary} (as POST)", description=spec.description,
+                   responses={204: {"description": "Set."}, **errors(400, *not_found, 412)},
+                   name=f"put_{where}_{spec.name}")(set_signed)
     elif spec.kind == "bool":
         @post
         async def set_bool(admin: AdminDependency, scope: Annotated[str, Depends(scope_of)],

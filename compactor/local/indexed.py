@@ -35,7 +35,7 @@ and the run's last view is the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -56,6 +56,7 @@ from compactor.local.key_index import (
 )
 from compactor.local.slot_rule import LatestRows, old_tombstones, surviving_rows
 from compactor.record import RoundFigures
+from compactor.view.marks import LedgerMarks
 from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
 from message.compression import decompress
@@ -172,7 +173,7 @@ class IndexedRound:
     def __init__(
         self, ranges: tuple[LedgerRange, ...], *, capacity_keys: int, keep_tombstones_since_ms: int | None,
         retain_null_key: bool, load: Callable[[LedgerRange, tuple[str, ...]], KeyIndex],
-        read: Callable[[LedgerRange, list[int]], list[bytes]],
+        read: Callable[[LedgerRange, list[int]], list[bytes]], dead: Mapping[int, LedgerMarks] | None = None,
     ) -> None:
         self.ranges = ranges
         self.capacity_keys = capacity_keys
@@ -180,6 +181,7 @@ class IndexedRound:
         self._young: tuple[str, ...] = () if keep_tombstones_since_ms is None else ("publish_time",)
         self.retain_null_key = retain_null_key
         self._load, self._read = load, read
+        self._dead = dict(dead or {})  # the clean ledgers' dead marks (``compactor.view.marks``)
         self.key_map = _KeyMap()
         self.filled = False
         self.stop: Position | None = None
@@ -219,7 +221,11 @@ class IndexedRound:
         self.key_map.merge()
         for source in self._plan:
             if source.range.compacted:
-                source.clean_keep = self._clean_keep(self._rows(source.range, _CLEAN + self._young))
+                rows = self._rows(source.range, _CLEAN + ("batch_index",) + self._young)
+                source.clean_keep = self._clean_keep(rows)
+                marks = self._dead.get(source.range.ledger_id)
+                if marks is not None and marks.any_dead:  # dead slots are not the view's
+                    source.clean_keep &= ~marks.dead_rows(rows["stored"], rows["batch_index"])
 
     def _dirty_planned(self) -> bool:
         return any(not source.range.compacted for source in self._plan)

@@ -51,6 +51,7 @@ from compactor.local.indexed import IndexedRound, IndexUnavailable
 from compactor.local.rounds import capacity_keys, round_phase_one, round_phase_two
 from compactor.record import LATENCY_BUCKETS_MS, RoundFigures, latency_bucket
 from compactor.throttle import Throttle
+from compactor.view.marks import LedgerMarks
 from compactor.view.view import CompactedEntry, decode_compacted_entry, encode_compacted_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
@@ -86,6 +87,8 @@ class RoundRequest:
         max_bytes_per_second: the run's I/O throttle (0: unlimited).
         key_index: run the round over the ledgers' key indexes (``compactor.local.indexed``),
             building the missing ones, unless its input needs parsing.
+        dead: the dead marks of the compacted ranges' ledgers (``compactor.view.marks``):
+            their dead entries and slots are not part of the input.
     """
 
     ledgers_root: str
@@ -99,6 +102,7 @@ class RoundRequest:
     keep_tombstones_since_ms: int | None = None
     max_bytes_per_second: int = 0
     key_index: bool = True
+    dead: tuple[tuple[int, LedgerMarks], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +193,7 @@ def _indexed_round(
     indexed = IndexedRound(
         request.ranges, capacity_keys=capacity_keys(request.memory_budget_bytes),
         keep_tombstones_since_ms=request.keep_tombstones_since_ms, retain_null_key=request.retain_null_key,
-        load=source.load, read=source.read)
+        load=source.load, read=source.read, dead=dict(request.dead))
     try:
         try:
             indexed.plan()
@@ -213,8 +217,11 @@ def _stream(
     store: FileLedgerStore, request: RoundRequest, throttle: Throttle, stop: Position | None = None,
 ) -> Iterator[Entry]:
     """The round's input stream up to ``stop`` (all of it when None), each read batch
-    charged to ``throttle`` before it is handed on."""
+    charged to ``throttle`` before it is handed on; a compacted ledger's dead entries are
+    skipped and its dead slots emptied (``request.dead``)."""
+    dead = dict(request.dead)
     for whole in request.ranges:
+        marks = dead.get(whole.ledger_id) if whole.compacted else None
         last = whole.last_entry_id
         for first in range(whole.first_entry_id, last + 1, READ_BATCH_ENTRIES_MAX):
             batch = store.read(whole.ledger_id, first, min(last, first + READ_BATCH_ENTRIES_MAX - 1))
@@ -222,6 +229,13 @@ def _stream(
             for offset, data in enumerate(batch):
                 if whole.compacted:
                     compacted = decode_compacted_entry(data)
+                    if marks is not None and marks.any_dead:
+                        if marks.dead_entries[first + offset]:
+                            continue
+                        slots = marks.dead_slots_of(first + offset)
+                        if slots:
+                            compacted = compacted.without(slots)
+                            compacted = CompactedEntry(compacted.position, compacted.emptied())
                     entry = Entry(compacted.position, compacted.data)
                 else:
                     entry = Entry(Position(whole.ledger_id, first + offset), data)

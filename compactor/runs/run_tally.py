@@ -78,6 +78,13 @@ class RoundTally:
     key_map_bytes: int = 0
     worker_throttled_s: float = 0.0
     worker_io_bytes: int = 0
+    entries_written: int = 0  # every round's (an incremental run's rounds each add a ledger)
+    bytes_written: int = 0
+    incremental: bool = False  # the rounds' views keep the older ledgers: writes add up
+    dead_marked: int = 0
+    merged_ledgers: int = 0
+    keys_live: int | None = None  # the view's live keys, when its marks count them
+    newest_ledger_id: int | None = None  # the view's ledger holding the run's stop, after a merge
 
     def add(self, figures: RoundFigures, key_map_bytes_max: int) -> None:
         """Count a published round: ``figures`` its ``RoundFigures``, ``key_map_bytes_max``
@@ -86,6 +93,8 @@ class RoundTally:
         self.count += 1
         self.last = figures
         self.removed_events += figures.removed_events
+        self.entries_written += figures.entries_written
+        self.bytes_written += figures.bytes_written
         self.entries_read += figures.entries_read
         self.messages_read += figures.messages_read
         self.bytes_read += figures.bytes_read
@@ -104,14 +113,17 @@ class RoundTally:
     def figures(self, started: float, stop: Position, run: RunIo) -> RunFigures:
         """The run's figures: the last round's view, every round's work."""
         duration_s = time.monotonic() - started
+        written = (self.entries_written, self.bytes_written) if self.incremental else (
+            self.last.entries_written, self.last.bytes_written)
         return RunFigures(
-            engine="local", horizon=str(stop), keys_kept=self.last.keys_kept,
+            engine="local", horizon=str(stop), keys_kept=self.last.keys_kept if self.keys_live is None else self.keys_live,
             throttled_s=run.throttle.throttled_s + self.worker_throttled_s,
-            io_bytes=run.throttle.charged_bytes + self.worker_io_bytes, ledger_id=self.last.ledger_id, removed_events=self.removed_events,
+            io_bytes=run.throttle.charged_bytes + self.worker_io_bytes, ledger_id=self.last.ledger_id if self.newest_ledger_id is None else self.newest_ledger_id, removed_events=self.removed_events + self.dead_marked,
             entries_read=self.entries_read, messages_read=self.messages_read, bytes_read=self.bytes_read,
-            entries_written=self.last.entries_written, bytes_written=self.last.bytes_written, phase_one_s=self.phase_one_s,
+            entries_written=written[0], bytes_written=written[1], phase_one_s=self.phase_one_s,
             phase_two_s=duration_s - self.phase_one_s, duration_s=duration_s, key_map_bytes=self.key_map_bytes,
             append_latency_counts=tuple(self.latencies) if any(self.latencies) else (), rounds=self.count,
+            dead_marked=self.dead_marked, merged_ledgers=self.merged_ledgers,
         )
 
 

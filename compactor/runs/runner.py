@@ -35,6 +35,22 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    without one). A run whose cursor was deleted, or whose previous view was replaced,
    meanwhile fails here.
 
+**Incremental runs** (``CompactionConfig.incremental``, the default; ``compact(rewrite=True)``
+forces a full rewrite). Steps 3 and 4 of the local engine read only the raw entries after
+the horizon (no previous view: every round is a round over its backlog alone), and the
+new ledger is *appended* to the previous view's ledgers. Before the publish,
+``compactor.local.supersede`` finds what the round's backlog superseded in the older
+ledgers from key indexes and records it as dead marks (``compactor.view.marks``), stored in
+step 5's transaction with the manifest; nothing is garbage. A backlog or view holding a
+chunk (``NeedsRewrite``) makes the run delete its ledger and rewrite instead. After the
+last round, one **merge step** (``_merge``, policy ``compactor.runs.merges``) copies the live
+entries of each group of ledgers to plan into one new ledger each and publishes the view
+with them in place (same horizon, same transaction and crash rules; the replaced
+ledgers become garbage). A full rewrite over a view with marks reads it through them: the
+previous view's dead entries are skipped and its dead slots emptied (``CompactedView.read``
+with ``emptied``, ``RoundRequest.dead``). The Spark engine always rewrites; it first merges
+the ledgers with dead marks (its executors read ledgers whole).
+
 Every read batch and every append of a run is charged to the run's I/O throttle
 (``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
 run ends with one log line (``compactor.runs.run_log``).
@@ -59,7 +75,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
@@ -76,15 +92,23 @@ from compactor.engine import (
 )
 from compactor.errors import CompactionTimeoutError, MalformedEntryError, SparkEngineError
 from compactor.local.rounds import RoundPhaseOne, capacity_keys, round_phase_one, round_phase_two
+from compactor.local.supersede import Indexes, NeedsRewrite, backlog_keys, mark_dead
 from compactor.local.worker import RoundReport, RoundRequest, RoundWorkers, run_round
-from compactor.record import RunFigures
+from compactor.record import LATENCY_BUCKETS_MS, RunFigures
 from compactor.runs.lag import stop_before_young, young_after
+from compactor.runs.merges import LedgerShape, plan_merges
 from compactor.runs.run_log import log_run, log_run_failed
 from compactor.runs.run_tally import Counted, Progress, RoundTally, RunIo, no_progress, took
 from compactor.throttle import Throttle
 from compactor.view.manifest import CompactedManifests
+from compactor.view.marks import LedgerMarks
 from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION, CompactedTopic
-from compactor.view.view import CompactedEntry, CompactedView, encode_compacted_entry
+from compactor.view.view import (
+    READ_BATCH_ENTRIES_MAX,
+    CompactedEntry,
+    CompactedView,
+    encode_compacted_entry,
+)
 from cursor.cursor import ManagedCursor
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
@@ -94,7 +118,7 @@ from ledger.position import Position
 from ledger.storage.powers import LedgerFiles
 from message.entry import parse_header
 
-__all__ = ["MEMORY_BUDGET_BYTES_DEFAULT", "CompactionConfig", "Compactor", "Progress", "collect_orphans",
+__all__ = ["MEMORY_BUDGET_BYTES_DEFAULT", "MERGE_DEAD_RATIO_DEFAULT", "MERGE_FAN_IN_DEFAULT", "CompactionConfig", "Compactor", "Progress", "collect_orphans",
            "sweep_compacted_garbage"]
 
 log = logging.getLogger(__name__)
@@ -104,6 +128,9 @@ OUTSTANDING_APPENDS_MAX = 500
 # Default memory the local key map may take before a run goes in rounds: 1 GiB holds about
 # 45 million keys at 24 bytes each.
 MEMORY_BUDGET_BYTES_DEFAULT = 1 << 30
+# Kafka's min.cleanable.dirty.ratio, and the tiered merge's fan-in.
+MERGE_DEAD_RATIO_DEFAULT = 0.5
+MERGE_FAN_IN_DEFAULT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +155,12 @@ class CompactionConfig:
         key_index: where the store has ledger files, rounds run over the ledgers' key
             indexes (``compactor.local.indexed``, ``compactor.local.key_index``), building the missing
             ones, in a worker process or here; off, they parse every entry twice.
+        incremental: a local run compacts only the backlog into a new ledger and marks what
+            it supersedes in the older ones dead (``compactor.local.supersede``), then merges
+            (``compactor.runs.merges``); off, every run rewrites the whole view.
+        merge_dead_ratio: a ledger whose dead share passes it is rewritten (Kafka's
+            ``min.cleanable.dirty.ratio``).
+        merge_fan_in: the tiered merge's fan-in ``F``: at most ``F - 1`` ledgers per tier.
     """
 
     retain_null_key: bool = False
@@ -138,6 +171,9 @@ class CompactionConfig:
     memory_budget_bytes: int = MEMORY_BUDGET_BYTES_DEFAULT
     worker_processes: int = 0
     key_index: bool = True
+    incremental: bool = True
+    merge_dead_ratio: float = MERGE_DEAD_RATIO_DEFAULT
+    merge_fan_in: int = MERGE_FAN_IN_DEFAULT
 
 
 class Compactor:
@@ -163,10 +199,13 @@ class Compactor:
 
     def compact(
         self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None,
-        min_compaction_lag_ms: int = 0, max_bytes_per_second: int = 0,
+        min_compaction_lag_ms: int = 0, max_bytes_per_second: int = 0, rewrite: bool = False,
     ) -> RunFigures:
         """Run one compaction of ``topic`` and record its outcome; raises on failure.
 
+        ``rewrite`` forces a full rewrite (one new view of every survivor; every old ledger
+        garbage); by default a local run is incremental when ``config.incremental`` is
+        (the module docstring's "Incremental runs").
         ``delete_retention_ms`` > 0 keeps tombstones published in the last that many ms
         (measured from this run's start) as their keys' latest values
         (``compactor.local.algorithm``, tombstone retention); 0 drops every tombstone, as Pulsar.
@@ -186,7 +225,8 @@ class Compactor:
         run = RunIo(self._throttle(max_bytes_per_second, interrupt=self._interrupt),
                      young_after(now_ms, min_compaction_lag_ms))
         try:
-            figures = self._run(topic, started, cutoff, progress or no_progress, run)
+            figures = self._run(topic, started, cutoff, progress or no_progress, run,
+                                incremental=self.config.incremental and not rewrite)
         except Exception as error:
             log_run_failed(topic.name, error, time.monotonic() - started)
             topic.record.failed(error, time.monotonic() - started, self._now_ms())
@@ -196,7 +236,8 @@ class Compactor:
         return figures
 
     def _run(
-        self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress, run: RunIo,
+        self, topic: CompactedTopic, started: float, cutoff: int | None, progress: Progress, run: RunIo, *,
+        incremental: bool,
     ) -> RunFigures:
         cursor = topic.cursor
         previous = topic.view  # raises CompactedLedgerMissingError: never publish a partial view
@@ -208,12 +249,17 @@ class Compactor:
         if stop.entry_id < 0 or stop <= horizon:
             return RunFigures(duration_s=time.monotonic() - started, horizon=str(horizon),
                               throttled_s=run.throttle.throttled_s, io_bytes=run.throttle.charged_bytes)
-        total = (previous.entries if previous is not None else 0) + snapshot.entries_between(horizon, stop)
-        engine = self._engine(total)
+        backlog = snapshot.entries_between(horizon, stop)
+        engine = self._engine(backlog + (previous.entries if previous is not None and not incremental else 0))
         log.debug("%s: phase one on the %s engine", topic.name, engine)
         if engine == "local":
             return self._local_run(topic, _Round(cursor, previous, horizon), started, cutoff, progress, run,
-                                   _Planned(snapshot, stop))
+                                   _Planned(snapshot, stop), incremental=incremental)
+        total = (previous.entries if previous is not None else 0) + backlog
+        if previous is not None and previous.dead_messages:  # the executors read ledgers whole: merge first
+            previous, _ = self._merge(topic, cursor, previous, [
+                (place, place) for place, ledger_id in enumerate(previous.ledger_ids)
+                if (marks := previous.marks_of(ledger_id)) is not None and marks.any_dead], run)
         return self._spark_run(topic, _Round(cursor, previous, horizon), _Planned(snapshot, stop), cutoff,
                                Counted("phase-one", total, progress), started, run)
 
@@ -253,14 +299,16 @@ class Compactor:
 
     def _local_run(
         self, topic: CompactedTopic, start: _Round, started: float, cutoff: int | None, progress: Progress,
-        run: RunIo, planned: _Planned,
+        run: RunIo, planned: _Planned, *, incremental: bool,
     ) -> RunFigures:
         """The run on the local engine: rounds (``compactor.local.rounds``) from ``start``, each
         published, until the view reaches the planned stop; the figures add up every round's.
+        ``incremental``: each round compacts its backlog alone and marks what it supersedes
+        (``_round_view``), and the run ends with its merge step (``_merge``).
         Rounds run over the ledger files (a worker process, or the key indexes here) where
         the store has them (``LedgerStore.file_powers``), else through the store."""
         snapshot, stop = planned
-        rounds = RoundTally()
+        rounds = RoundTally(incremental=incremental)
         at = start
         files = topic.ledger.store.file_powers()
         execute: Callable[[RoundRequest], RoundReport] | None = None
@@ -270,36 +318,123 @@ class Compactor:
             execute = functools.partial(run_round, throttle=run.throttle)  # here, over the indexes
         while True:
             cursor, previous, horizon = at
-            total = (previous.entries if previous is not None else 0) + snapshot.entries_between(horizon, stop)
+            clean = None if incremental else previous  # an incremental round reads the backlog only
+            total = (clean.entries if clean is not None else 0) + snapshot.entries_between(horizon, stop)
             if files is not None and execute is not None:
-                report = self._worker_round(topic, at, _Planned(snapshot, stop), cutoff,
+                report = self._worker_round(topic, _Round(cursor, clean, horizon), _Planned(snapshot, stop), cutoff,
                                             (Counted("phase-one", total, progress),
                                              Counted("phase-two", total, progress)), run, (files, execute))
                 _adopt(files, report)
-                at = _Round(cursor, self._publish(topic, cursor, report.stop, [report.figures.ledger_id], previous),
-                            report.stop)
-                rounds.add_report(report)
-                if report.stop >= stop:
-                    return rounds.figures(started, stop, run)
+                round_stop, figures = report.stop, report.figures
+            else:
+                round_started = time.monotonic()
+                one = self._local_phase_one(topic, clean, horizon, stop, cutoff,
+                                            Counted("phase-one", total, progress), run.throttle)
+                # A round that read to the end covers up to ``stop``, as a run in one piece does.
+                round_stop = one.stop if one.filled and one.stop is not None else stop
+                assert horizon < round_stop <= stop
+                rounds.phase_one_s += time.monotonic() - round_started
+                written = self._phase_two(
+                    topic, _Round(cursor, clean, horizon), round_stop,
+                    functools.partial(round_phase_two, one=one, retain_null_key=self.config.retain_null_key,
+                                      keep_tombstones_since_ms=cutoff),
+                    Counted("phase-two", total, progress), rounds.latencies, run.throttle)
+                report, figures = None, one.figures(*written)
+            new = LedgerMarks.none(figures.entries_written, figures.messages_kept, figures.keys_kept)
+            try:
+                ledger_ids, marks = self._round_view(topic, previous, raw_ranges(snapshot.ledgers, horizon, round_stop),
+                                                     (figures.ledger_id, new), cutoff, rounds,
+                                                     incremental=incremental, run=run)
+            except NeedsRewrite as reason:
+                _delete_quietly_store(topic, figures.ledger_id)
+                log.info("%s: rewriting the view whole: %s", topic.name, reason)
+                incremental = rounds.incremental = False
                 continue
-            round_started = time.monotonic()
-            one = self._local_phase_one(topic, previous, horizon, stop, cutoff,
-                                        Counted("phase-one", total, progress), run.throttle)
-            # A round that read to the end covers up to ``stop``, as a run in one piece does.
-            round_stop = one.stop if one.filled and one.stop is not None else stop
-            assert horizon < round_stop <= stop
-            rounds.phase_one_s += time.monotonic() - round_started
-            written = self._phase_two(
-                topic, at, round_stop, functools.partial(round_phase_two, one=one,
-                                                     retain_null_key=self.config.retain_null_key,
-                                                     keep_tombstones_since_ms=cutoff),
-                Counted("phase-two", total, progress), rounds.latencies, run.throttle)
-            at = _Round(cursor, self._publish(topic, cursor, round_stop, [written[0]], previous), round_stop)
-            rounds.add(one.figures(*written), one.key_map_bytes_max)
+            at = _Round(cursor, self._publish(topic, cursor, round_stop, ledger_ids, previous, marks), round_stop)
+            if report is not None:
+                rounds.add_report(report)
+            else:
+                rounds.add(figures, one.key_map_bytes_max)
             if round_stop >= stop:
-                return rounds.figures(started, stop, run)
+                break
             log.info("%s: compacted up to %s in round %d (the key map reached the memory budget); "
                      "going on to %s", topic.name, round_stop, rounds.count, stop)
+        if incremental and at.previous is not None:
+            view, merged = self._merge(topic, cursor, at.previous, self._planned_merges(at.previous), run)
+            rounds.merged_ledgers, rounds.bytes_written = merged[0], rounds.bytes_written + merged[1]
+            rounds.entries_written += merged[2]
+            rounds.keys_live, rounds.newest_ledger_id = _live_keys(view), view.ledger_ids[-1]
+        return rounds.figures(started, stop, run)
+
+    def _round_view(
+        self, topic: CompactedTopic, previous: CompactedView | None, backlog: Sequence[LedgerRange],
+        new: tuple[int, LedgerMarks], cutoff: int | None, rounds: RoundTally, *, incremental: bool, run: RunIo,
+    ) -> tuple[list[int], dict[int, LedgerMarks]]:
+        """The ledgers and marks of a round's view: the new ledger alone (a rewrite), or the
+        previous view's ledgers with the marks the round's ``backlog`` (its raw ranges)
+        changed, then the new ledger (``compactor.local.supersede``; ``NeedsRewrite`` when
+        it cannot)."""
+        ledger_id, marks = new
+        if not incremental or previous is None:
+            return [ledger_id], {ledger_id: marks}
+        indexes = Indexes(topic.ledger.store, run.throttle.charge)
+        try:
+            keys = backlog_keys(indexes, backlog)
+            older = [(LedgerRange(i, 0, entries - 1, compacted=True), previous.marks_of(i))
+                     for i, entries in previous.segments if entries]
+            changed, dead_marked = mark_dead(indexes, older, keys, keep_tombstones_since_ms=cutoff,
+                                             retain_null_key=self.config.retain_null_key)
+        finally:
+            indexes.close()
+        rounds.dead_marked += dead_marked
+        empty = {i: LedgerMarks.none(0, 0, 0) for i, entries in previous.segments if not entries}
+        return [*previous.ledger_ids, ledger_id], {**empty, **previous.marks, **changed, ledger_id: marks}
+
+    def _planned_merges(self, view: CompactedView) -> list[tuple[int, int]]:
+        """The merge step's groups over ``view`` (``compactor.runs.merges``)."""
+        shapes = []
+        for ledger_id, size in zip(view.ledger_ids, view.sizes, strict=True):
+            marks = view.marks_of(ledger_id)
+            shapes.append(LedgerShape(size, 0.0 if marks is None else marks.dead_ratio))
+        return plan_merges(shapes, dead_ratio=self.config.merge_dead_ratio, fan_in=self.config.merge_fan_in)
+
+    def _merge(
+        self, topic: CompactedTopic, cursor: ManagedCursor, view: CompactedView, groups: Sequence[tuple[int, int]],
+        run: RunIo,
+    ) -> tuple[CompactedView, tuple[int, int, int]]:
+        """Rewrite each group ``(first, last)`` of ``view``'s ledgers (places, inclusive) as
+        one new ledger of their live entries, dead slots emptied, and publish the view with
+        them in the groups' places (same horizon); the view, and (ledgers merged, bytes and
+        entries written). A merge is an ordinary run's publish: on failure its new ledgers
+        are deleted and ``view`` keeps serving."""
+        if not groups:
+            return view, (0, 0, 0)
+        store = topic.ledger.store
+        ledger_ids, marks = list(view.ledger_ids), dict(view.marks)
+        written_bytes = written_entries = 0
+        made: list[int] = []
+        try:
+            for first, last in reversed(groups):  # later places first: earlier ones keep their place
+                merged_ids = view.ledger_ids[first:last + 1]
+                ledger_id = store.create(_compacted_metadata(topic, view.horizon), durable_at_seal=True)
+                made.append(ledger_id)
+                entries, size, messages = self._write(topic, ledger_id, _live_entries(view, first, last),
+                                                      [0] * (len(LATENCY_BUCKETS_MS) + 1), run.throttle)
+                store.close(ledger_id)
+                keys = sum(m.live_keys for i in merged_ids if (m := view.marks_of(i)) is not None)
+                ledger_ids[first:last + 1] = [ledger_id]
+                for i in merged_ids:
+                    marks.pop(i, None)
+                marks[ledger_id] = LedgerMarks.none(entries, messages, keys)
+                written_bytes, written_entries = written_bytes + size, written_entries + entries
+        except Exception:
+            for ledger_id in made:
+                _delete_quietly_store(topic, ledger_id)
+            raise
+        merged = self._publish(topic, cursor, view.horizon, ledger_ids, view, marks)
+        log.info("%s: merged %d ledgers of the view into %d", topic.name,
+                 sum(last - first + 1 for first, last in groups), len(groups))
+        return merged, (sum(last - first + 1 for first, last in groups), written_bytes, written_entries)
 
     def _worker_round(
         self, topic: CompactedTopic, start: _Round, planned: _Planned, cutoff: int | None,
@@ -316,10 +451,11 @@ class Compactor:
             LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
         ranges += raw_ranges(snapshot.ledgers, horizon, stop)
         [ledger_id] = files.reserve_ids(1)
+        dead = () if previous is None else tuple(previous.marks.items())
         request = RoundRequest(
             files.root, tuple(ranges), horizon, stop, ledger_id,
             tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
-            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index)
+            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index, dead)
         for phase in counted:  # both phases run in one call: a bar each, whole at its end
             phase.start()
         try:
@@ -486,16 +622,17 @@ class Compactor:
 
     def _publish(
         self, topic: CompactedTopic, cursor: ManagedCursor, stop: Position, ledger_ids: Sequence[int],
-        previous: CompactedView | None,
+        previous: CompactedView | None, marks: Mapping[int, LedgerMarks] | None = None,
     ) -> CompactedView:
         """Publish the sealed ``ledger_ids`` (in stream order: their entries concatenated are
-        the compacted stream) as the view up to ``stop``, and return it. On any failure
+        the compacted stream), with the dead ``marks`` of its ledgers, as the view up to
+        ``stop``, and return it. On any failure
         (``Exception``) every one of ``ledger_ids`` the previous view does not hold is deleted
         and the previous view keeps serving; once published, the previous view's ledgers the
         new one does not hold become garbage (``CompactedTopic.publish``)."""
         store = topic.ledger.store
         try:
-            view = CompactedView(store, ledger_ids, stop)
+            view = CompactedView(store, ledger_ids, stop, marks)
             topic.publish(cursor, view, previous)  # the one transaction
         except Exception:
             held = set(previous.ledger_ids) if previous is not None else set()
@@ -570,8 +707,33 @@ def _publish_time(data: bytes) -> int:
 
 
 def _read_previous(previous: CompactedView, first: int, last: int) -> list[Entry]:
-    """Entries ``first..last`` of the previous compacted ledger, at their original positions."""
-    return [Entry(compacted.position, compacted.data) for compacted in previous.read(first, last)]
+    """Entries ``first..last`` of the previous compacted view, at their original positions,
+    their dead slots emptied (a rewrite parses the bytes)."""
+    return [Entry(compacted.position, compacted.data) for compacted in previous.read(first, last, emptied=True)]
+
+
+def _live_entries(view: CompactedView, first: int, last: int) -> Iterator[CompactedEntry]:
+    """The live entries of ``view``'s ledgers at places ``first..last``, dead slots emptied."""
+    start = sum(entries for _, entries in view.live_segments[:first])
+    end = start + sum(entries for _, entries in view.live_segments[first:last + 1])
+    for at in range(start, end, READ_BATCH_ENTRIES_MAX):
+        for entry in view.read(at, min(end, at + READ_BATCH_ENTRIES_MAX) - 1, emptied=True):
+            yield CompactedEntry(entry.position, entry.data, entry.batch_size, entry.surviving)
+
+
+def _live_keys(view: CompactedView) -> int | None:
+    """The live keys of ``view`` when every ledger's marks count them, else None."""
+    counted = [view.marks_of(ledger_id) for ledger_id, entries in view.segments if entries]
+    return None if any(m is None for m in counted) else sum(m.live_keys for m in counted if m is not None)
+
+
+def _delete_quietly_store(topic: CompactedTopic, ledger_id: int) -> None:
+    """Delete the unpublished ledger ``ledger_id`` (a failure leaves an orphan, collected at
+    the next start)."""
+    try:
+        topic.ledger.store.delete(ledger_id)
+    except Exception as error:  # noqa: BLE001 - an orphan now
+        log.warning("%s: could not delete unpublished compacted ledger %d: %s", topic.name, ledger_id, error)
 
 
 def collect_orphans(data_dir: DataDir, *, now_ms: int | None = None) -> list[int]:

@@ -19,9 +19,15 @@ which replaced compacted ledgers wait for their grace period to end.
   periodically and at start, ``compactd compact-topic``); ``live_ledger_ids`` (what
   ``collect_orphans`` keeps) counts every manifest ledger and the garbage not yet due. The
   rows are not the topic's: a deleted topic's garbage is still swept on time.
+* ``compacted_marks``: per topic and ledger of its view, the ledger's dead marks
+  (``compactor.view.marks.LedgerMarks``: the entries and batch slots later data superseded,
+  and the counts that decide a merge), written in the same publish transaction as the
+  manifest: a view and its marks always change together. A ledger of the view without a
+  row has nothing dead (a view published before the marks existed). Declared as the
+  topic's rows.
 
-Fault points (``ledger.database``): the checkpoint ``compaction.manifest.write`` inside the
-publish (or drop) transaction, and the one write outside it, the named transaction
+Fault points (``ledger.database``): the checkpoints ``compaction.manifest.write`` and
+``compaction.marks.write`` inside the publish (or drop) transaction, and the one write outside it, the named transaction
 ``compaction.garbage_sweep``.
 """
 
@@ -29,8 +35,9 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from compactor.view.marks import LedgerMarks
 from ledger.database import Database, TopicTable
 from ledger.errors import LedgerNotFoundError
 from ledger.storage.base import LedgerStore
@@ -57,8 +64,23 @@ MIGRATIONS: tuple[str, ...] = (
         delete_after_ms INTEGER NOT NULL
     )
     """,
+    # 2: per ledger of a view, its dead marks (compactor.view.marks).
+    """
+    CREATE TABLE compacted_marks (
+        topic TEXT NOT NULL,
+        ledger_id INTEGER NOT NULL,
+        entries INTEGER NOT NULL,
+        messages INTEGER NOT NULL,
+        keys INTEGER NOT NULL,
+        dead_messages INTEGER NOT NULL,
+        dead_keys INTEGER NOT NULL,
+        dead_entries BLOB NOT NULL,
+        dead_slots BLOB NOT NULL,
+        PRIMARY KEY (topic, ledger_id)
+    )
+    """,
 )
-TOPIC_TABLES = (TopicTable("compacted_manifest", "topic"),)
+TOPIC_TABLES = (TopicTable("compacted_manifest", "topic"), TopicTable("compacted_marks", "topic"))
 
 
 class CompactedManifests:
@@ -74,15 +96,27 @@ class CompactedManifests:
     # -- inside the publish transaction ---------------------------------------------------
 
     def write(self, db: sqlite3.Connection, topic: str, ledger_ids: Sequence[int] | None,
-              garbage: Iterable[int] = (), delete_after_ms: int = 0) -> None:
+              garbage: Iterable[int] = (), delete_after_ms: int = 0,
+              marks: Mapping[int, LedgerMarks] | None = None) -> None:
         """Inside the caller's transaction ``db``: make ``ledger_ids`` (None: no view) the
-        manifest of ``topic`` and record ``garbage`` as deletable after ``delete_after_ms``.
-        Checkpoint ``compaction.manifest.write`` (before the rows; raising rolls it back)."""
+        manifest of ``topic``, store ``marks`` (the ledgers' whose marks changed; the rows
+        of ledgers no longer in the manifest go) and record ``garbage`` as deletable after
+        ``delete_after_ms``. Checkpoints ``compaction.manifest.write`` (before the rows)
+        and ``compaction.marks.write`` (after the manifest's, before the marks'); raising
+        at either rolls the whole publish back."""
         self.database.checkpoint("compaction.manifest.write", topic=topic, ledger_ids=ledger_ids)
         db.execute("DELETE FROM compacted_manifest WHERE topic = ?", (topic,))
         if ledger_ids is not None:
             db.executemany("INSERT INTO compacted_manifest (topic, seq, ledger_id) VALUES (?, ?, ?)",
                            [(topic, seq, ledger_id) for seq, ledger_id in enumerate(ledger_ids)])
+        self.database.checkpoint("compaction.marks.write", topic=topic, ledger_ids=ledger_ids)
+        db.execute("DELETE FROM compacted_marks WHERE topic = ? AND ledger_id NOT IN "
+                   "(SELECT ledger_id FROM compacted_manifest WHERE topic = ?)", (topic, topic))
+        db.executemany(
+            "INSERT OR REPLACE INTO compacted_marks (topic, ledger_id, entries, messages, keys, dead_messages, "
+            "dead_keys, dead_entries, dead_slots) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(topic, ledger_id, *mark.encode()) for ledger_id, mark in (marks or {}).items()
+             if ledger_ids is not None and ledger_id in ledger_ids])
         db.executemany(
             "INSERT OR REPLACE INTO compacted_garbage (ledger_id, topic, delete_after_ms) VALUES (?, ?, ?)",
             [(ledger_id, topic, delete_after_ms) for ledger_id in garbage])
@@ -95,6 +129,17 @@ class CompactedManifests:
             return ()
         rows = self.database.query("SELECT ledger_id FROM compacted_manifest WHERE topic = ? ORDER BY seq", (topic,))
         return tuple(int(row[0]) for row in rows)
+
+    def marks(self, topic: str) -> dict[int, LedgerMarks]:
+        """The dead marks of ``topic``'s view: ledger id → marks (ledgers without a row have
+        nothing dead)."""
+        if not self._present or self.database.version(COMPONENT) < 2:
+            return {}
+        rows = self.database.query(
+            "SELECT ledger_id, entries, messages, keys, dead_messages, dead_keys, dead_entries, dead_slots "
+            "FROM compacted_marks WHERE topic = ?", (topic,))
+        return {int(row[0]): LedgerMarks.decode(int(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]),
+                                                bytes(row[6]), bytes(row[7])) for row in rows}
 
     def view_ledger_ids(self, topic: str, first_ledger_id: int) -> tuple[int, ...]:
         """The ledgers of ``topic``'s published view whose ``CompactedTopicLedger`` property

@@ -104,7 +104,8 @@ class CompactedTopic:
             return topic
         ledger_ids = topic.manifests.view_ledger_ids(ledger.name, ledger_id)
         try:
-            topic._view = CompactedView(ledger.store, ledger_ids, cursor.mark_delete_position)
+            topic._view = CompactedView(ledger.store, ledger_ids, cursor.mark_delete_position,
+                                        topic.manifests.marks(ledger.name))
         except LedgerNotFoundError:
             topic._missing_ledger_id = _first_missing(ledger.store, ledger_ids)
             topic._broken_ledger_ids = ledger_ids
@@ -157,8 +158,9 @@ class CompactedTopic:
 
     def publish(self, cursor: ManagedCursor, view: CompactedView, previous: CompactedView | None) -> None:
         """Persist ``view`` in one transaction (``cursor``'s mark-delete = the horizon with
-        ``CompactedTopicLedger`` = its first ledger, the manifest = its ledgers, the previous
-        view's ledgers recorded as garbage), then swap it in; with no grace period, delete
+        ``CompactedTopicLedger`` = its first ledger, the manifest = its ledgers, the dead
+        marks that changed since ``previous``, the previous view's ledgers it no longer
+        holds recorded as garbage), then swap it in; with no grace period, delete
         the previous view's ledgers (a failure there is only logged: they are garbage).
 
         ``CompactorError`` and nothing persisted when ``cursor`` is no longer the topic's
@@ -172,8 +174,10 @@ class CompactedTopic:
             if previous is not self._view or self._missing_ledger_id is not None:
                 raise CompactorError(f"{self.name}: the compacted view changed during the run")
             replaced = () if previous is None else tuple(i for i in previous.ledger_ids if i not in view.ledger_ids)
+            changed = {ledger_id: mark for ledger_id, mark in view.marks.items()
+                       if previous is None or previous.marks.get(ledger_id) is not mark}
             also = functools.partial(self.manifests.write, topic=self.name, ledger_ids=view.ledger_ids,
-                                     garbage=replaced, delete_after_ms=self._delete_after_ms(now_ms))
+                                     garbage=replaced, delete_after_ms=self._delete_after_ms(now_ms), marks=changed)
             cursor.mark_delete(view.horizon, {**cursor.properties, COMPACTED_TOPIC_LEDGER: view.ledger_id},
                                also=also)
             self._view = view

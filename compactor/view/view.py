@@ -23,6 +23,16 @@ compacted entry at or after a position (batch index ignored, Pulsar's ``findStar
 with its 100-entry id cache), reading n entries from a position (across ledgers), every
 entry in order (the compactor's input for the next run), and the last surviving message
 id, exactly as over one ledger holding the same entries.
+
+**Dead marks.** A view built by incremental runs carries, per ledger, the entries and batch
+slots later data superseded (``compactor.view.marks.LedgerMarks``). The view applies them
+here, in one place, so every reader gets them by construction: the index space counts only
+entries with a live message (a wholly dead entry is absent), and an entry with dead slots
+comes with its ``surviving`` slots less the dead ones (its bytes as stored: the mask is what
+a reader delivers by, as for slots phase two emptied; ``CompactedEntry.emptied`` gives the
+bytes with the dead slots emptied, for whoever parses them). ``entries``, the search,
+``last_message_id`` and ``live_segments`` are all over the live entries; ``segments`` and
+``size`` describe the stored ledgers.
 """
 
 from __future__ import annotations
@@ -30,15 +40,20 @@ from __future__ import annotations
 import bisect
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
 from compactor.errors import CompactorError
+from compactor.view.marks import LedgerMarks
 from ledger.errors import PositionOutOfRangeError
 from ledger.position import Position
 from ledger.storage.base import LedgerStore
+from message.encoder import rewrite_batch
+from message.entry import ParsedEntry, batch_slots, parse_entry
 from message.proto import pulsar_api_pb2 as pb
 
 __all__ = ["CompactedEntry", "CompactedView", "ack_set_words", "decode_compacted_entry", "encode_compacted_entry"]
@@ -71,6 +86,29 @@ class CompactedEntry:
     @property
     def messages(self) -> int:
         return len(self.surviving) if self.batch_size else 1
+
+    def emptied(self) -> bytes:
+        """The entry's bytes with every slot not in ``surviving`` emptied (``compacted_out``):
+        what a full rewrite would have stored for it. The bytes as stored when no slot is
+        hidden (a non-batched entry, or every live slot surviving)."""
+        if not self.batch_size:
+            return self.data
+        parsed = parse_entry(self.data)
+        if parsed.metadata.num_messages_in_batch == len(self.surviving) or _live_slots(parsed) == self.surviving:
+            return self.data
+        return rewrite_batch(parsed, set(self.surviving))
+
+    def without(self, dead: frozenset[int]) -> CompactedEntry:
+        """This entry with the batch slots ``dead`` no longer surviving."""
+        if not dead or not self.batch_size:
+            return self
+        return CompactedEntry(self.position, self.data, self.batch_size,
+                              tuple(index for index in self.surviving if index not in dead))
+
+
+def _live_slots(parsed: ParsedEntry) -> tuple[int, ...]:
+    """The batch indexes of a parsed batch's slots that are not ``compacted_out``."""
+    return tuple(slot.batch_index for slot in batch_slots(parsed) if not slot.metadata.compacted_out)
 
 
 def ack_set_words(surviving: tuple[int, ...], batch_size: int) -> list[int]:
@@ -115,30 +153,37 @@ def decode_compacted_entry(data: bytes) -> CompactedEntry:
 class CompactedView:
     """One published compacted view and the horizon it covers: an immutable value.
 
-    ``ledger_ids`` (stream order), ``segments`` (``(ledger_id, entry_count)`` per ledger),
-    ``horizon``, ``entries`` and ``size`` (bytes, all ledgers) are fixed when the view is
-    built; a run publishes a new view and the topic swaps it in whole
+    ``ledger_ids`` (stream order), ``segments`` (``(ledger_id, stored entries)`` per
+    ledger), ``marks`` (ledger id → ``LedgerMarks``, for the ledgers with any), ``horizon``,
+    ``entries`` (live ones, all ledgers) and ``size`` (bytes stored, all ledgers) are fixed
+    when the view is built; a run publishes a new view and the topic swaps it in whole
     (``CompactedTopic.publish``). ``ledger_id`` is the first ledger (Pulsar's one
     ``CompactedTopicLedger``: stats, the cursor property). The only thing that changes
     inside is the id cache of the start-point search, a memo of what the ledgers hold.
     """
 
-    __slots__ = ("_ids", "_starts", "entries", "horizon", "ledger_ids", "segments", "size", "sizes", "store")
+    __slots__ = ("_ids", "_live", "_starts", "entries", "horizon", "ledger_ids", "live_segments", "marks",
+                 "segments", "size", "sizes", "store")
 
     store: LedgerStore
     ledger_ids: tuple[int, ...]
     segments: tuple[tuple[int, int], ...]
+    live_segments: tuple[tuple[int, int], ...]
+    marks: dict[int, LedgerMarks]
     sizes: tuple[int, ...]
     horizon: Position
     entries: int
     size: int
     _starts: tuple[int, ...]
+    _live: tuple[npt.NDArray[np.intp] | None, ...]
     _ids: OrderedDict[int, Position]
 
-    def __init__(self, store: LedgerStore, ledger_ids: Sequence[int] | int, horizon: Position) -> None:
+    def __init__(self, store: LedgerStore, ledger_ids: Sequence[int] | int, horizon: Position,
+                 marks: Mapping[int, LedgerMarks] | None = None) -> None:
         """Read each sealed ledger's entry count and size (``LedgerNotFoundError`` naming
         the first one that is gone). ``ledger_ids``: at least one, in stream order (a bare
-        id is a one-ledger view)."""
+        id is a one-ledger view); ``marks``: the dead marks of its ledgers (those of other
+        ledgers are ignored; a ledger with none has nothing dead)."""
         ids = (ledger_ids,) if isinstance(ledger_ids, int) else tuple(int(i) for i in ledger_ids)
         if not ids:
             raise ValueError("a compacted view needs at least one ledger (an empty one when nothing survived)")
@@ -146,12 +191,20 @@ class CompactedView:
             raise ValueError(f"a compacted view lists a ledger twice: {ids}")
         counts = tuple(store.last_add_confirmed(ledger_id) + 1 for ledger_id in ids)
         sizes = tuple(store.info(ledger_id).size_bytes for ledger_id in ids)
+        kept = {ledger_id: mark for ledger_id, mark in (marks or {}).items() if ledger_id in ids}
+        for ledger_id, count in zip(ids, counts, strict=True):
+            if ledger_id in kept and kept[ledger_id].entries != count:
+                raise ValueError(f"dead marks of ledger {ledger_id} cover {kept[ledger_id].entries} entries, "
+                                 f"it has {count}")
+        live = tuple(kept[i].live_stored() if i in kept else None for i in ids)
+        live_counts = tuple(count if stored is None else len(stored) for count, stored in zip(counts, live, strict=True))
         starts = [0]
-        for count in counts:
+        for count in live_counts:
             starts.append(starts[-1] + count)
         fields = {"store": store, "ledger_ids": ids, "segments": tuple(zip(ids, counts, strict=True)),
+                  "live_segments": tuple(zip(ids, live_counts, strict=True)), "marks": kept,
                   "sizes": sizes, "horizon": horizon.entry_position(), "entries": starts[-1],
-                  "size": sum(sizes), "_starts": tuple(starts), "_ids": OrderedDict[int, Position]()}
+                  "size": sum(sizes), "_starts": tuple(starts), "_live": live, "_ids": OrderedDict[int, Position]()}
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 
@@ -167,9 +220,20 @@ class CompactedView:
         """The first compacted ledger (Pulsar's ``CompactedTopicLedger``)."""
         return self.ledger_ids[0]
 
-    def read(self, first_index: int, last_index: int) -> list[CompactedEntry]:
+    def marks_of(self, ledger_id: int) -> LedgerMarks | None:
+        """The dead marks of ``ledger_id`` (None: nothing of it is dead)."""
+        return self.marks.get(ledger_id)
+
+    @property
+    def dead_messages(self) -> int:
+        """Messages of the view's ledgers that later data superseded (not delivered)."""
+        return sum(mark.dead_messages for mark in self.marks.values())
+
+    def read(self, first_index: int, last_index: int, *, emptied: bool = False) -> list[CompactedEntry]:
         """Compacted entries ``first_index..last_index`` (inclusive) of the view, across
-        its ledgers; ``PositionOutOfRangeError`` unless ``0 <= first <= last < entries``."""
+        its ledgers, dead ones skipped and dead slots off ``surviving`` (with ``emptied``,
+        their bytes emptied too: ``CompactedEntry.emptied``, for a rewrite that parses them);
+        ``PositionOutOfRangeError`` unless ``0 <= first <= last < entries``."""
         if not 0 <= first_index <= last_index < self.entries:
             raise PositionOutOfRangeError(
                 f"compacted view {list(self.ledger_ids)}: read {first_index}..{last_index} "
@@ -180,10 +244,32 @@ class CompactedView:
             segment = self._segment_of(index)
             start, end = self._starts[segment], self._starts[segment + 1]  # end: exclusive
             last = min(last_index, end - 1)
-            entries.extend(decode_compacted_entry(d) for d in
-                           self.store.read(self.ledger_ids[segment], index - start, last - start))
+            entries.extend(self._read_segment(segment, index - start, last - start, emptied))
             index = last + 1
         return entries
+
+    def _read_segment(self, segment: int, first: int, last: int, emptied: bool) -> list[CompactedEntry]:
+        """Live entries ``first..last`` of one ledger (its live index space)."""
+        ledger_id, live = self.ledger_ids[segment], self._live[segment]
+        if live is None:
+            stored = [(first, last)]
+        else:  # the runs of consecutive stored indexes among the live ones asked for
+            wanted = live[first:last + 1]
+            breaks = np.flatnonzero(np.diff(wanted) != 1) + 1
+            stored = [(int(run[0]), int(run[-1])) for run in np.split(wanted, breaks)]
+        entries = [decode_compacted_entry(d) for low, high in stored for d in self.store.read(ledger_id, low, high)]
+        mark = self.marks.get(ledger_id)
+        if mark is None or not len(mark.dead_slots):
+            return entries
+        indexes = [i for low, high in stored for i in range(low, high + 1)]
+        marked = []
+        for entry, at in zip(entries, indexes, strict=True):
+            dead = mark.dead_slots_of(at)
+            if dead and emptied:
+                entry = entry.without(dead)
+                entry = CompactedEntry(entry.position, entry.emptied(), entry.batch_size, entry.surviving)
+            marked.append(entry.without(dead))
+        return marked
 
     def _segment_of(self, index: int) -> int:
         """The place in ``ledger_ids`` of the ledger holding ``index`` (0 <= index <

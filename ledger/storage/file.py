@@ -31,12 +31,25 @@ the files' lifecycle and durability:
 * ``close`` flushes what is pending, then writes and syncs the SEAL record. A ledger fenced
   by a failed write is first cut back to its last durable entry (``last_add_confirmed``):
   what the failed appends left in the file is truncated, never sealed in.
-* ``delete`` removes the ledger's sidecar files with it (``ledger.storage.sidecars``).
+* ``delete`` removes the ledger's sidecar files with it (``ledger.storage.sidecars``), and
+  its objects in the bucket when one is configured.
+* With a ``bucket`` (``ledger.storage.object_fs.BucketConfig``), a ledger whose local file
+  is absent is read from its object ``ledgers/<id:020d>`` (``ledger.storage.bucket``),
+  through a block cache of ``read_cache_bytes`` shared by the store's ledgers (ranged
+  reads). Loading it checks its META and SEAL records and walks its records' lengths
+  (``SealedFile.walk``); every read checks each record's CRC32C as for a local file. A
+  missing object is ``LedgerNotFoundError``; a truncated or altered one is
+  ``CorruptLedgerError`` (or ``CorruptEntryError`` for the read of an altered entry), and
+  nothing of it is served. ``upload_sealed`` copies a sealed ledger and its sidecars to
+  the bucket and verifies the copies; ``drop_local`` then removes the local files (reads
+  go on from the bucket, even those of this process that had the ledger loaded).
+  ``list`` names the ledgers whose file is local.
 * ``read_only=True`` opens the directory without owning it (no lock, no truncation, no
   writes): another process can read sealed ledgers, and the intact prefix of open ones,
-  while the owning broker keeps appending to other ledgers.
+  while the owning broker keeps appending to other ledgers. Its ``root`` need not exist: a
+  Spark executor with no data dir reads every ledger from the bucket.
 
-It is a little over the project's 600 lines on purpose: every path that touches a ledger
+It is over the project's 600 lines on purpose: every path that touches a ledger
 file's bytes or its descriptor takes the store's ``_lock`` and the ledger's ``io_lock`` in
 one order, which stays checkable only while they live in one module.
 """
@@ -50,21 +63,29 @@ import os
 import threading
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pyarrow as pa
 
 from ledger.errors import (
+    CorruptLedgerError,
     LedgerError,
     LedgerFencedError,
     LedgerIOError,
     LedgerNotFoundError,
     LedgerSealedError,
+    ObjectMismatchError,
 )
 from ledger.storage.base import LedgerInfo, LedgerState, SyncPolicy, completed
+from ledger.storage.bucket import LedgerBucket, ledger_object_name
+from ledger.storage.byte_source import BlockCache, ByteSource
 from ledger.storage.file_io import create_file, fsync_dir, scan_fd, verified_entries, write_all
 from ledger.storage.handles import FileHandle, FileHandles
 from ledger.storage.memory import _check_range
+from ledger.storage.object_fs import BucketConfig
 from ledger.storage.record import (
     HEADER,
     RECORD_BYTES_MAX,
@@ -75,9 +96,10 @@ from ledger.storage.record import (
     encode_seal,
     sealed_layout,
 )
+from ledger.storage.sealed_file import SealedFile
 from ledger.storage.sidecars import sidecar_paths
 
-__all__ = ["MAX_OPEN_FILES_DEFAULT", "FileLedgerStore"]
+__all__ = ["MAX_OPEN_FILES_DEFAULT", "READ_CACHE_BYTES_DEFAULT", "FileLedgerStore"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +107,8 @@ log = logging.getLogger(__name__)
 # descriptors per process, which sockets, SQLite and the rest share; a file past it is
 # reopened on its next use.
 MAX_OPEN_FILES_DEFAULT = 256
+# The block cache of ledgers read from the bucket (``ledger.storage.byte_source``).
+READ_CACHE_BYTES_DEFAULT = 64 * 1024 * 1024
 # A ``durable_at_seal`` ledger's appends are written once this many bytes gathered.
 UNSYNCED_BLOCK_BYTES = 1024 * 1024
 
@@ -94,6 +118,7 @@ _SUFFIX = ".ledger"
 _ADOPT_HEAD_BYTES = 64 * 1024
 _ADOPT_TAIL_BYTES = 64
 _SEQUENCE_FILE = "LEDGER_ID_SEQUENCE"
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -111,6 +136,7 @@ class _FileLedger:
     sealed: bool = False
     failed: bool = False
     durable_at_seal: bool = False  # appends are written unsynced, in blocks; the seal syncs
+    source: ByteSource | None = None  # a sealed ledger read from the bucket (no local file)
 
 
 class FileLedgerStore:
@@ -118,11 +144,14 @@ class FileLedgerStore:
 
     def __init__(
         self, root: str, *, sync: SyncPolicy = SyncPolicy.GROUP, read_only: bool = False,
-        max_open_files: int = MAX_OPEN_FILES_DEFAULT,
+        max_open_files: int = MAX_OPEN_FILES_DEFAULT, bucket: BucketConfig | None = None,
+        read_cache_bytes: int = READ_CACHE_BYTES_DEFAULT,
     ) -> None:
         self.root = os.path.abspath(root)
         self.sync = sync
         self.read_only = read_only
+        self.bucket = bucket
+        self._bucket = None if bucket is None else LedgerBucket(bucket, BlockCache(read_cache_bytes))
         if not read_only:
             os.makedirs(self.root, mode=0o700, exist_ok=True)  # owner-only, as every ledger file
         self._lock = threading.Lock()
@@ -200,40 +229,74 @@ class FileLedgerStore:
         return completed(entry_id)
 
     def last_add_confirmed(self, ledger_id: int) -> int:
-        self._preload(ledger_id)
-        with self._lock:
-            ledger = self._load(ledger_id, refresh=self.read_only)
-            return ledger.last_add_confirmed
+        return self._with_loaded(ledger_id, lambda ledger: ledger.last_add_confirmed)
+
+    def _with_loaded(self, ledger_id: int, answer: Callable[[_FileLedger], _T]) -> _T:
+        """``answer(ledger)`` under ``_lock``, the ledger loaded (from the bucket when its
+        file is gone: once more, when another process dropped it meanwhile)."""
+        for retry in (False, True):
+            self._preload(ledger_id)
+            try:
+                with self._lock:
+                    return answer(self._load(ledger_id, refresh=self.read_only))
+            except LedgerNotFoundError:
+                if retry or not self._forget_gone(ledger_id):
+                    raise
+        raise AssertionError("unreachable")
 
     def confirmed_length(self, ledger_id: int) -> tuple[int, int]:
         """``(entries, bytes)``: the ledger's durable entries and the length of the file
         prefix that holds them (header included). Those bytes never change again: a
         copy of them is the ledger up to ``last_add_confirmed`` (backups)."""
-        self._preload(ledger_id)
-        with self._lock:
-            ledger = self._load(ledger_id, refresh=self.read_only)
-            lac = ledger.last_add_confirmed
-            if lac < 0:
-                return 0, ledger.scanned.entry_offsets[0] if ledger.scanned.entry_offsets else ledger.scanned.intact_end
-            return lac + 1, ledger.scanned.entry_offsets[lac] + HEADER.size + ledger.scanned.entry_lengths[lac]
+        return self._with_loaded(ledger_id, _confirmed_length)
 
     def read(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> Sequence[bytes]:
-        self._preload(ledger_id)
-        with self._lock:
-            ledger = self._load(ledger_id, refresh=self.read_only)
-            _check_range(ledger_id, first_entry_id, last_entry_id, ledger.last_add_confirmed)
-            offsets = ledger.scanned.entry_offsets[first_entry_id : last_entry_id + 1]
-            lengths = ledger.scanned.entry_lengths[first_entry_id : last_entry_id + 1]
-            handle = self._pin(ledger)
-        try:
-            start = offsets[0]
-            stop = offsets[-1] + HEADER.size + lengths[-1]
-            block = os.pread(handle.fd, stop - start, start)
-        finally:
-            self._unpin(handle)
+        for retry in (False, True):
+            self._preload(ledger_id)
+            try:
+                with self._lock:
+                    ledger = self._load(ledger_id, refresh=self.read_only)
+                    _check_range(ledger_id, first_entry_id, last_entry_id, ledger.last_add_confirmed)
+                    offsets = ledger.scanned.entry_offsets[first_entry_id : last_entry_id + 1]
+                    lengths = ledger.scanned.entry_lengths[first_entry_id : last_entry_id + 1]
+                    source = ledger.source
+                    handle = None if source is not None else self._pin(ledger)
+                break
+            except LedgerNotFoundError:
+                if retry or not self._forget_gone(ledger_id):
+                    raise
+        start = offsets[0]
+        stop = offsets[-1] + HEADER.size + lengths[-1]
+        if source is not None:
+            block = source.pread(start, stop - start)
+        else:
+            assert handle is not None
+            try:
+                block = os.pread(handle.fd, stop - start, start)
+            finally:
+                self._unpin(handle)
         if len(block) != stop - start:
             raise LedgerIOError(f"ledger {ledger_id}: short read", ledger_id=ledger_id)
-        return verified_entries(ledger_id, first_entry_id, block, start, offsets, lengths)
+        try:
+            return verified_entries(ledger_id, first_entry_id, block, start, offsets, lengths)
+        except CorruptLedgerError:
+            if source is not None:
+                source.discard_cached()  # fetched afresh by the next read; never served
+            raise
+
+    def _forget_gone(self, ledger_id: int) -> bool:
+        """A loaded ledger's local file is gone (its copy was dropped by another process)
+        and a bucket is configured: forget it, so that the next load reads the bucket.
+        False when there is nothing to retry."""
+        if self._bucket is None or os.path.exists(self._path(ledger_id)):
+            return False
+        with self._lock:
+            ledger = self._ledgers.get(ledger_id)
+            if ledger is not None and (ledger.source is not None or not ledger.sealed):
+                return False
+            self._ledgers.pop(ledger_id, None)
+            self._handles.discard(ledger_id)
+        return True
 
     def close(self, ledger_id: int) -> None:
         self._check_writable()
@@ -313,30 +376,26 @@ class FileLedgerStore:
                 removed = True
         if removed:
             fsync_dir(self.root)
+        never_uploaded = ledger is not None and ledger.source is None and not (
+            ledger.sealed and ledger.scanned.entry_offsets)  # open or empty: never offloaded
+        if self._bucket is not None and not never_uploaded:
+            self._bucket.delete_ledger(ledger_id)
 
     def list(self) -> list[int]:
+        """The ids of the ledgers whose file is in ``root`` (a ledger only in the bucket
+        is not listed: ``ledger.offload`` collects the bucket's orphans)."""
         ids = []
-        for name in os.listdir(self.root):
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:  # a read-only store on a root that does not exist
+            return []
+        for name in names:
             if name.endswith(_SUFFIX) and name[: -len(_SUFFIX)].isdigit():
                 ids.append(int(name[: -len(_SUFFIX)]))
         return sorted(ids)
 
     def info(self, ledger_id: int) -> LedgerInfo:
-        self._preload(ledger_id)
-        with self._lock:
-            ledger = self._load(ledger_id, refresh=self.read_only)
-            lac = ledger.last_add_confirmed
-            scanned = ledger.scanned
-            confirmed = len(scanned.entry_offsets) == lac + 1  # nothing pending: the total counts
-            size_bytes = scanned.size_bytes if confirmed else sum(scanned.entry_lengths[: lac + 1])
-            return LedgerInfo(
-                ledger_id=ledger_id,
-                state=LedgerState.CLOSED if ledger.sealed else LedgerState.OPEN,
-                last_add_confirmed=lac,
-                size_bytes=size_bytes,
-                created_at_ms=ledger.scanned.created_at_ms,
-                metadata=dict(ledger.scanned.metadata),
-            )
+        return self._with_loaded(ledger_id, _info)
 
     def adopt_sealed(self, ledger_id: int, entry_offsets: array[int], entry_lengths: array[int]) -> bool:
         """Load the sealed ledger ``ledger_id``, just written whole elsewhere
@@ -344,7 +403,10 @@ class FileLedgerStore:
         writer recorded, instead of scanning it; each entry is still checked against its
         CRC32C when read. False (the file is scanned on first use, as any) when it is
         loaded already, not there, or its META and SEAL records do not agree with the
-        layout (``ledger.storage.record.sealed_layout``)."""
+        layout (``ledger.storage.record.sealed_layout``). With a bucket, a ledger with no
+        local file is adopted from its object (written there by a Spark executor)."""
+        if self._bucket is not None and ledger_id not in self._ledgers and not os.path.exists(self._path(ledger_id)):
+            return self._adopt_remote(ledger_id, entry_offsets, entry_lengths)
         with self._lock:
             if ledger_id in self._ledgers:
                 return False
@@ -367,6 +429,95 @@ class FileLedgerStore:
                 return False
             self._install(ledger_id, path, scanned)
             return True
+
+    # -- the bucket (``LedgerFiles``) ------------------------------------------------------
+
+    def open_sealed(self, ledger_id: int) -> SealedFile | None:
+        """Sealed ledger ``ledger_id`` for direct reads: its local file, else (a bucket
+        configured) its object through the cache. None when the local file is not sealed
+        (an open ledger) or the ledger is nowhere; ``CorruptLedgerError`` for an object
+        that is not a whole sealed ledger."""
+        sealed = SealedFile.open(self._path(ledger_id), ledger_id)
+        if sealed is not None or self._bucket is None or os.path.exists(self._path(ledger_id)):
+            return sealed
+        return self._bucket.open_sealed(ledger_id)
+
+    def open_sidecar(self, ledger_id: int, suffix: str) -> pa.NativeFile | None:
+        """Ledger ``ledger_id``'s sidecar ``suffix`` as a random-access file
+        (``pyarrow.parquet`` reads it): the local one, else the bucket's; None if neither."""
+        path = self._path(ledger_id) + suffix
+        try:
+            return pa.OSFile(path, mode="r")
+        except FileNotFoundError:
+            pass
+        return None if self._bucket is None else self._bucket.open_native(ledger_object_name(ledger_id, suffix))
+
+    def upload_sealed(self, ledger_id: int) -> tuple[int, int]:
+        """Copy sealed ledger ``ledger_id``'s local file and its sidecars to the bucket,
+        then read each copy back: ``(size, crc32c)`` of the ledger's file when every copy
+        matches its local file. ``ObjectMismatchError`` when one does not (the copies stay
+        for the caller to delete or upload again), ``LedgerIOError`` when the bucket
+        fails, ``LedgerNotFoundError`` / ``LedgerError`` when there is no sealed local file.
+        Works on a read-only store (it writes only to the bucket): an executor uploads a
+        ledger it wrote whole in a scratch directory so."""
+        return self._need_bucket(ledger_id).upload_sealed(self._path(ledger_id), ledger_id)
+
+    def upload_sidecar(self, ledger_id: int, suffix: str, local_path: str) -> None:
+        """Copy the sidecar file ``local_path`` to ledger ``ledger_id``'s object of
+        ``suffix`` (a key index built for a ledger that lives only in the bucket) and read
+        it back; ``ObjectMismatchError`` when the copy differs, ``LedgerIOError`` when the
+        bucket fails. Works on a read-only store (it writes only to the bucket)."""
+        self._need_bucket(ledger_id).upload_sidecar(ledger_id, suffix, local_path)
+
+    def _need_bucket(self, ledger_id: int) -> LedgerBucket:
+        if self._bucket is None:
+            raise LedgerError(f"ledger store {self.root} has no bucket", ledger_id=ledger_id)
+        return self._bucket
+
+    def drop_local(self, ledger_id: int) -> bool:
+        """Remove ledger ``ledger_id``'s local file and sidecars; its bucket copy stays and
+        serves every read from now on (a reader of this store that had it loaded goes on
+        from the bucket). False (a no-op) when there is no local file. ``ObjectMismatchError``
+        (nothing removed) when the bucket holds no object of the local file's size."""
+        self._check_writable()
+        bucket = self._need_bucket(ledger_id)
+        path = self._path(ledger_id)
+        if not os.path.exists(path):
+            return False
+        source = bucket.open(ledger_object_name(ledger_id))
+        local_size = os.path.getsize(path)
+        if source is None or source.size != local_size:
+            raise ObjectMismatchError(
+                f"ledger {ledger_id}: the bucket holds {'no copy' if source is None else f'{source.size} bytes'} "
+                f"of its {local_size}-byte file; the local file is kept", ledger_id=ledger_id)
+        with self._lock:
+            ledger = self._ledgers.get(ledger_id)
+            if ledger is not None and not ledger.sealed:
+                raise LedgerError(f"ledger {ledger_id} is open; only a sealed ledger's file is dropped",
+                                  ledger_id=ledger_id)
+            if ledger is not None and ledger.source is None:  # same bytes: the same layout
+                remote = _FileLedger(ledger_id, ledger.path, ledger.scanned, ledger.end, ledger.last_add_confirmed)
+                remote.sealed, remote.source = True, source
+                self._ledgers[ledger_id] = remote
+            self._handles.discard(ledger_id)
+        for local in [*sidecar_paths(path), path]:  # sidecars first
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local)
+        fsync_dir(self.root)
+        return True
+
+    def _adopt_remote(self, ledger_id: int, entry_offsets: array[int], entry_lengths: array[int]) -> bool:
+        assert self._bucket is not None
+        adopted = self._bucket.adopt(ledger_id, entry_offsets, entry_lengths)
+        if adopted is None:
+            log.warning("ledger %d: no object, or its writer's layout does not match it; it will be walked", ledger_id)
+            return False
+        scanned, source = adopted
+        with self._lock:
+            if ledger_id in self._ledgers:
+                return False
+            self._install(ledger_id, self._path(ledger_id), scanned).source = source
+        return True
 
     def file_powers(self) -> FileLedgerStore:
         """The store is its own ``LedgerFiles`` (``ledger.storage.powers``)."""
@@ -516,8 +667,14 @@ class FileLedgerStore:
         store's ``_lock`` (the scan of a large file would hold up every other ledger's
         appends and reads meanwhile); the ``_load`` that follows finds it loaded. Only a
         writable store's ledgers: nothing writes to a ledger this store has not loaded.
-        What goes wrong is left for ``_load`` to raise."""
-        if self.read_only or ledger_id in self._ledgers:  # loaded: no lock taken (reads' hot path)
+        What goes wrong is left for ``_load`` to raise. A ledger whose file is absent is
+        loaded from the bucket here (in any store), or not at all."""
+        if ledger_id in self._ledgers:  # loaded: no lock taken (reads' hot path)
+            return
+        if self._bucket is not None and not os.path.exists(self._path(ledger_id)):
+            self._preload_remote(ledger_id)
+            return
+        if self.read_only:
             return
         with self._lock:
             if ledger_id in self._ledgers:
@@ -541,6 +698,18 @@ class FileLedgerStore:
             finally:
                 self._handles.unpin(handle)
             self._install(ledger_id, path, scanned)
+
+    def _preload_remote(self, ledger_id: int) -> None:
+        """Load ledger ``ledger_id`` from its bucket object, outside the lock; a missing
+        object leaves it unloaded (``_load`` then raises ``LedgerNotFoundError``)."""
+        assert self._bucket is not None
+        opened = self._bucket.load(ledger_id)
+        if opened is None:
+            return
+        scanned, source = opened
+        with self._lock:
+            if ledger_id not in self._ledgers:
+                self._install(ledger_id, self._path(ledger_id), scanned).source = source
 
     def _pin_path(self, ledger_id: int, path: str) -> FileHandle:
         try:
@@ -647,6 +816,28 @@ class FileLedgerStore:
 
     def _path(self, ledger_id: int) -> str:
         return os.path.join(self.root, f"{ledger_id:020d}{_SUFFIX}")
+
+
+def _confirmed_length(ledger: _FileLedger) -> tuple[int, int]:
+    lac = ledger.last_add_confirmed
+    if lac < 0:
+        return 0, ledger.scanned.entry_offsets[0] if ledger.scanned.entry_offsets else ledger.scanned.intact_end
+    return lac + 1, ledger.scanned.entry_offsets[lac] + HEADER.size + ledger.scanned.entry_lengths[lac]
+
+
+def _info(ledger: _FileLedger) -> LedgerInfo:
+    lac = ledger.last_add_confirmed
+    scanned = ledger.scanned
+    confirmed = len(scanned.entry_offsets) == lac + 1  # nothing pending: the total counts
+    size_bytes = scanned.size_bytes if confirmed else sum(scanned.entry_lengths[: lac + 1])
+    return LedgerInfo(
+        ledger_id=ledger.ledger_id,
+        state=LedgerState.CLOSED if ledger.sealed else LedgerState.OPEN,
+        last_add_confirmed=lac,
+        size_bytes=size_bytes,
+        created_at_ms=scanned.created_at_ms,
+        metadata=dict(scanned.metadata),
+    )
 
 
 def _assert_appendable(ledger: _FileLedger, first: int, last: int) -> None:

@@ -14,8 +14,10 @@ kept the entries' offsets (``compactor.local.key_index`` records them) needs no 
   as ``FileLedgerStore.read`` checks it (``ledger.storage.record.entry_payload``): a
   record that does not match raises ``CorruptEntryError`` and is never served.
 
-The file is only read (``os.pread``), so any process may do this while the store that
-owns the directory goes on with other ledgers.
+The bytes come from a ``ByteSource`` (``ledger.storage.byte_source``): a local file
+(``open``: ``os.pread``) or a ledger's object in a bucket read through the block cache
+(``over``; ``LedgerFiles.open_sealed`` picks). They are only read, so any process may do
+this while the store that owns the directory goes on with other ledgers.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from array import array
 from collections.abc import Sequence
 
 from ledger.errors import CorruptEntryError, CorruptLedgerError
+from ledger.storage.byte_source import ByteSource, FdSource
 from ledger.storage.record import HEADER, MAGIC, RecordKind, entry_payload, seal_counts
 
 __all__ = ["SealedFile"]
@@ -36,35 +39,45 @@ _READ_SPAN_BYTES = 4 * 1024 * 1024
 
 
 class SealedFile:
-    """One sealed ledger file, open for reading (see the module docstring)."""
+    """One sealed ledger, open for reading (see the module docstring)."""
 
-    def __init__(self, path: str, ledger_id: int, fd: int, entries: int, size_bytes: int, seal_offset: int) -> None:
-        self.path = path
+    def __init__(self, source: ByteSource, ledger_id: int, entries: int, size_bytes: int, seal_offset: int) -> None:
+        self.source = source
+        self.path = source.name
         self.ledger_id = ledger_id
         self.entries = entries
         self.size_bytes = size_bytes
-        self._fd = fd
         self._seal_offset = seal_offset
 
     @classmethod
     def open(cls, path: str, ledger_id: int) -> SealedFile | None:
-        """The sealed file at ``path``; None when it is not sealed (or not there)."""
+        """The sealed local file at ``path``; None when it is not sealed (or not there)."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
-            size = os.fstat(fd).st_size
-            head = os.pread(fd, len(MAGIC), 0)
-            counts = seal_counts(os.pread(fd, 64, max(0, size - 64)))
+            source = FdSource(fd, path)
         except OSError:
             os.close(fd)
             raise
+        return cls.over(source, ledger_id)
+
+    @classmethod
+    def over(cls, source: ByteSource, ledger_id: int) -> SealedFile | None:
+        """The sealed ledger whose bytes ``source`` holds (the result owns it); None, with
+        ``source`` closed, when they do not start with MAGIC and end with a SEAL record."""
+        try:
+            head = source.pread(0, len(MAGIC))
+            counts = seal_counts(source.pread(max(0, source.size - 64), 64))
+        except BaseException:
+            source.close()
+            raise
         if head != MAGIC or counts is None:
-            os.close(fd)
+            source.close()
             return None
         entries, size_bytes, seal_bytes = counts
-        return cls(path, ledger_id, fd, entries, size_bytes, size - seal_bytes)
+        return cls(source, ledger_id, entries, size_bytes, source.size - seal_bytes)
 
     def walk(self) -> tuple[array[int], array[int]]:
         """Every entry's record offset and payload length, by the length fields alone."""
@@ -75,7 +88,7 @@ class SealedFile:
         while offset < self._seal_offset:
             if offset + HEADER.size > block_start + len(block):
                 block_start = offset
-                block = os.pread(self._fd, _WALK_BLOCK_BYTES, offset)
+                block = self.source.pread(offset, _WALK_BLOCK_BYTES)
                 if len(block) < HEADER.size:
                     break
             length, _, kind = HEADER.unpack_from(block, offset - block_start)
@@ -106,12 +119,13 @@ class SealedFile:
     def _span(self, entry_ids: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         """Entries read with one ``pread`` from the first's record to the last's end."""
         first = offsets[0]
-        block = os.pread(self._fd, offsets[-1] + HEADER.size + lengths[-1] - first, first)
+        block = self.source.pread(first, offsets[-1] + HEADER.size + lengths[-1] - first)
         view = memoryview(block)
         entries = []
         for entry_id, offset, length in zip(entry_ids, offsets, lengths, strict=True):
             payload = entry_payload(view, offset - first, length)
             if payload is None:
+                self.source.discard_cached()  # a bucket object's blocks: fetched afresh next time
                 raise CorruptEntryError(
                     f"ledger {self.ledger_id}: entry {entry_id} fails its CRC32C check; it is not served",
                     ledger_id=self.ledger_id, entry_id=entry_id)
@@ -119,4 +133,4 @@ class SealedFile:
         return entries
 
     def close(self) -> None:
-        os.close(self._fd)
+        self.source.close()

@@ -5,11 +5,17 @@ beside it, named ``<ledger file><suffix>`` (the compactor's key index,
 ``compactor.local.key_index``: ``.kidx``). The ledger layer does not read them, and imports
 nothing of their owners; it only makes sure none outlives its ledger:
 
-* ``FileLedgerStore.delete`` removes a ledger's sidecars with its file (``sidecar_paths``);
+* ``FileLedgerStore.delete`` removes a ledger's sidecars with its file (``sidecar_paths``),
+  and their copies in the bucket;
+* an offload copies them with their ledger (``ledgers/<id:020d><suffix>`` in the bucket,
+  ``ledger.storage.bucket``) and ``drop_local`` removes the local ones with the ledger's
+  file; a reader then opens them with ``LedgerFiles.open_sidecar`` (local, else the
+  bucket's copy), and a sidecar built for a ledger that lives only in the bucket is kept
+  there (``LedgerFiles.upload_sidecar``), never beside a ledger file that is gone;
 * at start (``ledger.data_dir.DataDir.collect_orphans``) ``remove_stale_sidecars`` deletes
   the temporary files a writer that died left (``TEMP_SIDECAR_SUFFIXES``: a name ending so
   is never complete) and every sidecar whose ledger file no longer exists (a writer that
-  finished after its ledger was deleted).
+  finished after its ledger was deleted, or after its local copy was dropped).
 
 A layer that adds a kind of sidecar adds its suffixes here (its tests check they agree).
 """

@@ -68,7 +68,7 @@ def _report(problems: list[str]) -> str:
 def _sample_keys(text: str) -> set[str]:
     """Keys set in the sample, and keys shown commented out (``# key = ...  (default: none)``)."""
     keys = set(tomllib.loads(text))
-    keys.update(re.findall(r"^# ([a-z_]+) = \.\.\.", text, re.MULTILINE))
+    keys.update(re.findall(r"^# ([a-z0-9_]+) = \.\.\.", text, re.MULTILINE))  # s3_…: a digit
     return keys
 
 

@@ -21,6 +21,8 @@ What each test shows (issue 15):
 * ``test_secrets_never_reach_logs_bodies_metrics_or_the_process_title`` — after accepted and
   refused attempts on both ports, neither the tokens nor the key appear anywhere.
 * ``test_a_non_loopback_bind_without_authentication_warns_once_and_refuses_foreign_hosts``.
+
+AWS credentials (object storage): ``test_s3_secrets.py``.
 """
 
 from __future__ import annotations

@@ -439,6 +439,8 @@ REST: dict[tuple[str, str], str] = {
     ("DELETE", _NAMESPACE + "/minCompactionLagMs"),
     ("GET", _NAMESPACE + "/minCompactionLagMs"),
     ("POST", _NAMESPACE + "/minCompactionLagMs"),
+    *((method, _NAMESPACE + policy) for method in ("DELETE", "GET", "POST", "PUT")
+      for policy in ("/offloadDeletionLagMs", "/offloadThreshold")),
     ("GET", _NAMESPACE + "/permissions"),
     ("DELETE", _NAMESPACE + "/permissions/{role}"),
     ("POST", _NAMESPACE + "/permissions/{role}"),
@@ -476,6 +478,10 @@ REST: dict[tuple[str, str], str] = {
     ("DELETE", _TOPIC + "/minCompactionLagMs"),
     ("GET", _TOPIC + "/minCompactionLagMs"),
     ("POST", _TOPIC + "/minCompactionLagMs"),
+    ("GET", _TOPIC + "/offload"),
+    ("PUT", _TOPIC + "/offload"),
+    *((method, _TOPIC + policy) for method in ("DELETE", "GET", "POST", "PUT")
+      for policy in ("/offloadDeletionLagMs", "/offloadThreshold")),
     ("GET", _TOPIC + "/partitioned-stats"),
     ("DELETE", _TOPIC + "/partitions"),
     ("POST", _TOPIC + "/partitions"),

@@ -49,7 +49,7 @@ for compacted in (False, True):
             try:
                 if not reader.has_message_available():
                     break
-            except pulsar.Timeout:  # no answer within 10 s on a loaded machine: not a crash (stop note)
+            except pulsar.Timeout:  # the client's own stall, not the broker's (see _CLIENT_STALL)
                 unanswered.append(topic)
                 break
             try:
@@ -63,6 +63,17 @@ for compacted in (False, True):
 client.close()
 print("read", total, "unanswered", ",".join(unanswered), flush=True)
 """
+
+
+# _CLIENT_STALL: now and then (about one run in eight on a loaded 2-core machine) a raw reader's
+# has_message_available() times out on one topic whose stream holds a chunk 0 sent twice (the
+# fuzzer's duplicate: entries chunk 0, chunk 0, chunk 1, chunk 2 of one uuid). Traced on the
+# broker (every write and read of that connection, timestamped): the broker wrote every MESSAGE
+# of the topic at once, its transport buffer empty, and then received nothing on the connection
+# for about 15 s — not the GET_LAST_MESSAGE_ID, not a FLOW — while the client's log shows its
+# I/O thread silent from "Received a chunk whose chunk id is invalid" until its request timed
+# out. The stall is inside pulsar-client (3.13.0) after it drops that chunk sequence, so the
+# readers record such a topic as unanswered, and every crash or other error still fails the test.
 
 
 class _Answers:

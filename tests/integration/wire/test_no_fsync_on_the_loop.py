@@ -127,12 +127,12 @@ def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     grace period (deleted by the publish)."""
     worker_process, grace_period_s = request.param
     monkeypatch.setattr(dedup, "SNAPSHOT_INTERVAL_ENTRIES", 7)
-    monkeypatch.setattr(broker_service, "TRIM_INTERVAL_S", 0.05)  # retention 0: consumed ledgers go at once
     monkeypatch.setattr(broker_service, "GARBAGE_SWEEP_INTERVAL_S", 0.05)
     calls = FileCalls(monkeypatch)
     settings = Settings(broker_deduplication_enabled=True, managed_ledger_max_entries_per_ledger=16,
                         compaction_monitor_interval_seconds=0, compaction_worker_process=worker_process,
-                        compacted_ledger_grace_period_s=grace_period_s)
+                        compacted_ledger_grace_period_s=grace_period_s,
+                        retention_check_interval_seconds=0.05)  # retention 0: consumed ledgers go at once
     harness = BrokerHarness(tmp_path / "data", settings)
     assert harness._thread.ident is not None
     calls.loop_thread = harness._thread.ident

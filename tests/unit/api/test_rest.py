@@ -20,7 +20,7 @@ import pytest
 
 from api.broker.dedup import ProducerSession
 from api.broker.service import BrokerService
-from api.config import Settings
+from api.config import Settings, offload_bucket
 from api.http import HEALTH_PATH, create_app
 from api.schemas import POLICIES
 from compactor.record import RunFigures
@@ -63,8 +63,8 @@ def run(tmp_path: Path, body: Body, **settings: Any) -> None:
     """Run ``body(broker, client)`` against a real broker and the real application, both
     built from the same settings."""
     async def main() -> None:
-        data_dir = DataDir.open(str(tmp_path / "data"))
         chosen = Settings(compaction_monitor_interval_seconds=0, **settings)
+        data_dir = DataDir.open(str(tmp_path / "data"), bucket=offload_bucket(chosen))  # as api.server opens it
         broker = BrokerService(data_dir, chosen)
         broker.loop = asyncio.get_running_loop()
         transport = httpx.ASGITransport(app=create_app(chosen, broker=broker))
@@ -144,6 +144,12 @@ def test_health_and_openapi_document_every_route(tmp_path: Path) -> None:
              for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
                             "/admin/v2/namespaces/{tenant}/{namespace}")}
         expected |= PARTITION_AND_TENANT_ROUTES  # issue 14
+        expected |= {(f"{prefix}/{spec.name}", "put")  # issue 29: Pulsar's PUT of the offload policies
+                     for spec in POLICIES if spec.kind == "signed"
+                     for prefix in ("/admin/v2/persistent/{tenant}/{namespace}/{topic}",
+                                    "/admin/v2/namespaces/{tenant}/{namespace}")}
+        expected |= {("/admin/v2/persistent/{tenant}/{namespace}/{topic}/offload", method)  # issue 29
+                     for method in ("get", "put")}
         assert {(path, method) for path, method, _ in operations} == expected
         for path, method, operation in operations:
             assert operation.get("summary") and operation.get("description"), (path, method)
@@ -366,7 +372,7 @@ def test_a_failed_run_reads_error_with_its_reason(tmp_path: Path, monkeypatch: p
 @pytest.mark.parametrize("spec", POLICIES, ids=[spec.name for spec in POLICIES])
 @pytest.mark.parametrize("base", [TOPIC_URL, NAMESPACE_URL], ids=["topic", "namespace"])
 def test_policy_get_set_remove(tmp_path: Path, spec: Any, base: str) -> None:
-    good: Any = {"ratio": 0.25, "long": 1024, "bool": True}[spec.kind]
+    good: Any = {"ratio": 0.25, "long": 1024, "signed": -1, "bool": True}[spec.kind]
     async def body(_broker: BrokerService, client: httpx.AsyncClient) -> None:
         await client.put(TOPIC_URL)
         url = f"{base}/{spec.name}"
@@ -378,6 +384,9 @@ def test_policy_get_set_remove(tmp_path: Path, spec: Any, base: str) -> None:
         assert (await client.delete(url)).status_code == 204
         assert (await client.get(url)).status_code == 204
         assert (await client.delete(url)).status_code == 204  # removing an unset policy is fine
+        if spec.kind == "signed":  # Pulsar sets its offload policies with PUT
+            assert (await client.put(url, json=2048)).status_code == 204
+            assert (await client.get(url)).json() == 2048
 
     run(tmp_path, body)
 
@@ -395,11 +404,14 @@ def test_topic_and_namespace_policies_are_separate(tmp_path: Path) -> None:
 
 
 OUT_OF_RANGE = [("long", "-1", "-1"), ("long", "9223372036854775808", "9223372036854775808"),
-                ("ratio", "1.5", "1.5"), ("ratio", "-0.1", "-0.1"), ("ratio", "NaN", "NaN")]
+                ("ratio", "1.5", "1.5"), ("ratio", "-0.1", "-0.1"), ("ratio", "NaN", "NaN"),
+                ("signed", "9223372036854775808", "9223372036854775808"),
+                ("signed", "-9223372036854775809", "-9223372036854775809")]
 WRONG_TYPE = [("long", "1.5", "1.5"), ("long", '"100M"', '"100M"'), ("long", "true", "true"),
               ("long", "null", "null"), ("long", "[1]", "[1]"), ("ratio", '"0.5"', '"0.5"'),
               ("ratio", "false", "false"), ("long", "{}", "{}"), ("bool", "1", "1"), ("bool", '"true"', '"true"'),
-              ("bool", "null", "null")]
+              ("bool", "null", "null"), ("signed", "1.5", "1.5"), ("signed", '"10M"', '"10M"'),
+              ("signed", "false", "false")]
 
 
 @pytest.mark.parametrize(("kind", "raw", "named"), OUT_OF_RANGE)

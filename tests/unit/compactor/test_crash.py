@@ -74,7 +74,7 @@ KEYS = tuple(f"key-{index}" for index in range(12))  # few keys: they collide of
 # Small ledgers and small reads: the workload spans seven ledgers or more, and each phase makes
 # enough store reads for "first", "middle" and "last" to be different reads.
 ENTRIES_PER_LEDGER = 8
-CONFIG = CompactionConfig(read_batch_entries=4)
+CONFIG = CompactionConfig(incremental=False, read_batch_entries=4)
 READER_BATCH_ENTRIES = 7
 READER_ROUNDS_MAX = 1_000  # a reader that has not reached the end by then loops
 OLD_ENTRIES, NEW_ENTRIES, TAIL_ENTRIES = 32, 24, 10
@@ -568,7 +568,7 @@ def _assert_times_out_then_recovers(scenario: Scenario, slow_ledger_ids: set[int
     assert isinstance(slow, SlowReads)
     ledgers_before = broker.data_dir.ledgers.list()
     slow.ledger_ids, slow.delay_s = slow_ledger_ids, SLOW_READ_S
-    config = CompactionConfig(read_batch_entries=4, phase_one_read_timeout_s=READ_TIMEOUT_S)
+    config = CompactionConfig(incremental=False, read_batch_entries=4, phase_one_read_timeout_s=READ_TIMEOUT_S)
     compactor = Compactor(config)
     with pytest.raises(CompactionTimeoutError):
         compactor.compact(broker.topic)
@@ -605,7 +605,7 @@ def test_the_read_timeout_bounds_the_run_when_a_read_is_stuck(tmp_path: Path) ->
     assert isinstance(slow, SlowReads)
     slow.ledger_ids = {record.ledger_id for record in broker.ledger.ledger_list()}
     slow.delay_s = STUCK_READ_S
-    config = CompactionConfig(read_batch_entries=4, phase_one_read_timeout_s=READ_TIMEOUT_S)
+    config = CompactionConfig(incremental=False, read_batch_entries=4, phase_one_read_timeout_s=READ_TIMEOUT_S)
     started = time.monotonic()
     try:
         with pytest.raises(CompactionTimeoutError):

@@ -5,7 +5,8 @@
   in one run or several).
 * Bounded: no round's key map, by its own accounting (``KeyMap.nbytes``), ever holds more
   than the budget's keys (or one entry's, when a single entry has more).
-* The runner: a run over a small budget publishes the unbounded run's compacted ledger,
+* The runner (full rewrites, ``incremental=False``: incremental rounds are
+  ``test_incremental.py``'s): a run over a small budget publishes the unbounded run's compacted ledger,
   byte for byte, after several rounds; a crash or failure between rounds leaves the last
   round's view serving (real data dir, restart), and the next run converges.
 """
@@ -142,7 +143,7 @@ def _read_view(topic: CompactedTopic) -> list[tuple[int, bytes, int, tuple[int, 
 def test_a_run_over_a_small_budget_publishes_the_unbounded_runs_ledger_in_several_rounds(tmp_path: Path) -> None:
     budget = 4 * KEY_MAP_BYTES_PER_KEY
     published = {}
-    for name, config in (("bounded", CompactionConfig(engine="local", read_batch_entries=4, memory_budget_bytes=budget)),
+    for name, config in (("bounded", CompactionConfig(engine="local", incremental=False, read_batch_entries=4, memory_budget_bytes=budget)),
                          ("unbounded", CONFIG)):
         broker = _start(tmp_path / name)
         figures = []
@@ -183,7 +184,7 @@ def test_a_crash_between_rounds_leaves_the_last_rounds_view_serving_and_the_next
     _append(broker.ledger, _workload(1, 40))
     stop = broker.ledger.last_confirmed_position()
     ledgers_before = set(broker.data_dir.ledgers.list())
-    config = CompactionConfig(engine="local", read_batch_entries=4, memory_budget_bytes=4 * KEY_MAP_BYTES_PER_KEY)
+    config = CompactionConfig(engine="local", incremental=False, read_batch_entries=4, memory_budget_bytes=4 * KEY_MAP_BYTES_PER_KEY)
     with pytest.raises(SimulatedCrash):
         Compactor(config).compact(broker.topic, progress=_CrashInRound(phase, 2, SimulatedCrash("round 2")))
     created = set(broker.data_dir.ledgers.list()) - ledgers_before
@@ -207,7 +208,7 @@ def test_a_failure_in_a_later_round_fails_the_run_and_keeps_the_earlier_rounds_v
     broker = _start(tmp_path)
     _append(broker.ledger, _workload(1, 40))
     stop = broker.ledger.last_confirmed_position()
-    config = CompactionConfig(engine="local", read_batch_entries=4, memory_budget_bytes=4 * KEY_MAP_BYTES_PER_KEY)
+    config = CompactionConfig(engine="local", incremental=False, read_batch_entries=4, memory_budget_bytes=4 * KEY_MAP_BYTES_PER_KEY)
     with pytest.raises(RuntimeError, match="round 3"):
         Compactor(config).compact(broker.topic, progress=_CrashInRound("phase-two", 3, RuntimeError("round 3")))
     assert broker.topic.record.failures == 1

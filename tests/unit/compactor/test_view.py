@@ -299,8 +299,12 @@ def test_progress_reports_both_phases_up_to_the_entries_read(ml: ManagedLedger) 
     assert [name for name, _, _ in calls] == sorted(name for name, _, _ in calls)  # one phase, then the other
     append(ml, message("k0", b"w"))
     calls.clear()
+    Compactor().compact(topic, progress=lambda *call: calls.append(call), rewrite=True)
+    assert calls[-1] == ("phase-two", 4, 4)  # a full rewrite: 3 compacted entries + 1 new one
+    append(ml, message("k1", b"w"))
+    calls.clear()
     Compactor().compact(topic, progress=lambda *call: calls.append(call))
-    assert calls[-1] == ("phase-two", 4, 4)  # 3 compacted entries + 1 new one
+    assert calls[-1] == ("phase-two", 1, 1)  # an incremental run: the new one only
 
 
 def test_record_keeps_total_duration_and_append_latency_buckets(ml: ManagedLedger) -> None:
@@ -310,6 +314,9 @@ def test_record_keeps_total_duration_and_append_latency_buckets(ml: ManagedLedge
     assert sum(figures.append_latency_counts) == figures.entries_written == 2
     assert sum(topic.record.append_latency_counts) == 2
     append(ml, message("c", b"1"))
+    Compactor().compact(topic, rewrite=True)
+    assert sum(topic.record.append_latency_counts) == 5  # 2, then 3 survivors (a full rewrite)
+    append(ml, message("d", b"1"))
     Compactor().compact(topic)
-    assert sum(topic.record.append_latency_counts) == 5  # 2, then 3 survivors
+    assert sum(topic.record.append_latency_counts) == 6  # then 1 (an incremental run: the new one)
     assert topic.record.total_duration_ms >= topic.record.last_duration_ms

@@ -18,6 +18,7 @@ from cursor.store import CursorRecord, CursorStore
 from ledger.data_dir import DataDir
 from ledger.database import LAYOUT, Database
 from ledger.errors import MetadataError, SchemaVersionError
+from ledger.metadata import MIGRATIONS as LEDGER_MIGRATIONS
 from ledger.metadata import MetadataStore
 from ledger.position import Position
 
@@ -115,9 +116,10 @@ def test_a_single_list_database_is_converted_keeping_every_row(tmp_path: Path, v
         statuses = CompactionStatusStore(database)
         assert database.layout == LAYOUT
         assert {c: database.version(c) for c in ("ledger", "cursor", "policies", "compaction")} == {
-            "ledger": 2, "cursor": 1, "policies": 1, "compaction": 1}
+            "ledger": len(LEDGER_MIGRATIONS), "cursor": 1, "policies": 1, "compaction": 1}
         assert data_dir.metadata.list_topics() == [TOPIC]
-        assert [(r.ledger_id, r.entries, r.size_bytes) for r in data_dir.metadata.topic_ledgers(TOPIC)] == [(3, 10, 100)]
+        assert [(r.ledger_id, r.entries, r.size_bytes, r.offloaded, r.local_deleted)
+                for r in data_dir.metadata.topic_ledgers(TOPIC)] == [(3, 10, 100, False, False)]
         assert cursors.load(TOPIC, "sub") == CursorRecord(
             TOPIC, "sub", Position(3, 4), ((3, 6, 7),), {"CompactedTopicLedger": 9}, 5)
         assert policies.get_policy(TOPIC, "deleteRetentionMs") == 60000

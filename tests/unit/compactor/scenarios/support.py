@@ -348,17 +348,29 @@ class Harness:
 
     # compaction
 
-    def compact(self) -> RunFigures:
-        return self.compactor.compact(self.topic)
+    def compact(self, *, rewrite: bool = False) -> RunFigures:
+        """One run: incremental by default (the compactor's), a full rewrite with ``rewrite``
+        (Pulsar's only kind of run)."""
+        return self.compactor.compact(self.topic, rewrite=rewrite)
 
     def compacted_entries(self) -> list[CompactedEntry]:
-        """The published compacted ledger, read directly from the ledger store."""
+        """The published compacted view's entries: read directly from the ledger store when
+        it is one ledger with nothing dead (Pulsar's compacted ledger), else through the
+        view (which skips dead entries and slots)."""
         view = self.topic.view
         assert view is not None, "no compacted ledger published"
+        if len(view.ledger_ids) > 1 or view.dead_messages:
+            return view.read(0, view.entries - 1, emptied=True) if view.entries else []
         lac = self.store.last_add_confirmed(view.ledger_id)
         if lac < 0:
             return []
         return [decode_compacted_entry(d) for d in self.store.read(view.ledger_id, 0, lac)]
+
+    def holds(self, ledger_id: int) -> bool:
+        """The published view holds ``ledger_id`` (an incremental run's ledger is appended
+        to the view; a full rewrite's is the whole view)."""
+        view = self.topic.view
+        return view is not None and ledger_id in view.ledger_ids
 
     @property
     def compacted_ledger_id(self) -> int:
