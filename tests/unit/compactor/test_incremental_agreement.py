@@ -35,6 +35,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from compactor.runs.runner import Compactor
 from ledger import SimulatedCrash
 from ledger.database import Database
 from tests.unit.compactor.history import (
@@ -58,8 +59,8 @@ from tests.unit.compactor.history import (
     stray_ledgers,
 )
 
-AGREEMENT = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-CRASHES = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+AGREEMENT = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CRASHES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 STORE_OPERATIONS = ("read", "append", "create", "close", "delete")
 SEEKS_MAX = 4  # seeks checked per compaction
 
@@ -97,17 +98,22 @@ def reference_with_seeks(path: Path, clock: Clock, policy: Policy) -> tuple[Logi
 
 
 def run_history(opened: Opened, clock: Clock, policy: Policy, steps: list[Step], root: Path,
-                check: bool = True) -> tuple[Opened, int]:
-    """Carry out ``steps`` on ``opened``, checking the agreement after each compaction;
-    returns the restarted process and the time of the last run that published."""
+                check: bool = True, compactor_of: Callable[[int, Compact], Compactor] | None = None,
+                ) -> tuple[Opened, int]:
+    """Carry out ``steps`` on ``opened``, checking the agreement after each compaction
+    (the n-th run by ``compactor_of(n, step)``, by default the local engine's); returns the
+    restarted process and the time of the last run that published."""
     published_ms = clock.ms
+    runs = 0
     for number, step in enumerate(steps):
         if isinstance(step, Produce):
             produce(opened, clock, step)
             continue
         clock.ms += step.advance_ms
         before = opened.topic.view
-        figures = compact(opened, clock, policy, merge=step.merge)
+        compactor = None if compactor_of is None else compactor_of(runs, step)
+        figures = compact(opened, clock, policy, merge=step.merge, compactor=compactor)
+        runs += 1
         if opened.topic.view is not before:
             published_ms = clock.ms
         if getattr(figures, "merged_ledgers", 0):
