@@ -41,7 +41,14 @@ from compactor.view.topic import CompactedTopic
 from compactor.view.view import CompactedEntry
 from cursor import ManagedCursor
 from cursor.store import CursorStore
-from ledger import EARLIEST, DataDir, FaultyLedgerStore, ManagedLedger, ManagedLedgerConfig, Position
+from ledger import (
+    EARLIEST,
+    DataDir,
+    FaultyLedgerStore,
+    ManagedLedger,
+    ManagedLedgerConfig,
+    Position,
+)
 from ledger.storage.base import LedgerStore
 from message.encoder import encode_entry
 from message.entry import BROKER_ENTRY_MAGIC, batch_slots, parse_entry, parse_header
@@ -253,7 +260,7 @@ class Logical:
 
 def difference(served: Logical, expected: Logical) -> str:
     """What an assertion says when two logical views differ."""
-    ids = lambda view: [(p.ledger_id, p.entry_id, p.batch_index) for p, _, _ in view.messages]  # noqa: E731
+    ids = lambda view: [(p.ledger_id, p.entry_id, p.batch_index) for p, _, _ in view.messages]
     extra = [m for m in served.messages if m not in expected.messages]
     missing = [m for m in expected.messages if m not in served.messages]
     return (f"served horizon {served.horizon} last {served.last_message_id}, expected {expected.horizon} "
