@@ -260,7 +260,10 @@ class Logical:
 
 def difference(served: Logical, expected: Logical) -> str:
     """What an assertion says when two logical views differ."""
-    ids = lambda view: [(p.ledger_id, p.entry_id, p.batch_index) for p, _, _ in view.messages]
+
+    def ids(view: Logical) -> list[tuple[int, int, int]]:
+        return [(p.ledger_id, p.entry_id, p.batch_index) for p, _, _ in view.messages]
+
     extra = [m for m in served.messages if m not in expected.messages]
     missing = [m for m in expected.messages if m not in served.messages]
     return (f"served horizon {served.horizon} last {served.last_message_id}, expected {expected.horizon} "

@@ -151,7 +151,7 @@ class Checkpoints(dict[str, Callable[..., None]]):
         super().__init__()
         self.passed: Counter[str] = Counter()
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         self.passed[name] += 1
         return super().get(name, default)
 
