@@ -16,24 +16,19 @@ Importing this module registers the verbs (``api.cli`` does). Output and failure
 ``api.admin_cli``. No ``from __future__ import annotations``: typer reads the annotations.
 """
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
 
 from api.admin_cli import (
-    POLL_INTERVAL_S_DEFAULT,
-    WAIT_TIMEOUT_S_DEFAULT,
     Topic,
     _add_get_remove_verbs,
+    _add_status_verb,
     _call,
-    _fail,
     _full_name,
     _namespace,
     _parsed,
-    _print_json,
-    _status_word,
     _target_argument,
     _topic,
     namespaces,
@@ -108,32 +103,8 @@ def offload(
     typer.echo(f"Offload triggered for {_full_name(path)} for messages before {ledger_id}:{entry_id}")
 
 
-@topics.command("offload-status")
-def offload_status(
-    ctx: typer.Context,
-    topic: Topic,
-    wait: Annotated[bool, typer.Option("--wait-complete", "-w", help="Wait until the offload ends.")] = False,
-    wait_timeout_s: Annotated[float, typer.Option(
-        "--wait-timeout", metavar="SECONDS", min=0.0,
-        help="With -w: give up (exit 1) after this long.")] = WAIT_TIMEOUT_S_DEFAULT,
-    poll_interval_s: Annotated[float, typer.Option(
-        "--poll-interval", metavar="SECONDS", min=0.01,
-        help="With -w: time between two status requests.")] = POLL_INTERVAL_S_DEFAULT,
-) -> None:
-    """Print the status of the topic's last offload; exit 1 when it is ERROR."""
-    path = f"{_topic(topic)}/offload"
-    status = _call(ctx, "GET", path)
-    deadline = time.monotonic() + wait_timeout_s
-    while wait and _status_word(status) == "RUNNING":
-        if time.monotonic() >= deadline:
-            _print_json(status)
-            _fail(f"offload of {_full_name(_topic(topic))} still RUNNING after {wait_timeout_s:g} s")
-        time.sleep(min(poll_interval_s, max(0.0, deadline - time.monotonic())))
-        status = _call(ctx, "GET", path)
-    _print_json(status)
-    if _status_word(status) == "ERROR":
-        last_error = status.get("lastError") if isinstance(status, dict) else None
-        _fail(f"offload failed: {last_error or 'no error given'}")
+_add_status_verb("offload-status", "offload", "Print the status of the topic's last offload; exit 1 when it is ERROR.",
+                 ends="offload")
 
 
 def _add_offload_policy_verbs(group: typer.Typer, scope: str, to_path: Callable[[str], str]) -> None:

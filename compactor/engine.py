@@ -51,10 +51,13 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ledger.metadata import LedgerRecord
 from ledger.position import Position
+
+if TYPE_CHECKING:
+    from ledger.storage.object_fs import BucketConfig
 
 __all__ = [
     "KEY_MAP_BYTES_PER_KEY",
@@ -137,12 +140,15 @@ class RewriteInput:
 
     Attributes:
         ledgers_root: directory of the ledger files (``FileLedgerStore.root``), the same
-            path on the broker and the executors.
+            path on the broker and the executors — unless ``bucket`` is given.
         ranges: the previous compacted view's ledgers (if any, non-empty ones) first, then
             the raw ledgers after the horizon up to the stop marker, in stream order.
         stop: the stop marker (the last entry of the stream).
         metadata: the custom metadata of every output ledger (component, topic, compactedTo).
         retain_null_key, keep_tombstones_since_ms: as ``compactor.local.algorithm``'s phases.
+        bucket: the object store every input ledger (and any key index) is in: the engine
+            reads them there, and writes its output ledgers there (``ledgers/<id>``), never
+            touching ``ledgers_root``, which its workers need not see (``compactor.spark``).
     """
 
     ledgers_root: str
@@ -151,6 +157,7 @@ class RewriteInput:
     metadata: Mapping[str, str] = field(default_factory=dict)
     retain_null_key: bool = False
     keep_tombstones_since_ms: int | None = None
+    bucket: BucketConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)

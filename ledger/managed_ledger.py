@@ -88,6 +88,7 @@ from ledger.roll_over import (
     QueueAppend,
     ReadyEvent,
     RejectAppend,
+    RollNowEvent,
     RollOverFailedEvent,
     RollOverLimits,
     RollOverState,
@@ -477,6 +478,28 @@ class ManagedLedger:
                     plan = action
         self._run_roll_over(plan)
         return ready
+
+    def roll_over_now(self) -> None:
+        """Seal the current ledger now, after its pending appends, and open the next one,
+        whatever the limits; nothing when it holds no entry (or the managed ledger is
+        closed). Every entry appended before the call is then in a sealed ledger (a Spark
+        run over a bucket reads only sealed ledgers). Runs on this thread once no other
+        roll-over is in flight; ``LedgerIOError`` when the seal failed."""
+        while True:
+            self._rolled.wait()
+            with self._lock:
+                current = self._ledgers[-1] if self._ledgers else None
+                has_entries = current is not None and not current.closed_at_ms and self._pending_entries > 0
+                actions = self._step(RollNowEvent(has_entries))
+                if not any(isinstance(action, WaitForRollOver) for action in actions):
+                    break
+        plan = next((action for action in actions if isinstance(action, StartRollOver)), None)
+        if plan is None or current is None:
+            return
+        self._roll_over_until_done(plan)
+        if not current.closed_at_ms:
+            raise LedgerIOError(f"topic {self.name}: ledger {current.ledger_id} could not be sealed now",
+                                ledger_id=current.ledger_id)
 
     # -- rolling over (the actions of ``ledger.roll_over``) -----------------------------
 

@@ -45,6 +45,9 @@ rolling  CloseEvent                                      rolling  WaitForRollOve
 idle     CloseEvent                                      closed   SealCurrent
 idle     CloseEvent(seal=False), a delete                closed   (none)
 closed   CloseEvent                                      closed   (none)
+idle     RollNowEvent, the current ledger has entries    rolling  StartRollOver(seal, create)
+rolling  RollNowEvent, it has entries                    rolling  WaitForRollOver (the caller waits, then again)
+any      RollNowEvent, otherwise (or closed)             same     (none)
 =======  ==============================================  =======  ===============================================
 
 A failed roll-over starts the back-off (``failed_at_ms``); a successful one ends it. The
@@ -71,6 +74,7 @@ __all__ = [
     "QueueAppend",
     "ReadyEvent",
     "RejectAppend",
+    "RollNowEvent",
     "RollOverFailedEvent",
     "RollOverLimits",
     "RollOverState",
@@ -216,7 +220,15 @@ class CloseEvent:
     seal: bool = True
 
 
-Event = (AppendEvent | WrittenEvent | WriteFencedEvent | RollOverSucceededEvent | RollOverFailedEvent
+@dataclass(frozen=True, slots=True)
+class RollNowEvent:
+    """A roll-over is asked for now, whatever the limits (``ManagedLedger.roll_over_now``):
+    ``has_entries``, the current ledger holds entries (an empty one is not rolled)."""
+
+    has_entries: bool
+
+
+Event = (RollNowEvent | AppendEvent | WrittenEvent | WriteFencedEvent | RollOverSucceededEvent | RollOverFailedEvent
          | ReadyEvent | CloseEvent)
 
 
@@ -334,6 +346,12 @@ def step(state: RollOverState, event: Event) -> Step:
         return _failed(state, event)
     if isinstance(event, ReadyEvent):
         return _ready(state, event)
+    if isinstance(event, RollNowEvent):
+        if state.closed or not event.has_entries:
+            return state, _NOTHING
+        if state.rolling:
+            return state, (WaitForRollOver(),)
+        return _start(state, StartRollOver(seal=True, create=True))
     return _close(state, event)
 
 

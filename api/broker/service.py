@@ -137,7 +137,7 @@ class BrokerService:
                                    max_concurrent_runs=settings.compaction_max_concurrent_runs)
         # Each sealed raw ledger's key index, built in a worker process (compactor.local.index_builds).
         files = data_dir.ledgers.file_powers()
-        self.key_indexes = (KeyIndexBuilds(files.root) if settings.compaction_key_index
+        self.key_indexes = (KeyIndexBuilds(files.root, files.bucket) if settings.compaction_key_index
                             and files is not None else None)
         self._index_task: asyncio.Task[None] | None = None
         # Pulsar's producer names: cluster, a broker instance id that never repeats on this

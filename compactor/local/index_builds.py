@@ -12,8 +12,10 @@ as ``compactor.local.worker``'s round workers), so they never hold the broker's 
   broker hands the queue to the child in order, a build at a time (bounded: the queue
   holds ids, and an id already queued is not queued twice);
 * the child (``build_key_index``) opens the ledger directory with a read-only
-  ``FileLedgerStore``, as a round does, and calls ``ensure_index``: an index already there
-  and whole is kept, a missing or corrupt one is (re)written atomically;
+  ``FileLedgerStore`` (with the broker's bucket, if any: a ledger offloaded meanwhile is
+  read there, and its index written there), as a round does, and calls ``ensure_index``:
+  an index already there and whole is kept, a missing or corrupt one is (re)written
+  atomically;
 * a ledger deleted meanwhile (trimmed, its topic deleted) is skipped, and an index written
   just after its ledger went is removed again by the child (and in any case by the next
   start, ``ledger.storage.sidecars``); a child that dies (killed) loses only that build:
@@ -34,6 +36,7 @@ import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING
 
 from compactor.local.key_index import ensure_index, index_path
 from compactor.local.worker import _child_started
@@ -43,6 +46,9 @@ from ledger.storage.base import SyncPolicy
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_writer import ledger_file_name
 
+if TYPE_CHECKING:
+    from ledger.storage.object_fs import BucketConfig
+
 __all__ = ["INDEX_MIN_ENTRIES", "KeyIndexBuilds", "build_key_index", "unindexed_ledgers"]
 
 log = logging.getLogger(__name__)
@@ -51,18 +57,19 @@ INDEX_MIN_ENTRIES = 500
 """Sealed ledgers with fewer entries are left to the run that reads them."""
 
 
-def build_key_index(ledgers_root: str, ledger_id: int) -> int:
-    """In the child: make sure sealed raw ledger ``ledger_id`` of ``ledgers_root`` has a
-    whole index; its rows, or -1 when the ledger is gone."""
-    store = FileLedgerStore(ledgers_root, sync=SyncPolicy.NONE, read_only=True)
+def build_key_index(ledgers_root: str, ledger_id: int, bucket: BucketConfig | None = None) -> int:
+    """In the child: make sure sealed raw ledger ``ledger_id`` of ``ledgers_root`` (or,
+    offloaded, of ``bucket``) has a whole index; its rows, or -1 when the ledger is gone."""
+    store = FileLedgerStore(ledgers_root, sync=SyncPolicy.NONE, read_only=True, bucket=bucket)
     ledger_file = os.path.join(ledgers_root, ledger_file_name(ledger_id))
+    local = os.path.exists(ledger_file)
     try:
         index = ensure_index(store, ledger_id, compacted=False)
     except LedgerNotFoundError:
         return -1
     finally:
         store.shutdown()
-    if not os.path.exists(ledger_file):  # deleted while we wrote: no index outlives its ledger
+    if local and not os.path.exists(ledger_file):  # deleted while we wrote: no index outlives its ledger
         with contextlib.suppress(FileNotFoundError):
             os.unlink(index_path(ledger_file))
         return -1
@@ -76,11 +83,12 @@ def _child_initializer(parent_pid: int) -> None:
 
 def unindexed_ledgers(metadata: MetadataStore, ledgers_root: str) -> list[tuple[int, int]]:
     """``(ledger_id, entries)`` of the sealed raw ledgers of every topic, with at least
-    ``INDEX_MIN_ENTRIES`` entries, that have no index file yet (ascending)."""
+    ``INDEX_MIN_ENTRIES`` entries, that have no index file yet (ascending). An offloaded
+    ledger is left out: its index went to the bucket with it, or a run builds it there."""
     missing = []
     for topic in metadata.list_topics():
         for record in metadata.topic_ledgers(topic):
-            if record.is_open or record.entries < INDEX_MIN_ENTRIES:
+            if record.is_open or record.entries < INDEX_MIN_ENTRIES or record.offloaded:
                 continue
             if not os.path.exists(index_path(os.path.join(ledgers_root, ledger_file_name(record.ledger_id)))):
                 missing.append((record.ledger_id, record.entries))
@@ -90,8 +98,9 @@ def unindexed_ledgers(metadata: MetadataStore, ledgers_root: str) -> list[tuple[
 class KeyIndexBuilds:
     """The background builds of one ledger directory (see the module docstring)."""
 
-    def __init__(self, ledgers_root: str) -> None:
+    def __init__(self, ledgers_root: str, bucket: BucketConfig | None = None) -> None:
         self.ledgers_root = ledgers_root
+        self.bucket = bucket
         self.built = 0  # indexes the child made sure of (figures for tests and logs)
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -151,7 +160,7 @@ class KeyIndexBuilds:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_child_initializer, initargs=(os.getpid(),))
-            future = self._pool.submit(build_key_index, self.ledgers_root, ledger_id)
+            future = self._pool.submit(build_key_index, self.ledgers_root, ledger_id, self.bucket)
         try:
             rows = future.result()
         except BrokenProcessPool:

@@ -4,7 +4,9 @@
 range (``load``), and the stored bytes of some of its entries (``read``). This module
 answers both for a ``FileLedgerStore``'s directory, in the process running the round:
 
-* a **sealed** ledger (raw or compacted) is opened as a ``ledger.storage.sealed_file``;
+* a **sealed** ledger (raw or compacted) is opened as a ``ledger.storage.sealed_file``
+  through the store's ``LedgerFiles.open_sealed`` (its local file, else its object in the
+  store's bucket: an offloaded ledger, a compacted ledger a Spark executor wrote there);
   its index is read, or built and written (``compactor.local.key_index.sealed_index``); its
   entries are read at the offsets the index recorded, each checked against its CRC32C,
   with no scan of the ledger file;
@@ -24,13 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from compactor.engine import LedgerRange
-from compactor.local.key_index import (
-    KeyIndex,
-    ensure_index,
-    entry_starts,
-    ledger_path,
-    sealed_index,
-)
+from compactor.local.key_index import KeyIndex, ensure_index, entry_starts, sealed_index
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_file import SealedFile
 
@@ -51,7 +47,7 @@ class IndexSource:
         sealed = self._open(whole)
         if sealed is None:
             return ensure_index(self._store, whole.ledger_id, compacted=whole.compacted, charge=self._charge)
-        return sealed_index(sealed, compacted=whole.compacted, charge=self._charge, columns=columns)
+        return sealed_index(sealed, self._store, compacted=whole.compacted, charge=self._charge, columns=columns)
 
     def read(self, whole: LedgerRange, stored: list[int]) -> list[bytes]:
         """The stored bytes of ``whole``'s entries ``stored`` (ascending indexes)."""
@@ -71,7 +67,7 @@ class IndexSource:
         """``whole``'s ledger file, when it is sealed (opened once)."""
         key = (whole.compacted, whole.ledger_id)
         if key not in self._sealed:
-            self._sealed[key] = SealedFile.open(ledger_path(self._store.root, whole.ledger_id), whole.ledger_id)
+            self._sealed[key] = self._store.open_sealed(whole.ledger_id)
         return self._sealed[key]
 
     def _locations(self, whole: LedgerRange, sealed: SealedFile) -> tuple[array[int], array[int]]:
@@ -79,7 +75,7 @@ class IndexSource:
         read last only: phase two reads the ledgers one after the other)."""
         key = (whole.compacted, whole.ledger_id)
         if self._located is None or self._located[0] != key:
-            index = sealed_index(sealed, compacted=whole.compacted, charge=self._charge,
+            index = sealed_index(sealed, self._store, compacted=whole.compacted, charge=self._charge,
                                  columns=("entry_offset", "stored_bytes"))
             stored = index["stored"]
             starts = entry_starts(stored)

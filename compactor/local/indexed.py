@@ -35,7 +35,7 @@ and the run's last view is the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -46,6 +46,7 @@ import numpy.typing as npt
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
 from compactor.local.key_index import (
+    COLUMNS,
     FLAG_CHUNK,
     FLAG_COMPACTED_OUT,
     FLAG_KEYLESS,
@@ -63,7 +64,7 @@ from message.compression import decompress
 from message.encoder import COMPACTED_OUT_SLOT, reframe_batch
 from message.entry import parse_header
 
-__all__ = ["DELETED", "IndexUnavailable", "IndexedRound", "compacted_entries"]
+__all__ = ["DELETED", "IndexUnavailable", "IndexedRound", "OutputIndex", "compacted_entries"]
 
 U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
@@ -81,6 +82,7 @@ _PHASE_ONE = ("flags", "hash_high", "hash_low", "entry_bytes")
 _CLEAN = ("flags", "hash_high", "hash_low")
 _PHASE_TWO = ("batch_index", "batch_size", "flags", "slot_end")
 _POSITIONS = ("ledger_id", "entry_id")  # a compacted range's (a raw one's are its ledger and stored index)
+_OUTPUT = ("hash_high", "hash_low", "publish_time")  # what the written ledger's index needs besides
 # Entries with a survivor asked for at once in phase two.
 READ_BATCH_ENTRIES_MAX = 1000
 
@@ -304,11 +306,13 @@ class IndexedRound:
 
     # -- phase two ------------------------------------------------------------------------
 
-    def survivors(self) -> Iterator[CompactedEntry]:
-        """Phase two: the surviving entries of the round's stream, in order."""
+    def survivors(self, output: OutputIndex | None = None) -> Iterator[CompactedEntry]:
+        """Phase two: the surviving entries of the round's stream, in order; ``output``
+        collects the key index of the ledger they make (``OutputIndex``)."""
         retained = np.sort(self.key_map.value[self.key_map.value != DELETED])
         for source in self._plan:
-            columns = _PHASE_TWO + self._young + (_POSITIONS if source.range.compacted else ())
+            columns = _PHASE_TWO + self._young + (_POSITIONS if source.range.compacted else ()) + (
+                () if output is None else _OUTPUT)
             rows = {name: column[: source.rows] for name, column in self._rows(source.range, columns).items()}
             if source.clean_keep is not None:
                 keep = source.clean_keep
@@ -317,7 +321,7 @@ class IndexedRound:
                 keep = self._dirty_keep(rows, source.dirty_base, retained)
             whole = source.range
             yield from compacted_entries(rows, keep, partial(self._read, whole), compacted=whole.compacted,
-                                         raw_ledger_id=None if whole.compacted else whole.ledger_id)
+                                         raw_ledger_id=None if whole.compacted else whole.ledger_id, output=output)
 
     def _dirty_keep(self, rows: Rows, base: int, retained: U64) -> Mask:
         """A dirty keyed value is its key's latest iff its stream number is retained."""
@@ -330,7 +334,7 @@ class IndexedRound:
 
 def compacted_entries(
     rows: Rows, keep: Mask, read: Callable[[list[int]], Iterable[bytes]], *, compacted: bool,
-    raw_ledger_id: int | None = None,
+    raw_ledger_id: int | None = None, output: OutputIndex | None = None,
 ) -> Iterator[CompactedEntry]:
     """The compacted entries of the index ``rows`` of one range whose rows ``keep`` survive,
     in order (phase two of both engines: this module's rounds, ``compactor.spark.index_scan``).
@@ -363,11 +367,56 @@ def compacted_entries(
             if compacted:
                 data = decode_compacted_entry(data).data
             position = Position(ledger_of[entry], entry_of[entry])
+            start, end = starts_of[entry], ends_of[entry]
             if not batched_of[entry]:  # one message, or an entry kept whole as it is
-                yield CompactedEntry(position, data)
+                survivor = CompactedEntry(position, data)
             else:
-                start, end = starts_of[entry], ends_of[entry]
-                yield _batch(position, rows, start, end, keep[start:end], whole_of[entry], data)
+                survivor = _batch(position, rows, start, end, keep[start:end], whole_of[entry], data)
+            if output is not None:
+                output.add(rows, (start, end), keep[start:end], whole_of[entry] or not batched_of[entry], survivor)
+            yield survivor
+
+class OutputIndex:
+    """The key index of the compacted ledger a round writes, made from its input's index rows
+    as ``compacted_entries`` yields each survivor (no parse): the rows of an entry copied
+    whole are its input rows; a cut batch's dropped slots become ``compacted_out`` rows and
+    its slot ends are those of the cut body. ``index`` gives it once the ledger is written;
+    it equals ``key_index.build_index`` over that ledger (``tests/unit/compactor/test_incremental.py``)."""
+
+    def __init__(self) -> None:
+        self._parts: list[Rows] = []
+        self.entries = 0
+
+    def add(self, rows: Rows, span: tuple[int, int], keep: Mask, whole: bool, survivor: CompactedEntry) -> None:
+        """The rows of ``survivor``, the next entry of the ledger, from its input rows ``span``."""
+        start, end = span
+        count = end - start
+        part = {name: np.array(rows[name][start:end]) for name in ("batch_index", "batch_size", "hash_high",
+                                                                    "hash_low", "flags", "publish_time", "slot_end")}
+        part["stored"] = np.full(count, self.entries, np.uint32)
+        part["ledger_id"] = np.full(count, survivor.position.ledger_id, np.uint64)
+        part["entry_id"] = np.full(count, survivor.position.entry_id, np.uint64)
+        part["entry_bytes"] = np.full(count, len(survivor.data), np.uint32)
+        if not whole:  # a cut batch: what ``_cut_body`` made of it
+            dropped = ~keep
+            part["hash_high"][dropped] = 0
+            part["hash_low"][dropped] = 0
+            part["flags"][dropped] = FLAG_COMPACTED_OUT | FLAG_KEYLESS
+            lengths = np.diff(part["slot_end"].astype(np.int64), prepend=0)
+            lengths[dropped] = len(COMPACTED_OUT_SLOT)
+            part["slot_end"] = np.cumsum(lengths).astype(np.uint32)
+        self._parts.append(part)
+        self.entries += 1
+
+    def index(self, entry_offsets: Sequence[int], entry_lengths: Sequence[int]) -> KeyIndex:
+        """The index, given the written ledger's layout (each entry's offset and length)."""
+        columns = {name: np.concatenate([part[name] for part in self._parts]) if self._parts
+                   else np.empty(0, dtype) for name, dtype in COLUMNS[:-2]}
+        where = columns["stored"].astype(np.intp)
+        columns["entry_offset"] = np.asarray(entry_offsets, dtype=np.uint64)[where]
+        columns["stored_bytes"] = np.asarray(entry_lengths, dtype=np.uint32)[where]
+        return KeyIndex(columns, self.entries)
+
 
 def _batch(position: Position, rows: Rows, start: int, end: int, keep: Mask, whole: bool, data: bytes) -> CompactedEntry:
     """The compacted entry of the batch whose rows are ``start..end`` (some kept): as

@@ -39,6 +39,12 @@ read back whole and consistent; the caller then parses the ledger instead (and m
 fresh index). ``write_index`` writes a temporary file, fsyncs it, renames it over the final
 name and fsyncs the directory: a crash leaves the old file, the new one, or a temporary
 file (``TEMP_SUFFIX``), never half an index under the final name.
+
+Where: a ledger's index is read through its store (``LedgerFiles.open_sidecar``: the local
+file, else the ledger's ``.kidx`` object in the store's bucket), and kept where the ledger
+is (``store_index``): beside its local file, or, for a ledger that lives only in the bucket
+(offloaded with its local copy gone; written there by a Spark executor), uploaded as its
+sidecar object (an atomic put, read back).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import contextlib
 import logging
 import os
 import secrets
+import tempfile
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -62,10 +69,12 @@ from compactor.local.scan import scan_entry
 from compactor.view.view import decode_compacted_entry
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.file_io import open_private
+from ledger.storage.powers import LedgerFiles
 from ledger.storage.sealed_file import SealedFile
 from ledger.storage.sealed_writer import ledger_file_name
 
 __all__ = [
+    "COLUMNS",
     "FLAG_CHUNK",
     "FLAG_COMPACTED_OUT",
     "FLAG_KEYLESS",
@@ -84,6 +93,7 @@ __all__ = [
     "ledger_path",
     "read_index",
     "sealed_index",
+    "store_index",
     "write_index",
 ]
 
@@ -111,7 +121,7 @@ FLAG_CHUNK = 16
 FLAG_COMPACTED_OUT = 32
 """A slot a previous compaction emptied: not a message, kept only for ``slot_end``."""
 
-_COLUMNS: tuple[tuple[str, str], ...] = (
+COLUMNS: tuple[tuple[str, str], ...] = (
     ("stored", "uint32"), ("ledger_id", "uint64"), ("entry_id", "uint64"), ("batch_index", "int32"),
     ("batch_size", "int32"), ("hash_high", "uint64"), ("hash_low", "uint64"), ("flags", "uint8"),
     ("publish_time", "int64"), ("slot_end", "uint32"), ("entry_bytes", "uint32"),
@@ -119,6 +129,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
+_COLUMNS = COLUMNS  # (name, numpy dtype) of every column, in the file's order; the last two: where entries are stored
 _TYPECODES = {"uint8": "B", "uint32": "I", "int32": "i", "uint64": "Q", "int64": "q"}
 
 
@@ -253,11 +264,12 @@ def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
 
 
 def read_index(
-    path: str, ledger: IndexedLedger, columns: Sequence[str] | None = None, filesystem: Any = None,
+    source: str | Any | None, ledger: IndexedLedger, columns: Sequence[str] | None = None, *, name: str = "",
 ) -> KeyIndex | None:
-    """The index at ``path`` if it describes ``ledger`` exactly; None when there is no file.
-    ``columns``: only those (and ``stored``), each checked; None: all of them.
-    ``filesystem``: a ``pyarrow.fs.FileSystem`` to read ``path`` from (None: the local one).
+    """The index in ``source`` (a local path, or an open random-access file such as
+    ``LedgerFiles.open_sidecar`` gives, which this closes) if it describes ``ledger``
+    exactly; None when there is none (no file, or ``source`` None). ``columns``: only
+    those (and ``stored``), each checked; None: all of them. ``name`` names it in errors.
 
     Raises ``CorruptIndexError`` when the file does not read back whole (a damaged page, a
     checksum that does not match, a column missing) or describes another ledger or another
@@ -266,9 +278,11 @@ def read_index(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    wanted = [name for name, _ in _COLUMNS if columns is None or name == "stored" or name in columns]
+    if source is None:
+        return None
+    path = name or (source if isinstance(source, str) else "key index")
+    wanted = [column for column, _ in _COLUMNS if columns is None or column == "stored" or column in columns]
     try:
-        source = path if filesystem is None else filesystem.open_input_file(path)
         with pq.ParquetFile(source, page_checksum_verification=True) as parquet:  # (read_table imports pandas)
             table = parquet.read(columns=wanted, use_threads=False, use_pandas_metadata=False)  # a run takes one core
         metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
@@ -276,6 +290,9 @@ def read_index(
         return None
     except (OSError, pa.ArrowException, ValueError) as error:  # UnicodeDecodeError is a ValueError
         raise CorruptIndexError(f"key index {path} does not read: {error}") from None
+    finally:
+        if not isinstance(source, str):
+            source.close()
     expected = {"format": FORMAT, "ledger_id": str(ledger.ledger_id), "entries": str(ledger.entries),
                 "size_bytes": str(ledger.size_bytes)}
     for key, value in expected.items():
@@ -283,14 +300,14 @@ def read_index(
             raise CorruptIndexError(f"key index {path}: {key} is {metadata.get(key)!r}, expected {value!r}")
     dtypes = dict(_COLUMNS)
     try:
-        read = {name: _numpy(table.column(name), np.dtype(dtypes[name])) for name in wanted}
+        read = {column: _numpy(table.column(column), np.dtype(dtypes[column])) for column in wanted}
     except (KeyError, pa.ArrowException) as error:
         raise CorruptIndexError(f"key index {path}: {error}") from None
     except _WrongColumn as error:
         raise CorruptIndexError(f"key index {path}: {error}") from None
-    for name, column in read.items():
-        if _checksum(column) != metadata.get(f"crc32c.{name}"):
-            raise CorruptIndexError(f"key index {path}: the checksum of column {name} does not match")
+    for column_name, column in read.items():
+        if _checksum(column) != metadata.get(f"crc32c.{column_name}"):
+            raise CorruptIndexError(f"key index {path}: the checksum of column {column_name} does not match")
     index = KeyIndex(read, ledger.entries)
     _check_shape(path, index)
     return index
@@ -331,17 +348,19 @@ def ensure_index(
 ) -> KeyIndex:
     """The index of ledger ``ledger_id`` of ``store`` (a compacted ledger when ``compacted``).
 
-    A sealed ledger's index is read from its file; when the file is missing, or corrupt
-    (logged), the ledger is parsed and, with ``write``, the index is written for next
-    time. An open ledger is parsed up to its last confirmed entry and nothing is written
-    (its index would describe one state of it only). ``charge`` is given the bytes read
-    (the index file's, or each batch of entries parsed), for the caller's I/O throttle.
+    A sealed ledger (a local file, or an object in the store's bucket:
+    ``LedgerFiles.open_sealed``) has its index read from its sidecar (local, else the
+    bucket's: ``open_sidecar``); when there is none, or it is corrupt (logged), the ledger
+    is parsed and, with ``write``, the index is written for next time (``store_index``).
+    An open ledger is parsed up to its last confirmed entry and nothing is written (its
+    index would describe one state of it only). ``charge`` is given the bytes read (the
+    index file's, or each batch of entries parsed), for the caller's I/O throttle.
     """
-    sealed = SealedFile.open(ledger_path(store.root, ledger_id), ledger_id)
+    sealed = store.open_sealed(ledger_id)
     if sealed is None:
         return _parsed_open_ledger(store, ledger_id, compacted, charge)
     try:
-        return sealed_index(sealed, compacted=compacted, write=write, charge=charge)
+        return sealed_index(sealed, store, compacted=compacted, write=write, charge=charge)
     finally:
         sealed.close()
 
@@ -352,27 +371,46 @@ def ledger_path(root: str, ledger_id: int) -> str:
 
 
 def sealed_index(
-    sealed: SealedFile, *, compacted: bool, write: bool = True, charge: Callable[[int], object] = lambda size: None,
-    columns: Sequence[str] | None = None, filesystem: Any = None,
+    sealed: SealedFile, files: LedgerFiles, *, compacted: bool, write: bool = True,
+    charge: Callable[[int], object] = lambda size: None, columns: Sequence[str] | None = None,
 ) -> KeyIndex:
-    """``ensure_index`` of a sealed ledger, its file already open; ``columns`` and
-    ``filesystem`` as for ``read_index`` (an index built now has every column, and is
-    written to the local file system)."""
+    """``ensure_index`` of a sealed ledger already open (``files.open_sealed``);
+    ``columns`` as for ``read_index`` (an index built now has every column)."""
     ledger = IndexedLedger(sealed.ledger_id, sealed.entries, sealed.size_bytes)
-    path = index_path(sealed.path)
+    name = sealed.path + INDEX_SUFFIX
     try:
-        index = read_index(path, ledger, columns, filesystem)
+        source = files.open_sidecar(sealed.ledger_id, INDEX_SUFFIX)
+        size = 0 if source is None else source.size()
+        index = read_index(source, ledger, columns, name=name)
     except CorruptIndexError as error:
         log.warning("%s; parsing the ledger and writing it again", error)
         index = None
     if index is not None:
-        charge(os.path.getsize(path) if filesystem is None else filesystem.get_file_info(path).size)
+        charge(size)
         return index
     offsets, lengths = sealed.walk()
     index = build_index(_sealed_entries(sealed, offsets, lengths, compacted, charge), (offsets, lengths))
     if write:
-        write_index(path, index, ledger)
+        store_index(files, index, ledger)
     return index
+
+
+def store_index(files: LedgerFiles, index: KeyIndex, ledger: IndexedLedger) -> None:
+    """Keep ``index`` of sealed ``ledger`` where its ledger is: beside its local file
+    (``write_index``), else, for a ledger that lives in ``files``' bucket only, as the
+    ledger's sidecar object there (written to a temporary local file first, then uploaded
+    atomically and read back: ``LedgerFiles.upload_sidecar``). A ledger in neither
+    place: not kept."""
+    local = ledger_path(files.root, ledger.ledger_id)
+    if os.path.exists(local):
+        write_index(index_path(local), index, ledger)
+        return
+    if files.bucket is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="compactd-kidx-") as scratch:
+        path = os.path.join(scratch, ledger_file_name(ledger.ledger_id) + INDEX_SUFFIX)
+        write_index(path, index, ledger)
+        files.upload_sidecar(ledger.ledger_id, INDEX_SUFFIX, path)
 
 
 def _sealed_entries(

@@ -12,7 +12,8 @@ publishes:
    round's input as ranges (the previous view's segments, then the raw ledgers after the
    horizon up to the stop marker; each range ends at a confirmed entry, so it never
    changes), and the run's settings;
-2. the child (``run_round``) reads the ranges through a read-only ``FileLedgerStore``,
+2. the child (``run_round``) reads the ranges through a read-only ``FileLedgerStore``
+   (with the broker's bucket: an offloaded ledger, and its index, are read there),
    runs the round's phase one and phase two exactly as the in-process round does, with its
    own I/O throttle at the run's rate, and writes the survivors as one whole sealed ledger
    at the reserved id (``ledger.storage.sealed_writer``: temporary file, fsync, atomic
@@ -43,11 +44,13 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
+from compactor.local import key_index
 from compactor.local.index_source import IndexSource
-from compactor.local.indexed import IndexedRound, IndexUnavailable
+from compactor.local.indexed import IndexedRound, IndexUnavailable, OutputIndex
 from compactor.local.rounds import capacity_keys, round_phase_one, round_phase_two
 from compactor.record import LATENCY_BUCKETS_MS, RoundFigures, latency_bucket
 from compactor.throttle import Throttle
@@ -58,6 +61,9 @@ from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_writer import SealedLedger, write_sealed_ledger
+
+if TYPE_CHECKING:
+    from ledger.storage.object_fs import BucketConfig
 
 __all__ = ["RoundReport", "RoundRequest", "RoundWorkers", "run_round"]
 
@@ -87,6 +93,8 @@ class RoundRequest:
         max_bytes_per_second: the run's I/O throttle (0: unlimited).
         key_index: run the round over the ledgers' key indexes (``compactor.local.indexed``),
             building the missing ones, unless its input needs parsing.
+        bucket: the broker's object store (``LedgerFiles.bucket``): an input ledger whose
+            local file is gone (offloaded) is read there, with its index; None: none.
         dead: the dead marks of the compacted ranges' ledgers (``compactor.view.marks``):
             their dead entries and slots are not part of the input.
     """
@@ -102,6 +110,7 @@ class RoundRequest:
     keep_tombstones_since_ms: int | None = None
     max_bytes_per_second: int = 0
     key_index: bool = True
+    bucket: BucketConfig | None = None
     dead: tuple[tuple[int, LedgerMarks], ...] = ()
 
 
@@ -126,7 +135,7 @@ def run_round(request: RoundRequest, *, throttle: Throttle | None = None) -> Rou
     ``throttle``, the run's, is given: it also carries the run's interruption, and its
     figures stay the run's, so the report's ``throttled_s`` and ``io_bytes`` are 0); see
     the module docstring."""
-    store = FileLedgerStore(request.ledgers_root, sync=SyncPolicy.NONE, read_only=True)
+    store = FileLedgerStore(request.ledgers_root, sync=SyncPolicy.NONE, read_only=True, bucket=request.bucket)
     try:
         if throttle is None:
             return _round(store, request, Throttle(request.max_bytes_per_second))
@@ -202,15 +211,29 @@ def _indexed_round(
             return None
         stop = indexed.stop if indexed.filled and indexed.stop is not None else request.stop
         phase_one_s = time.monotonic() - started
-        kept, latencies, written = _write(request, stop, indexed.survivors(), throttle)
+        output = OutputIndex()
+        kept, latencies, written = _write(request, stop, indexed.survivors(output), throttle)
     finally:
         source.close()
+    _write_output_index(request, written, output)
     return RoundReport(
         stop=stop, figures=indexed.figures(written.ledger_id, written.entries, written.size_bytes, kept),
         key_map_bytes_max=indexed.key_map.nbytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
         entry_offsets=written.entry_offsets, entry_lengths=written.entry_lengths,
     )
+
+
+def _write_output_index(request: RoundRequest, written: SealedLedger, output: OutputIndex) -> None:
+    """Write the key index of the ledger the round wrote (``indexed.OutputIndex``: from the
+    input's rows, no parse), so that the next incremental run finds its keys without
+    reading it; a failure is only logged (the index is built when first needed)."""
+    try:
+        index = output.index(written.entry_offsets, written.entry_lengths)
+        key_index.write_index(key_index.index_path(key_index.ledger_path(request.ledgers_root, written.ledger_id)),
+                              index, key_index.IndexedLedger(written.ledger_id, written.entries, written.size_bytes))
+    except (OSError, ValueError) as error:
+        log.warning("could not write the key index of compacted ledger %d: %s", written.ledger_id, error)
 
 
 def _stream(

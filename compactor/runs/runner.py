@@ -22,6 +22,9 @@ One run of ``Compactor.compact(topic)``, in order (reference ``pulsar-compaction
    dies between rounds leaves the last round's view serving. ``spark``: steps 3 and 4 run
    whole on the Spark executors over the same ledgers (``compactor.spark.engine``), which
    write one sealed compacted ledger per group of the input; step 5 publishes their list.
+   With object storage (the store's ``LedgerFiles.bucket``) the topic is rolled over and
+   every input ledger put in the bucket first (``compactor.runs.bucket_input``); the
+   executors read and write only there, and the manifest records the view ``in_bucket``.
 4. Phase two over the same stream writes the survivors to a new ledger (metadata:
    component ``compacted-ledger``, the topic, ``compactedTo``), each entry carrying its
    original message id and, for batches, the surviving-slot mask. If every key was
@@ -95,6 +98,7 @@ from compactor.local.rounds import RoundPhaseOne, capacity_keys, round_phase_one
 from compactor.local.supersede import Indexes, NeedsRewrite, backlog_keys, mark_dead
 from compactor.local.worker import RoundReport, RoundRequest, RoundWorkers, run_round
 from compactor.record import LATENCY_BUCKETS_MS, RunFigures
+from compactor.runs.bucket_input import stage_input
 from compactor.runs.lag import stop_before_young, young_after
 from compactor.runs.merges import LedgerShape, plan_merges
 from compactor.runs.run_log import log_run, log_run_failed
@@ -279,14 +283,16 @@ class Compactor:
         ranges = [] if previous is None else [
             LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
         ranges += raw_ranges(planned.snapshot.ledgers, horizon, stop)
+        if files.bucket is not None:  # the executors see the bucket only: every input goes there first
+            stage_input(topic.ledger, files, files.bucket, ranges, now_ms=self._now_ms())
         request = RewriteInput(files.root, tuple(ranges), stop, _compacted_metadata(topic, stop),
-                               self.config.retain_null_key, cutoff)
+                               self.config.retain_null_key, cutoff, files.bucket)
         counted.start()
         result = self._spark().compact(request, files)
         counted.done = result.entries_read
         counted.end()
         job_s = time.monotonic() - started
-        self._publish(topic, cursor, stop, result.ledger_ids, previous)
+        self._publish(topic, cursor, stop, result.ledger_ids, previous, in_bucket=files.bucket is not None)
         duration_s = time.monotonic() - started
         return RunFigures(
             engine="spark", horizon=str(stop), keys_kept=result.keys_kept, throttled_s=run.throttle.throttled_s,
@@ -455,7 +461,8 @@ class Compactor:
         request = RoundRequest(
             files.root, tuple(ranges), horizon, stop, ledger_id,
             tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
-            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index, dead)
+            self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index, files.bucket,
+            dead)
         for phase in counted:  # both phases run in one call: a bar each, whole at its end
             phase.start()
         try:
@@ -622,18 +629,20 @@ class Compactor:
 
     def _publish(
         self, topic: CompactedTopic, cursor: ManagedCursor, stop: Position, ledger_ids: Sequence[int],
-        previous: CompactedView | None, marks: Mapping[int, LedgerMarks] | None = None,
+        previous: CompactedView | None, marks: Mapping[int, LedgerMarks] | None = None, *,
+        in_bucket: bool = False,
     ) -> CompactedView:
         """Publish the sealed ``ledger_ids`` (in stream order: their entries concatenated are
-        the compacted stream), with the dead ``marks`` of its ledgers, as the view up to
-        ``stop``, and return it. On any failure
+        the compacted stream; ``in_bucket``: written into the object store, where the store
+        reads them through its cache), with the dead ``marks`` of its ledgers, as the view up
+        to ``stop``, and return it. On any failure
         (``Exception``) every one of ``ledger_ids`` the previous view does not hold is deleted
         and the previous view keeps serving; once published, the previous view's ledgers the
         new one does not hold become garbage (``CompactedTopic.publish``)."""
         store = topic.ledger.store
         try:
             view = CompactedView(store, ledger_ids, stop, marks)
-            topic.publish(cursor, view, previous)  # the one transaction
+            topic.publish(cursor, view, previous, in_bucket=in_bucket)  # the one transaction
         except Exception:
             held = set(previous.ledger_ids) if previous is not None else set()
             for ledger_id in (i for i in ledger_ids if i not in held):

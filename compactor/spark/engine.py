@@ -38,9 +38,18 @@ Sessions: one ``SparkSession`` per ``SparkEngine``, created on first use with ``
 (``local[*]``, ``spark://host:port``); Spark reuses a session already running in the
 process whatever its master. The Python workers run this interpreter (``PYSPARK_PYTHON``,
 when unset); compactd's own code is shipped to them (``compactor.spark.register``), its
-third-party dependencies must be installed there. The executors write into the data dir's
-ledger directory, so it must be the same path, shared, on the broker and every executor.
-Errors from PySpark and py4j leave as ``SparkEngineError``.
+third-party dependencies must be installed there. Errors from PySpark and py4j leave as
+``SparkEngineError``.
+
+Where the executors read and write: without a bucket, in the data dir's ledger directory,
+which must then be the same path, shared, on the broker and every executor. With a bucket
+(``RewriteInput.bucket``: the run's every input ledger is in it, ``compactor.runs.runner``
+sees to that), they are given no ledger directory at all: they read the ledgers and key
+indexes from the bucket (through each read-only store's block cache), build a missing
+index there, and upload each group's ledger as ``ledgers/<reserved id>`` (written in a
+local scratch directory, then put atomically and read back for its size and CRC32C). They
+get the ``BucketConfig`` (driver, bucket, prefix, endpoint, region), never a credential:
+each reads the AWS configuration chain of its own environment.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ from compactor.spark.rewrite import (
     RewriteJob,
     rewrite_group,
 )
+from ledger.storage.object_fs import BucketConfig
 
 __all__ = [
     "GROUP_ENTRIES_MAX",
@@ -215,15 +225,13 @@ class SparkEngine:
 
     def __init__(
         self, master: str, *, config: dict[str, str] | None = None, piece_entries: int | None = None,
-        group_entries: int = GROUP_ENTRIES_MAX, filesystem: Any = None,
+        group_entries: int = GROUP_ENTRIES_MAX,
     ) -> None:
         """An engine on the Spark ``master`` URL (the ``spark_master`` setting, whose default
         is ``CompactionConfig``'s); ``config``: more Spark settings of the session;
         ``piece_entries`` (default: ``piece_entries()``) and ``group_entries`` size the
-        pieces and groups (tests make them small); ``filesystem``: the ``pyarrow.fs.FileSystem``
-        the executors read the key indexes from (None: the local one)."""
+        pieces and groups (tests make them small)."""
         self.master = master
-        self.filesystem = filesystem
         self.last_run: dict[str, float] = {}  # the last run's timings (seconds) and indexes built
         self.config = dict(config or {})
         self.piece_entries = piece_entries
@@ -292,13 +300,13 @@ class SparkEngine:
         from compactor.spark.index_scan import ensure_ledger_index, ledger_ids_without_index
 
         compacted = {whole.ledger_id: whole.compacted for whole in request.ranges}
-        missing = ledger_ids_without_index(request.ledgers_root, sorted(compacted), self.filesystem)
+        missing = ledger_ids_without_index(request.ledgers_root, sorted(compacted), request.bucket)
         self.last_run["indexes_built"] = len(missing)
         if not missing:
             return
-        root = request.ledgers_root
+        root, bucket = _executor_root(request), request.bucket
         built = (self.session().sparkContext.parallelize(missing, len(missing))
-                 .map(lambda ledger_id: ensure_ledger_index(root, ledger_id, compacted[ledger_id])).collect())
+                 .map(lambda ledger_id: ensure_ledger_index(root, ledger_id, compacted[ledger_id], bucket)).collect())
         log.debug("spark rewrite: indexed %d ledgers on the executors (%s rows)", len(missing), built)
 
     def _job(self, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
@@ -316,13 +324,13 @@ class SparkEngine:
         started = time.monotonic()
         self._index_missing(request)
         indexed = time.monotonic()
-        latest = _latest(spark, request, specs, self.filesystem).coalesce(max(1, partitions)).localCheckpoint(eager=True)
+        latest = _latest(spark, request, specs).coalesce(max(1, partitions)).localCheckpoint(eager=True)
         self.last_run.update(index_build_s=indexed - started, phase_one_s=time.monotonic() - started)
-        decisions = _decisions(spark, latest, request, specs, self.filesystem)
+        decisions = _decisions(spark, latest, request, specs)
         keys = partition_keys(len(specs))
         slot = F.element_at(F.array(*[F.lit(key) for key in keys]), F.col("grp") + 1).cast("int")
-        job = RewriteJob(request.ledgers_root, dict(request.metadata), int(time.time() * 1000),
-                         request.retain_null_key, request.keep_tombstones_since_ms, self.filesystem)
+        job = RewriteJob(_executor_root(request), dict(request.metadata), int(time.time() * 1000),
+                         request.retain_null_key, request.keep_tombstones_since_ms, request.bucket)
         task = _task(job, {spec.index: spec for spec in specs})
         return (decisions.withColumn("slot", slot).repartition(len(specs), "slot")
                 .groupBy("slot", "grp").applyInArrow(task, REPORT_SCHEMA_DDL))
@@ -351,8 +359,14 @@ _REPORT_NAMES = [column.split()[0] for column in REPORT_SCHEMA_DDL.split(", ")]
 _REPORT = pa.schema([(name, pa.int32() if name == "grp" else pa.int64()) for name in _REPORT_NAMES])
 
 
-def phase_one_reader(ledgers_root: str, pieces: Sequence[LedgerRange], keep_tombstones_since_ms: int | None,
-                     filesystem: Any = None, *, chunks: bool = False) -> Callable[[Any], Any]:
+def _executor_root(request: RewriteInput) -> str | None:
+    """The ledger directory the executors open: none with a bucket (they read and write the
+    bucket alone, and need not see the broker's disk), else the broker's."""
+    return None if request.bucket is not None else request.ledgers_root
+
+
+def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], keep_tombstones_since_ms: int | None,
+                     bucket: BucketConfig | None = None, *, chunks: bool = False) -> Callable[[Any], Any]:
     """The function ``mapInArrow`` runs on the executors over the pieces' numbers: each
     piece's phase-one keyed rows (``chunks``: its chunk rows) from its ledger's key index
     (``compactor.spark.index_scan``)."""
@@ -365,7 +379,7 @@ def phase_one_reader(ledgers_root: str, pieces: Sequence[LedgerRange], keep_tomb
             columns = index_scan.PHASE_ONE_COLUMNS + (() if keep_tombstones_since_ms is None else ("publish_time",))
         for batch in batches:
             for number in batch.column(0).to_pylist():
-                index = index_scan.PieceIndex(ledgers_root, pieces[number], columns, filesystem)
+                index = index_scan.PieceIndex(ledgers_root, pieces[number], columns, bucket)
                 try:
                     if chunks:
                         yield from index_scan.chunk_batches(index, number)
@@ -377,22 +391,22 @@ def phase_one_reader(ledgers_root: str, pieces: Sequence[LedgerRange], keep_tomb
     return read
 
 
-def _pieces_frame(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], filesystem: Any,
-                  chunks: bool) -> Any:
+def _pieces_frame(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], chunks: bool) -> Any:
     """Phase one's rows (``index_scan.PHASE_ONE_ROWS_DDL``) of every piece: one partition a piece."""
     from compactor.spark.index_scan import PHASE_ONE_ROWS_DDL
 
     pieces = [piece for spec in specs for piece in spec.pieces]
-    read = phase_one_reader(request.ledgers_root, pieces, request.keep_tombstones_since_ms, filesystem, chunks=chunks)
+    read = phase_one_reader(_executor_root(request), pieces, request.keep_tombstones_since_ms, request.bucket,
+                            chunks=chunks)
     return spark.range(0, len(pieces), 1, numPartitions=len(pieces)).mapInArrow(read, PHASE_ONE_ROWS_DDL)
 
 
-def _latest(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], filesystem: Any = None) -> Any:
+def _latest(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
     """Phase one's aggregation: each live key's latest ``v`` (its greatest, unless that
     deletes the key), in Spark's hash aggregate over plain longs."""
     from pyspark.sql import functions as F
 
-    keyed = _pieces_frame(spark, request, specs, filesystem, chunks=False)
+    keyed = _pieces_frame(spark, request, specs, chunks=False)
     return keyed.groupBy("h1", "h2").agg(F.max("v").alias("v")).where(F.col("v").bitwiseAND(1) == 0).select("v")
 
 
@@ -408,8 +422,7 @@ def _group_of(specs: Sequence[GroupSpec], seq: Any) -> Any:
     return (F.size(F.filter(starts, lambda start: start <= piece)) - 1).cast("int")
 
 
-def _decisions(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec],
-               filesystem: Any = None) -> Any:
+def _decisions(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
     """The decision rows ``(grp, kind, seq)`` of every group: the retained places, the
     dropped chunks, and one presence row per group (so that every group's task runs)."""
     from pyspark.sql import functions as F
@@ -417,7 +430,7 @@ def _decisions(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[G
     from compactor.spark.index_scan import FLAG_BITS
 
     retained = latest.select(F.shiftright("v", FLAG_BITS).alias("seq"), F.lit(DECISION_RETAINED).alias("kind"))
-    dropped = _dropped_chunks(spark, latest, request, specs, filesystem).select(
+    dropped = _dropped_chunks(spark, latest, request, specs).select(
         "seq", F.lit(DECISION_DROPPED_CHUNK).alias("kind"))
     placed = retained.unionByName(dropped).select(_group_of(specs, F.col("seq")).alias("grp"), "kind", "seq")
     present = spark.createDataFrame([(spec.index, DECISION_FIGURES, None) for spec in specs],
@@ -425,8 +438,7 @@ def _decisions(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[G
     return placed.unionByName(present)
 
 
-def _dropped_chunks(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec],
-                    filesystem: Any) -> Any:
+def _dropped_chunks(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
     """The chunks dropped with their chunked message (``compactor.local.chunks``), as ``seq``:
     each chunk's instance completes at the first last chunk of its uuid at or after it (a
     window over the uuid's chunks, in stream order); a completed keyed instance survives
@@ -437,7 +449,7 @@ def _dropped_chunks(spark: Any, latest: Any, request: RewriteInput, specs: Seque
 
     from compactor.spark.index_scan import FLAG_BITS
 
-    chunks = _pieces_frame(spark, request, specs, filesystem, chunks=True)
+    chunks = _pieces_frame(spark, request, specs, chunks=True)
     following = Window.partitionBy("h1", "h2").orderBy("v").rowsBetween(Window.currentRow, Window.unboundedFollowing)
     is_last = F.shiftright("v", 1).bitwiseAND(1) == 1
     every = (chunks.withColumn("end", F.min(F.when(is_last, F.col("v"))).over(following))

@@ -4,11 +4,13 @@ The Spark engine's tasks read each piece of a run's stream (a ``LedgerRange``) t
 key index of its ledger (``compactor.local.key_index``: a Parquet ``.kidx`` beside each sealed
 ledger), as the local engine's indexed rounds do (``compactor.local.indexed``):
 
-* ``PieceIndex`` opens a piece: a **sealed** ledger's index is read as Arrow through a
-  ``pyarrow.fs.FileSystem`` (``filesystem``; None: the local one), every column read
-  checked against its CRC32C (``key_index.read_index``); a missing or damaged one is built
-  by parsing the ledger once and written for the next runs (``key_index.sealed_index``:
-  temporary file, fsync, rename). An **open** ledger (the topic's last) is parsed for the
+* ``PieceIndex`` opens a piece through a read-only store (``rows.open_store``: the ledger
+  directory, or, with a bucket, the object store alone — an executor that shares nothing
+  with the broker but the bucket): a **sealed** ledger (``LedgerFiles.open_sealed``: its
+  local file, else its object) has its index read as Arrow (``open_sidecar``), every
+  column read checked against its CRC32C (``key_index.read_index``); a missing or damaged
+  one is built by parsing the ledger once and kept for the next runs where the ledger is
+  (``key_index.store_index``: beside the file, or as the ledger's sidecar object). An **open** ledger (the topic's last) is parsed for the
   piece's entries alone, and nothing is written. The rows are cut to the piece's entries;
   its entries' stored bytes are read on demand at the offsets the index recorded
   (``entry_offset``, ``stored_bytes``), each checked against its CRC32C.
@@ -58,6 +60,8 @@ from compactor.local.scan import scan_entry
 from compactor.local.slot_rule import old_tombstones, surviving_rows
 from compactor.spark.rows import open_store, read_range
 from compactor.view.view import CompactedEntry, decode_compacted_entry
+from ledger.storage.bucket import ledger_object_name
+from ledger.storage.object_fs import BucketConfig
 from ledger.storage.sealed_file import SealedFile
 
 __all__ = [
@@ -93,37 +97,44 @@ _ENTRY_BITS, _BATCH_BITS = 30, 14  # a packed position: ledger ordinal, entry id
 
 
 def index_file(ledgers_root: str, ledger_id: int) -> str:
-    """Where ledger ``ledger_id``'s key index lives."""
+    """Where ledger ``ledger_id``'s key index lives in the ledger directory ``ledgers_root``."""
     return ledger_path(ledgers_root, ledger_id) + INDEX_SUFFIX
 
 
-def ensure_ledger_index(ledgers_root: str, ledger_id: int, compacted: bool) -> int:
+def ensure_ledger_index(ledgers_root: str | None, ledger_id: int, compacted: bool,
+                        bucket: BucketConfig | None = None) -> int:
     """On an executor, before phase one: make sure sealed ledger ``ledger_id`` has a whole
-    index (read it, or build and write it); its rows, or -1 when the ledger is not sealed."""
-    sealed = SealedFile.open(ledger_path(ledgers_root, ledger_id), ledger_id)
-    if sealed is None:
-        return -1
+    index (read it, or build and keep it where the ledger is: ``key_index.store_index``);
+    its rows, or -1 when the ledger is not sealed. ``rows.open_store``'s arguments."""
+    store = open_store(ledgers_root, bucket)
     try:
-        return len(sealed_index(sealed, compacted=compacted, columns=()))
+        sealed = store.open_sealed(ledger_id)
+        if sealed is None:
+            return -1
+        try:
+            return len(sealed_index(sealed, store, compacted=compacted, columns=()))
+        finally:
+            sealed.close()
     finally:
-        sealed.close()
+        store.shutdown()
 
 
 class PieceIndex:
     """One piece's index rows (``columns`` of them, and ``stored``) and its entries on
-    demand; see the module docstring. Close it."""
+    demand; see the module docstring. ``rows.open_store``'s arguments. Close it."""
 
-    def __init__(self, ledgers_root: str, piece: LedgerRange, columns: tuple[str, ...], filesystem: Any = None) -> None:
+    def __init__(self, ledgers_root: str | None, piece: LedgerRange, columns: tuple[str, ...],
+                 bucket: BucketConfig | None = None) -> None:
         self.piece = piece
-        self._store: Any = None
-        self._sealed = SealedFile.open(ledger_path(ledgers_root, piece.ledger_id), piece.ledger_id)
+        self._store: Any = open_store(ledgers_root, bucket)
+        self._sealed: SealedFile | None = None
         try:
+            self._sealed = self._store.open_sealed(piece.ledger_id)
             if self._sealed is None:
-                self._store = open_store(ledgers_root)
                 index = build_index((piece.first_entry_id + offset, entry.position.ledger_id, entry.position.entry_id,
                                      entry.data) for offset, entry in enumerate(read_range(self._store, piece)))
             else:
-                index = sealed_index(self._sealed, compacted=piece.compacted, columns=columns, filesystem=filesystem)
+                index = sealed_index(self._sealed, self._store, compacted=piece.compacted, columns=columns)
         except BaseException:
             self.close()
             raise
@@ -292,11 +303,16 @@ def survivors(index: PieceIndex, piece: int, decisions: GroupDecisions, *, retai
     yield from compacted_entries(index.rows, keep, index.read, compacted=index.piece.compacted)
 
 
-def ledger_ids_without_index(ledgers_root: str, ledger_ids: list[int], filesystem: Any = None) -> list[int]:
-    """Those of ``ledger_ids`` whose index file is not there (one listing call)."""
-    if filesystem is None:
+def ledger_ids_without_index(ledgers_root: str, ledger_ids: list[int], bucket: BucketConfig | None = None) -> list[
+        int]:
+    """Those of ``ledger_ids`` whose key index is not there: no file in ``ledgers_root``,
+    or, with ``bucket`` (where the run's input all is), no sidecar object there (one
+    listing call)."""
+    if bucket is None:
         return [ledger_id for ledger_id in ledger_ids if not os.path.exists(index_file(ledgers_root, ledger_id))]
     from pyarrow import fs
 
-    infos = filesystem.get_file_info([index_file(ledgers_root, ledger_id) for ledger_id in ledger_ids])
+    filesystem = bucket.open()
+    infos = filesystem.get_file_info([f"{bucket.base}/{ledger_object_name(ledger_id, INDEX_SUFFIX)}"
+                                      for ledger_id in ledger_ids])
     return [ledger_id for ledger_id, info in zip(ledger_ids, infos, strict=True) if info.type == fs.FileType.NotFound]

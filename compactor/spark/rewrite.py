@@ -16,9 +16,11 @@ co-partitioned with it (never through the driver). A task rewrites its group alo
   a key map: the rule is ``compactor.local.slot_rule.surviving_slots``, the rewrite
   ``algorithm.kept_entry``.
 * ``rewrite_group`` reads the group's pieces straight from the ledger files (a read-only
-  ``FileLedgerStore``), encodes the survivors (``compactor.view.view.encode_compacted_entry``)
-  and writes them as one whole sealed ledger at the id the driver reserved for the group
-  (``ledger.storage.sealed_writer``: temporary file, fsync, atomic rename). A retried or
+  ``FileLedgerStore``; with a bucket, from the object store alone), encodes the survivors
+  (``compactor.view.view.encode_compacted_entry``) and writes them as one whole sealed
+  ledger at the id the driver reserved for the group (``ledger.storage.sealed_writer``:
+  temporary file, fsync, atomic rename; with a bucket, in a local scratch directory, then
+  uploaded as the object ``ledgers/<id>`` and verified, an atomic put). A retried or
   speculative attempt writes the same bytes again (the plan fixes ``created_at_ms``), so
   whichever attempt's file stays, it is the same ledger. It returns the group's *report*:
   one small row (``REPORT_SCHEMA_DDL``). The group's retained positions take 8 bytes each
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,7 +60,8 @@ from compactor.record import RoundFigures
 from compactor.view.view import encode_compacted_entry
 from ledger.managed_ledger import Entry
 from ledger.position import Position
-from ledger.storage.sealed_writer import write_sealed_ledger
+from ledger.storage.object_fs import BucketConfig
+from ledger.storage.sealed_writer import SealedLedger, write_sealed_ledger
 
 __all__ = [
     "DECISION_DROPPED_CHUNK",
@@ -188,12 +192,12 @@ class PackedSlots(Collection[Slot]):
 class RewriteJob:
     """What every group's task shares: where the ledgers are and how the run decides."""
 
-    ledgers_root: str
+    ledgers_root: str | None  # None: the bucket's ledgers alone (``rows.open_store``)
     metadata: dict[str, str]
     created_at_ms: int
     retain_null_key: bool
     keep_tombstones_since_ms: int | None
-    filesystem: Any = None  # a pyarrow.fs.FileSystem the key indexes are read from (None: the local one)
+    bucket: BucketConfig | None = None  # where the input is read and the output written, if given
 
 
 def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupReport:
@@ -214,7 +218,7 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
 
     def survivors() -> Iterator[CompactedEntry]:
         for number, piece in enumerate(spec.pieces, spec.first_piece):
-            index = index_scan.PieceIndex(job.ledgers_root, piece, columns, job.filesystem)
+            index = index_scan.PieceIndex(job.ledgers_root, piece, columns, job.bucket)
             try:
                 for at, figure in enumerate(index_scan.figures(index.rows)):
                     figures[at] += figure
@@ -224,13 +228,31 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
                 index.close()
 
     counted = _Counted(survivors(), spec.index)
-    written = write_sealed_ledger(job.ledgers_root, spec.ledger_id, job.metadata, counted.encoded(),
-                                  created_at_ms=job.created_at_ms)
+    written = _write(job, spec.ledger_id, counted.encoded())
     _fault_point(spec.index, "written")
     entries_read, messages_read, bytes_read, markers, opaque_entries = figures
     return GroupReport(spec.index, RoundFigures(
         spec.ledger_id, written.entries, written.size_bytes, counted.messages, len(group), entries_read=entries_read,
         messages_read=messages_read, bytes_read=bytes_read, markers=markers, opaque_entries=opaque_entries))
+
+
+def _write(job: RewriteJob, ledger_id: int, entries: Iterator[bytes]) -> SealedLedger:
+    """Write the group's sealed ledger: into the ledger directory, or, with a bucket, to a
+    local scratch directory first, then uploaded as ``ledgers/<id>`` and read back for its
+    size and CRC32C (``LedgerFiles.upload_sealed``: atomic, so the object is whole or absent)."""
+    if job.bucket is None:
+        assert job.ledgers_root is not None
+        return write_sealed_ledger(job.ledgers_root, ledger_id, job.metadata, entries, created_at_ms=job.created_at_ms)
+    from compactor.spark.rows import open_store
+
+    with tempfile.TemporaryDirectory(prefix="compactd-rewrite-") as scratch:
+        written = write_sealed_ledger(scratch, ledger_id, job.metadata, entries, created_at_ms=job.created_at_ms)
+        store = open_store(scratch, job.bucket)
+        try:
+            store.upload_sealed(ledger_id)
+        finally:
+            store.shutdown()
+    return written
 
 
 class _Counted:

@@ -1,13 +1,14 @@
 """What an executor makes of one ledger range: Arrow record batches, no PySpark needed.
 
 Both Spark data sources read ledger files directly through a read-only ``FileLedgerStore``
-(no lock: the owning broker may be running) and turn one ``LedgerRange`` into rows:
+(no lock: the owning broker may be running; with the broker's bucket, an offloaded ledger
+is read from the object store) and turn one ``LedgerRange`` into rows:
 
 * ``message_batches`` — one row per message, as a reader of the topic gets it (the
   ``compactd`` data source, ``MESSAGE_SCHEMA``). Raw entries: markers, entries that do not
   decode (opaque) and slots a previous run dropped (``compacted_out``) give no row.
   Compacted entries: the surviving slots only (the ``ack_set`` a read-compacted reader is
-  sent). ``key`` is text: a key that is not valid UTF-8 (a producer's raw bytes) has its
+  sent), less those the view's dead marks name (a dead entry gives no row). ``key`` is text: a key that is not valid UTF-8 (a producer's raw bytes) has its
   bad bytes replaced there, as Arrow strings must be text; ``key_bytes`` is the key's
   bytes exactly (``Message.key_bytes``: the raw bytes, base64-decoded when the producer
   sent binary key bytes, the flagged text's bytes when that is not valid base64); both are
@@ -37,20 +38,25 @@ from typing import Any
 import pyarrow as pa
 
 from compactor.engine import LedgerRange
+from compactor.errors import CompactorError
 from compactor.local.keymap import key_hash
 from compactor.local.scan import scan_entry
+from compactor.view.marks import LedgerMarks
 from compactor.view.view import CompactedEntry, decode_compacted_entry
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 from ledger.storage.file import FileLedgerStore
+from ledger.storage.object_fs import BucketConfig
 from message.entry import Message, is_marker, iter_messages, parse_entry
 from message.errors import MalformedEntryError
 
 __all__ = [
     "MESSAGE_SCHEMA",
     "MESSAGE_SCHEMA_DDL",
+    "NO_DATA_DIR",
     "PHASE_ONE_SCHEMA",
     "PHASE_ONE_SCHEMA_DDL",
+    "bucket_option",
     "ledgers_root_of",
     "message_batches",
     "open_store",
@@ -90,9 +96,18 @@ PHASE_ONE_SCHEMA = pa.schema([
 _SIGN = 1 << 63
 
 
-def open_store(ledgers_root: str) -> FileLedgerStore:
-    """A read-only view of the ledger files under ``ledgers_root`` (no lock, no writes)."""
-    return FileLedgerStore(ledgers_root, sync=SyncPolicy.NONE, read_only=True)
+NO_DATA_DIR = "/nonexistent/compactd-executor/ledgers"
+"""The ledger directory an executor given only a bucket opens: one that does not exist, so
+that every ledger (and key index) is read from the bucket, and nothing local is touched."""
+
+
+def open_store(ledgers_root: str | None, bucket: BucketConfig | None = None) -> FileLedgerStore:
+    """A read-only view of the ledger files under ``ledgers_root`` (no lock, no writes)
+    and, with ``bucket``, of the ledgers in the object store (a ledger with no local file
+    is read there, through the store's block cache). ``ledgers_root`` None: the bucket
+    alone (``NO_DATA_DIR``)."""
+    return FileLedgerStore(NO_DATA_DIR if ledgers_root is None else ledgers_root, sync=SyncPolicy.NONE,
+                           read_only=True, bucket=bucket)
 
 
 def snapshot_ranges(store: FileLedgerStore, ledger_ids: Sequence[int]) -> list[LedgerRange]:
@@ -106,13 +121,21 @@ def snapshot_ranges(store: FileLedgerStore, ledger_ids: Sequence[int]) -> list[L
     return ranges
 
 
-def read_range(store: FileLedgerStore, ledger_range: LedgerRange) -> Iterator[CompactedEntry]:
-    """The range's entries at their original positions (compacted entries decoded)."""
+def read_range(
+    store: FileLedgerStore, ledger_range: LedgerRange, marks: LedgerMarks | None = None,
+) -> Iterator[CompactedEntry]:
+    """The range's entries at their original positions (compacted entries decoded); a
+    compacted ledger's dead ``marks`` (``compactor.view.marks``) skip its dead entries and take
+    its dead slots off ``surviving``."""
     last = ledger_range.last_entry_id
+    dead = marks if marks is not None and marks.any_dead else None
     for first in range(ledger_range.first_entry_id, last + 1, READ_BATCH_ENTRIES_MAX):
         chunk = store.read(ledger_range.ledger_id, first, min(last, first + READ_BATCH_ENTRIES_MAX - 1))
         for offset, data in enumerate(chunk):
-            if ledger_range.compacted:
+            if ledger_range.compacted and dead is not None:
+                if not dead.dead_entries[first + offset]:
+                    yield decode_compacted_entry(data).without(dead.dead_slots_of(first + offset))
+            elif ledger_range.compacted:
                 yield decode_compacted_entry(data)
             else:
                 yield CompactedEntry(Position(ledger_range.ledger_id, first + offset), data)
@@ -156,12 +179,16 @@ class _Columns:
         return batch
 
 
-def message_batches(ledgers_root: str, ledger_range: LedgerRange) -> Iterator[pa.RecordBatch]:
-    """One row per message of the range (see the module docstring)."""
-    store = open_store(ledgers_root)
+def message_batches(
+    ledgers_root: str | None, ledger_range: LedgerRange, bucket: BucketConfig | None = None,
+    marks: LedgerMarks | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """One row per message of the range (see the module docstring); ``open_store``'s
+    arguments; the dead ``marks`` of a compacted ledger applied."""
+    store = open_store(ledgers_root, bucket)
     try:
         columns = _Columns(MESSAGE_SCHEMA)
-        for entry in read_range(store, ledger_range):
+        for entry in read_range(store, ledger_range, marks):
             _add_messages(columns, entry)
             if columns.full():
                 yield columns.take()
@@ -195,11 +222,12 @@ def _add_messages(columns: _Columns, entry: CompactedEntry) -> None:
 
 
 def phase_one_batches(
-    ledgers_root: str, ledger_range: LedgerRange, group: int, keep_tombstones_since_ms: int | None
+    ledgers_root: str | None, ledger_range: LedgerRange, group: int, keep_tombstones_since_ms: int | None,
+    bucket: BucketConfig | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Phase one's rows of the piece ``ledger_range`` of group ``group`` (see the module
-    docstring)."""
-    store = open_store(ledgers_root)
+    docstring); ``open_store``'s arguments."""
+    store = open_store(ledgers_root, bucket)
     try:
         keys = _KeyColumns(group)
         figures = [0, 0, 0, 0, 0]  # entries, messages, entry bytes, markers, opaque entries
@@ -295,6 +323,21 @@ def _add_keys(keys: _KeyColumns, entry: CompactedEntry, figures: list[int], cuto
     for batch_index, key, tombstone in scan.messages:
         if key is not None:
             keys.add_key(key, entry.position, batch_index, tombstone and not young)
+
+
+def bucket_option(options: dict[str, str]) -> BucketConfig | None:
+    """The object store a data source's lower-cased ``options`` name: ``bucket``
+    (``s3://bucket/prefix`` or ``file:///dir``, the broker's offload location) with
+    ``bucketendpoint`` and ``bucketregion``; None without ``bucket``. Credentials come from
+    the executors' own AWS chain, never from an option."""
+    url = options.get("bucket")
+    if not url:
+        return None
+    try:
+        return BucketConfig.from_url(url, endpoint=options.get("bucketendpoint") or None,
+                                     region=options.get("bucketregion") or None)
+    except ValueError as error:
+        raise CompactorError(f"option bucket: {error}") from None
 
 
 def ledgers_root_of(data_dir: str) -> str:

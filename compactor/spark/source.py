@@ -23,13 +23,17 @@ parallel. Options:
   or a short name in ``public/default``.
 * ``readCompacted``: ``"true"`` reads what a read-compacted reader gets: the published
   compacted view (its ledgers in the manifest's order: surviving messages only, at their
-  original ids), then the raw ledgers after the horizon; ``"false"`` (default) reads the
+  original ids; the entries and slots its dead marks name are skipped), then the raw ledgers after the horizon; ``"false"`` (default) reads the
   raw ledgers. A replaced view's ledgers stay readable for the broker's grace period
   (``compacted_ledger_grace_period_s``), so a scan planned before a publish reads whole.
 * ``includeOpenLedger``: ``"true"`` (default) also reads the open (current) ledger up to
   its last confirmed entry at planning time, as a reader created then would see it (a live
   topic often has only an open ledger); ``"false"``: sealed ledgers only, which never
   change under a running broker.
+* ``bucket`` (with ``bucketEndpoint``, ``bucketRegion``): the broker's offload location
+  (``s3://bucket/prefix`` or ``file:///dir``): a ledger offloaded and no longer on the
+  local disk, or a compacted ledger a Spark run wrote there, is read from it. Credentials
+  come from each executor's own AWS configuration chain.
 
 ``spark.readStream.format("compactd")`` reads the same rows as a stream (the compacted
 snapshot, then the live tail): ``compactor.spark.stream``.
@@ -46,7 +50,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -55,11 +60,13 @@ from compactor.engine import LedgerRange
 from compactor.errors import CompactorError
 from compactor.spark import rows
 from compactor.view.manifest import CompactedManifests
+from compactor.view.marks import LedgerMarks
 from compactor.view.topic import COMPACTED_TOPIC_LEDGER, COMPACTION_SUBSCRIPTION
 from cursor.store import CursorStore
 from ledger.errors import LedgerNotFoundError
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
+from ledger.storage.object_fs import BucketConfig
 
 __all__ = ["CompactdDataSource", "CompactedSnapshot", "PhaseOneDataSource", "full_topic_name", "plan_ranges",
            "topic_state"]
@@ -89,10 +96,12 @@ def _flag(options: Any, name: str, default: str = "false") -> bool:
 
 class CompactedSnapshot(NamedTuple):
     """A topic's published compacted view as persisted: its ledgers in stream order (the
-    manifest, ``compactor.view.manifest``) and its horizon (the ``__compaction`` mark-delete)."""
+    manifest, ``compactor.view.manifest``), its horizon (the ``__compaction`` mark-delete)
+    and its ledgers' dead marks (``compactor.view.marks``: what an executor skips)."""
 
     ledger_ids: tuple[int, ...]
     horizon: Position
+    marks: Mapping[int, LedgerMarks] = MappingProxyType({})
 
 
 def topic_state(
@@ -117,21 +126,26 @@ def _snapshot(metadata: MetadataStore, topic: str) -> CompactedSnapshot | None:
     cursor = CursorStore(metadata.database).load(topic, COMPACTION_SUBSCRIPTION)
     if cursor is None or COMPACTED_TOPIC_LEDGER not in cursor.properties:
         return None
-    ledger_ids = CompactedManifests(metadata.database).view_ledger_ids(topic, cursor.properties[COMPACTED_TOPIC_LEDGER])
-    return CompactedSnapshot(ledger_ids, cursor.mark_delete_position)
+    manifests = CompactedManifests(metadata.database)
+    ledger_ids = manifests.view_ledger_ids(topic, cursor.properties[COMPACTED_TOPIC_LEDGER])
+    return CompactedSnapshot(ledger_ids, cursor.mark_delete_position, manifests.marks(topic))
 
 
-def plan_ranges(data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool) -> list[LedgerRange]:
-    """The ledger ranges a read of ``topic`` covers, in topic order (see the module docstring)."""
+def plan_ranges(
+    data_dir: str, topic: str, *, read_compacted: bool, include_open_ledger: bool, bucket: BucketConfig | None = None,
+) -> list[tuple[LedgerRange, LedgerMarks | None]]:
+    """The ledger ranges a read of ``topic`` covers, in topic order (see the module
+    docstring), each with the dead marks of its ledger (compacted ones only)."""
     records, snapshot = topic_state(data_dir, topic, read_compacted=read_compacted)
-    store = rows.open_store(rows.ledgers_root_of(data_dir))
+    store = rows.open_store(rows.ledgers_root_of(data_dir), bucket)
     try:
-        ranges: list[LedgerRange] = []
+        ranges: list[tuple[LedgerRange, LedgerMarks | None]] = []
         horizon = Position(-1, -1)
         if snapshot is not None:
             horizon = snapshot.horizon
-            ranges.extend(rows.snapshot_ranges(store, snapshot.ledger_ids))
-        ranges.extend(_raw_after(store, records, horizon, include_open_ledger))
+            ranges.extend((piece, snapshot.marks.get(piece.ledger_id))
+                          for piece in rows.snapshot_ranges(store, snapshot.ledger_ids))
+        ranges.extend((piece, None) for piece in _raw_after(store, records, horizon, include_open_ledger))
         return ranges
     finally:
         store.shutdown()
@@ -193,22 +207,25 @@ class _MessageReader(DataSourceReader):
         self.topic = full_topic_name(topic)
         self.read_compacted = _flag(lowered, "readcompacted")
         self.include_open_ledger = _flag(lowered, "includeopenledger", "true")
+        self.bucket = rows.bucket_option(lowered)
 
     def partitions(self) -> Sequence[InputPartition]:
         ranges = plan_ranges(self.data_dir, self.topic, read_compacted=self.read_compacted,
-                             include_open_ledger=self.include_open_ledger)
+                             include_open_ledger=self.include_open_ledger, bucket=self.bucket)
         return [InputPartition(ledger_range) for ledger_range in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if partition is None or partition.value is None:  # no ledger to read: Spark's one empty partition
             return
-        yield from rows.message_batches(rows.ledgers_root_of(self.data_dir), partition.value)
+        ledger_range, marks = partition.value
+        yield from rows.message_batches(rows.ledgers_root_of(self.data_dir), ledger_range, self.bucket, marks)
 
 
 class PhaseOneDataSource(DataSource):
     """Format ``"compactd-phase-one"``: the Spark engine's view of one run's stream.
 
-    Options: ``ledgersRoot``, ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
+    Options: ``ledgersRoot`` (absent: the ``bucket`` option's ledgers alone), ``bucket``,
+    ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
     last_entry_id, compacted, group]``, one per piece) and ``keepTombstonesSinceMs``
     (absent: every tombstone deletes).
     """
@@ -228,7 +245,8 @@ class PhaseOneDataSource(DataSource):
 class _PhaseOneReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         lowered = {key.lower(): value for key, value in options.items()}
-        self.ledgers_root = lowered["ledgersroot"]
+        self.ledgers_root = lowered.get("ledgersroot") or None
+        self.bucket = rows.bucket_option(lowered)
         self.pieces = [(LedgerRange(int(a), int(b), int(c), bool(d)), int(group))
                        for a, b, c, d, group in json.loads(lowered["ranges"])]
         cutoff = lowered.get("keeptombstonessincems")
@@ -241,4 +259,5 @@ class _PhaseOneReader(DataSourceReader):
         if partition is None or partition.value is None:  # no range to read: Spark's one empty partition
             return
         ledger_range, group = partition.value
-        yield from rows.phase_one_batches(self.ledgers_root, ledger_range, group, self.keep_tombstones_since_ms)
+        yield from rows.phase_one_batches(self.ledgers_root, ledger_range, group, self.keep_tombstones_since_ms,
+                                          self.bucket)

@@ -44,8 +44,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from compactor.engine import LedgerRange
 from compactor.errors import CompactorError, MalformedEntryError
 from compactor.spark import rows
+from compactor.view.marks import LedgerMarks
 from ledger.errors import LedgerNotFoundError
 from ledger.position import Position
+from ledger.storage.object_fs import BucketConfig
 from message.entry import parse_entry
 
 __all__ = ["StreamReader", "next_end", "offset", "tail_ranges"]
@@ -112,14 +114,14 @@ class _Topic:
     """What a planning step reads of the data dir (read-only, no lock); ``topic_state`` is
     ``compactor.spark.source.topic_state`` (the one reader of the ``__compaction`` row)."""
 
-    def __init__(self, data_dir: str, topic: str, topic_state: TopicState) -> None:
-        self.data_dir, self.topic, self.topic_state = data_dir, topic, topic_state
+    def __init__(self, data_dir: str, topic: str, topic_state: TopicState, bucket: BucketConfig | None = None) -> None:
+        self.data_dir, self.topic, self.topic_state, self.bucket = data_dir, topic, topic_state, bucket
 
     def state(self) -> tuple[list[tuple[int, int]], tuple[int, ...], Position]:
         """The readable ledgers, the published compacted view's ledgers (none: never
         compacted) and its horizon."""
         records, snapshot = self.topic_state(self.data_dir, self.topic, read_compacted=True)
-        store = rows.open_store(rows.ledgers_root_of(self.data_dir))
+        store = rows.open_store(rows.ledgers_root_of(self.data_dir), self.bucket)
         try:
             ledgers = []
             for record in records:
@@ -134,10 +136,17 @@ class _Topic:
             return ledgers, (), Position(-1, -1)
         return ledgers, tuple(snapshot.ledger_ids), snapshot.horizon
 
+    def marks(self) -> dict[int, LedgerMarks]:
+        """The dead marks of the published view's ledgers (``compactor.view.marks``), read
+        when a batch of the snapshot is planned: a ledger's marks only grow, each naming
+        messages the tail after the snapshot's horizon supersedes."""
+        _, snapshot = self.topic_state(self.data_dir, self.topic, read_compacted=True)
+        return {} if snapshot is None else dict(snapshot.marks)
+
     def before_time(self, ledgers: Ledgers, time_ms: int) -> Position:
         """The position just before the first raw entry published at or after ``time_ms``
         (a scan of the entries' metadata, ledger by ledger)."""
-        store = rows.open_store(rows.ledgers_root_of(self.data_dir))
+        store = rows.open_store(rows.ledgers_root_of(self.data_dir), self.bucket)
         try:
             previous = Position(-1, -1)
             for ledger_range in tail_ranges(ledgers, Position(-1, -1), Position(1 << 62, 1 << 62)):
@@ -158,7 +167,7 @@ class StreamReader(DataSourceStreamReader):
     """The stream reader of the ``compactd`` format (see the module docstring)."""
 
     def __init__(self, data_dir: str, topic: str, options: dict[str, str], topic_state: TopicState) -> None:
-        self.source = _Topic(data_dir, topic, topic_state)
+        self.source = _Topic(data_dir, topic, topic_state, rows.bucket_option(options))
         self.starting = options.get("startingoffsets", "earliest").strip().lower()
         if self.starting not in ("earliest", "latest"):
             raise CompactorError(f"option startingOffsets: {self.starting!r} is not earliest or latest")
@@ -191,19 +200,22 @@ class StreamReader(DataSourceStreamReader):
             return []
         snapshot = _snapshot_ledgers(end)
         if snapshot:
-            store = rows.open_store(rows.ledgers_root_of(self.source.data_dir))
+            store = rows.open_store(rows.ledgers_root_of(self.source.data_dir), self.source.bucket)
             try:
                 pieces = rows.snapshot_ranges(store, snapshot)
             finally:
                 store.shutdown()
-            return [InputPartition(piece) for piece in pieces]
+            marks = self.source.marks()
+            return [InputPartition((piece, marks.get(piece.ledger_id))) for piece in pieces]
         ledgers, _, _ = self.source.state()
-        return [InputPartition(piece) for piece in tail_ranges(ledgers, _position(start), _position(end))]
+        return [InputPartition((piece, None)) for piece in tail_ranges(ledgers, _position(start), _position(end))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if partition is None or partition.value is None:  # no range to read
             return
-        yield from rows.message_batches(rows.ledgers_root_of(self.source.data_dir), partition.value)
+        ledger_range, marks = partition.value
+        yield from rows.message_batches(rows.ledgers_root_of(self.source.data_dir), ledger_range, self.source.bucket,
+                                        marks)
 
 
 def _number(options: dict[str, str], name: str) -> int | None:

@@ -11,7 +11,9 @@ which replaced compacted ledgers wait for their grace period to end.
   long) and the list always change together. Declared as the topic's rows: deleting the
   topic removes them in the ledger layer's delete transaction. A topic published before the
   manifest existed has the property only; ``CompactedTopic.restore`` reads it as a
-  one-ledger view.
+  one-ledger view. ``in_bucket`` records where the view's ledgers were written: 1 when a
+  Spark run wrote them into the object store (``ledgers/<id>`` in the bucket: the broker
+  reads them from there, through its cache), 0 when they are files of the data dir.
 * ``compacted_garbage``: replaced compacted ledgers (the previous view's at a publish, a
   dropped view's) with the time (ms since the epoch) after which they may be deleted, also
   recorded in the publish transaction. Until then a Spark scan or a task retry still
@@ -64,7 +66,9 @@ MIGRATIONS: tuple[str, ...] = (
         delete_after_ms INTEGER NOT NULL
     )
     """,
-    # 2: per ledger of a view, its dead marks (compactor.view.marks).
+    # 2: where each manifest ledger was written (1: in the object store's bucket).
+    "ALTER TABLE compacted_manifest ADD COLUMN in_bucket INTEGER NOT NULL DEFAULT 0",
+    # 3: per ledger of a view, its dead marks (compactor.view.marks).
     """
     CREATE TABLE compacted_marks (
         topic TEXT NOT NULL,
@@ -96,19 +100,20 @@ class CompactedManifests:
     # -- inside the publish transaction ---------------------------------------------------
 
     def write(self, db: sqlite3.Connection, topic: str, ledger_ids: Sequence[int] | None,
-              garbage: Iterable[int] = (), delete_after_ms: int = 0,
+              garbage: Iterable[int] = (), delete_after_ms: int = 0, in_bucket: bool = False,
               marks: Mapping[int, LedgerMarks] | None = None) -> None:
         """Inside the caller's transaction ``db``: make ``ledger_ids`` (None: no view) the
-        manifest of ``topic``, store ``marks`` (the ledgers' whose marks changed; the rows
-        of ledgers no longer in the manifest go) and record ``garbage`` as deletable after
-        ``delete_after_ms``. Checkpoints ``compaction.manifest.write`` (before the rows)
-        and ``compaction.marks.write`` (after the manifest's, before the marks'); raising
-        at either rolls the whole publish back."""
+        manifest of ``topic`` (``in_bucket``: written into the object store), store
+        ``marks`` (the ledgers' whose marks changed; the rows of ledgers no longer in the
+        manifest go) and record ``garbage`` as deletable after ``delete_after_ms``.
+        Checkpoints ``compaction.manifest.write`` (before the rows) and
+        ``compaction.marks.write`` (after the manifest's, before the marks'); raising at
+        either rolls the whole publish back."""
         self.database.checkpoint("compaction.manifest.write", topic=topic, ledger_ids=ledger_ids)
         db.execute("DELETE FROM compacted_manifest WHERE topic = ?", (topic,))
         if ledger_ids is not None:
-            db.executemany("INSERT INTO compacted_manifest (topic, seq, ledger_id) VALUES (?, ?, ?)",
-                           [(topic, seq, ledger_id) for seq, ledger_id in enumerate(ledger_ids)])
+            db.executemany("INSERT INTO compacted_manifest (topic, seq, ledger_id, in_bucket) VALUES (?, ?, ?, ?)",
+                           [(topic, seq, ledger_id, int(in_bucket)) for seq, ledger_id in enumerate(ledger_ids)])
         self.database.checkpoint("compaction.marks.write", topic=topic, ledger_ids=ledger_ids)
         db.execute("DELETE FROM compacted_marks WHERE topic = ? AND ledger_id NOT IN "
                    "(SELECT ledger_id FROM compacted_manifest WHERE topic = ?)", (topic, topic))
@@ -133,13 +138,20 @@ class CompactedManifests:
     def marks(self, topic: str) -> dict[int, LedgerMarks]:
         """The dead marks of ``topic``'s view: ledger id → marks (ledgers without a row have
         nothing dead)."""
-        if not self._present or self.database.version(COMPONENT) < 2:
+        if not self._present or self.database.version(COMPONENT) < 3:
             return {}
         rows = self.database.query(
             "SELECT ledger_id, entries, messages, keys, dead_messages, dead_keys, dead_entries, dead_slots "
             "FROM compacted_marks WHERE topic = ?", (topic,))
         return {int(row[0]): LedgerMarks.decode(int(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]),
                                                 bytes(row[6]), bytes(row[7])) for row in rows}
+
+    def in_bucket(self, topic: str) -> bool:
+        """Whether the manifest of ``topic`` names ledgers written into the object store."""
+        if not self._present:
+            return False
+        rows = self.database.query("SELECT MAX(in_bucket) FROM compacted_manifest WHERE topic = ?", (topic,))
+        return bool(rows and rows[0][0])
 
     def view_ledger_ids(self, topic: str, first_ledger_id: int) -> tuple[int, ...]:
         """The ledgers of ``topic``'s published view whose ``CompactedTopicLedger`` property

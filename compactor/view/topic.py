@@ -156,11 +156,13 @@ class CompactedTopic:
         view = self.view
         return None if view is None else view.horizon
 
-    def publish(self, cursor: ManagedCursor, view: CompactedView, previous: CompactedView | None) -> None:
+    def publish(self, cursor: ManagedCursor, view: CompactedView, previous: CompactedView | None, *,
+                in_bucket: bool = False) -> None:
         """Persist ``view`` in one transaction (``cursor``'s mark-delete = the horizon with
-        ``CompactedTopicLedger`` = its first ledger, the manifest = its ledgers, the dead
-        marks that changed since ``previous``, the previous view's ledgers it no longer
-        holds recorded as garbage), then swap it in; with no grace period, delete
+        ``CompactedTopicLedger`` = its first ledger, the manifest = its ledgers, recorded
+        ``in_bucket`` when they were written into the object store, the dead marks that
+        changed since ``previous``, the previous view's ledgers it no longer holds recorded
+        as garbage), then swap it in; with no grace period, delete
         the previous view's ledgers (a failure there is only logged: they are garbage).
 
         ``CompactorError`` and nothing persisted when ``cursor`` is no longer the topic's
@@ -177,7 +179,8 @@ class CompactedTopic:
             changed = {ledger_id: mark for ledger_id, mark in view.marks.items()
                        if previous is None or previous.marks.get(ledger_id) is not mark}
             also = functools.partial(self.manifests.write, topic=self.name, ledger_ids=view.ledger_ids,
-                                     garbage=replaced, delete_after_ms=self._delete_after_ms(now_ms), marks=changed)
+                                     garbage=replaced, delete_after_ms=self._delete_after_ms(now_ms),
+                                     in_bucket=in_bucket, marks=changed)
             cursor.mark_delete(view.horizon, {**cursor.properties, COMPACTED_TOPIC_LEDGER: view.ledger_id},
                                also=also)
             self._view = view

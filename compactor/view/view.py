@@ -261,15 +261,16 @@ class CompactedView:
         mark = self.marks.get(ledger_id)
         if mark is None or not len(mark.dead_slots):
             return entries
-        indexes = [i for low, high in stored for i in range(low, high + 1)]
-        marked = []
-        for entry, at in zip(entries, indexes, strict=True):
-            dead = mark.dead_slots_of(at)
-            if dead and emptied:
-                entry = entry.without(dead)
+        at = np.concatenate([np.arange(low, high + 1, dtype=np.int64) for low, high in stored])
+        starts = np.searchsorted(mark.dead_slots, at << 32)
+        ends = np.searchsorted(mark.dead_slots, (at + 1) << 32)
+        for place in np.flatnonzero(ends > starts).tolist():  # the entries with dead slots only
+            dead = frozenset(int(key) & 0xFFFFFFFF for key in mark.dead_slots[starts[place]:ends[place]])
+            entry = entries[place].without(dead)
+            if emptied:
                 entry = CompactedEntry(entry.position, entry.emptied(), entry.batch_size, entry.surviving)
-            marked.append(entry.without(dead))
-        return marked
+            entries[place] = entry
+        return entries
 
     def _segment_of(self, index: int) -> int:
         """The place in ``ledger_ids`` of the ledger holding ``index`` (0 <= index <

@@ -29,11 +29,9 @@ import secrets
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import crc32c
-import pyarrow as pa
-import pyarrow.fs as pafs
 
 from ledger.errors import (
     CorruptLedgerError,
@@ -43,6 +41,10 @@ from ledger.errors import (
     ObjectMismatchError,
 )
 from ledger.storage.byte_source import BlockCache, ObjectSource, SourceReader
+
+if TYPE_CHECKING:  # pyarrow loads only with a bucket: a broker without one never imports it
+    import pyarrow as pa
+    import pyarrow.fs as pafs
 from ledger.storage.file_io import fsync_dir
 from ledger.storage.object_fs import BucketConfig
 from ledger.storage.record import ScanResult, sealed_layout
@@ -116,6 +118,8 @@ class LedgerBucket:
 
     def size(self, name: str) -> int | None:
         """The size of object ``name``; None when there is none."""
+        import pyarrow.fs as pafs
+
         info = _io(f"cannot stat {self.url(name)}", lambda: self.fs.get_file_info(self.path(name)))
         return None if info.type == pafs.FileType.NotFound else info.size
 
@@ -133,11 +137,15 @@ class LedgerBucket:
     def open_native(self, name: str) -> pa.NativeFile | None:
         """Object ``name`` as a random-access file ``pyarrow.parquet`` reads (through the
         cache); None when there is none."""
+        import pyarrow as pa
+
         source = self.open(name)
         return None if source is None else pa.PythonFile(SourceReader(source), mode="r")
 
     def objects(self) -> list[BucketObject]:
         """Every object under ``ledgers/`` that belongs to a ledger id (by name), by name."""
+        import pyarrow.fs as pafs
+
         selector = pafs.FileSelector(self.path(LEDGERS_DIR), allow_not_found=True)
         infos = _io(f"cannot list {self.url(LEDGERS_DIR)}", lambda: self.fs.get_file_info(selector))
         found = []

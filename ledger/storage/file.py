@@ -66,9 +66,7 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, TypeVar
 
 from ledger.errors import (
     CorruptLedgerError,
@@ -86,6 +84,9 @@ from ledger.storage.file_io import create_file, fsync_dir, scan_fd, verified_ent
 from ledger.storage.handles import FileHandle, FileHandles
 from ledger.storage.memory import _check_range
 from ledger.storage.object_fs import BucketConfig
+
+if TYPE_CHECKING:  # pyarrow loads only where a sidecar is opened: the broker's start never imports it
+    import pyarrow as pa
 from ledger.storage.record import (
     HEADER,
     RECORD_BYTES_MAX,
@@ -445,6 +446,8 @@ class FileLedgerStore:
     def open_sidecar(self, ledger_id: int, suffix: str) -> pa.NativeFile | None:
         """Ledger ``ledger_id``'s sidecar ``suffix`` as a random-access file
         (``pyarrow.parquet`` reads it): the local one, else the bucket's; None if neither."""
+        import pyarrow as pa
+
         path = self._path(ledger_id) + suffix
         try:
             return pa.OSFile(path, mode="r")

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import pyarrow.fs as pafs
+if TYPE_CHECKING:  # loaded by ``open``: a broker without a bucket never imports pyarrow
+    import pyarrow.fs as pafs
 
 __all__ = ["DRIVERS", "BucketConfig", "BucketConfigError"]
 
@@ -105,6 +107,8 @@ class BucketConfig:
     def open(self) -> pafs.FileSystem:
         """A filesystem for this location (no I/O yet for S3; the directory is created for
         ``filesystem``). Credentials come from the default chain, never from here."""
+        import pyarrow.fs as pafs
+
         if self.driver == "filesystem":
             os.makedirs(self.base, exist_ok=True)
             return pafs.LocalFileSystem()

@@ -15,8 +15,8 @@ read back by the real pulsar-client, on both drivers (``filesystem``: a director
    the ledger being written) is accepted once the first job is over;
 4. the namespace's ``offloadDeletionLagMs`` set to 0: the next trim passes delete the
    offloaded ledgers' local files;
-5. a consumer, a reader, a seek, and a read-compacted reader (of a compaction run before the
-   local copies went) all read every message back — and again after a restart of the broker, where the status is
+5. a compaction run after the local copies went (its input read from the bucket); a
+   consumer, a reader, a seek, and a read-compacted reader all read every message back — and again after a restart of the broker, where the status is
    NOT_RUN (in memory, as Pulsar's) and the ``offloaded`` flags persist;
 6. the topic's ``offloadThreshold`` set to 0 (over the namespace's -1): each roll-over
    offloads the ledger it sealed.
@@ -220,16 +220,15 @@ def test_offloaded_ledgers_are_read_transparently_before_and_after_a_restart(
     assert f"messages before {ledgers[-1]['ledgerId']}:0" in result.stdout
     wait_for("the second offload ends", lambda: serve.http.get(url + "/offload").json()["status"] == "SUCCESS")
 
-    # a compaction while the local copies are there (compaction runs reading the bucket:
-    # tests/integration/spark and the compactor's own tests)
-    assert serve.http.put(url + "/compaction").status_code == 204
-    wait_for("the compaction ends", lambda: serve.http.get(url + "/compaction").json()["status"] == "SUCCESS")
-
     # 4. deletion lag 0 on the namespace: the trim passes delete the local copies
     response = serve.http.put("/admin/v2/namespaces/public/default/offloadDeletionLagMs", json=0)
     assert response.status_code == 204, response.text
     wait_for("the offloaded ledgers' local files are deleted",
              lambda: not set(offloaded) & local_ledger_files(tmp_path / "data"))
+
+    # a compaction run reads its input from the bucket now (the local engine's worker process)
+    assert serve.http.put(url + "/compaction").status_code == 204
+    wait_for("the compaction ends", lambda: serve.http.get(url + "/compaction").json()["status"] == "SUCCESS")
 
     # 5. every reader reads it all back, through the bucket
     def check_reads(serve: Serve) -> None:

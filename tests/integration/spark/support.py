@@ -26,8 +26,11 @@ from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
+from ledger.storage.object_fs import BucketConfig
+from message.encoder import encode_batch, encode_entry
 from message.entry import is_marker, iter_messages, parse_entry
 from message.errors import MalformedEntryError
+from message.proto import pulsar_api_pb2 as pb
 
 TOPIC = "persistent://public/default/spark-topic"
 # A fixed clock: both engines compute the same tombstone cut-off (now - deleteRetentionMs).
@@ -39,9 +42,9 @@ Row = tuple[Any, ...]
 class TopicDir:
     """One topic in a data dir at ``path``; see the module docstring."""
 
-    def __init__(self, path: Path, *, entries_per_ledger: int = 5) -> None:
+    def __init__(self, path: Path, *, entries_per_ledger: int = 5, bucket: BucketConfig | None = None) -> None:
         self.path = path
-        self.data_dir = DataDir.open(str(path), sync=SyncPolicy.NONE)
+        self.data_dir = DataDir.open(str(path), sync=SyncPolicy.NONE, bucket=bucket)
         self.ledger = ManagedLedger.open(
             TOPIC, self.data_dir.ledgers, self.data_dir.metadata,
             ManagedLedgerConfig(max_entries_per_ledger=entries_per_ledger),
@@ -69,6 +72,24 @@ class TopicDir:
     def close(self) -> None:
         self.ledger.close()
         self.data_dir.close()
+
+
+def mixed_entries(count: int = 40, first: int = 0) -> list[bytes]:
+    """Keyed singles and batches, tombstones and key-less messages over several ledgers;
+    keys written once are spread over the topic, so that every group keeps something."""
+    entries = []
+    for index in range(first, first + count):
+        metadata = pb.MessageMetadata(producer_name="p", sequence_id=index, publish_time=1_700_000_000_000 + index)
+        if index % 4 == 3:  # a batch of three slots: two keys and a key-less message
+            slots = [(pb.SingleMessageMetadata(partition_key=f"k{(index + slot) % 7}", payload_size=2), b"b%d" % slot)
+                     for slot in range(2)]
+            slots.append((pb.SingleMessageMetadata(payload_size=1), b"n"))
+            entries.append(encode_batch(metadata, slots, pb.LZ4, with_checksum=True))
+            continue
+        metadata.partition_key = f"k{index % 7}" if index % 5 else f"once-{index}"  # some keys written once, early
+        value = b"" if index % 9 == 5 else b"v%d" % index  # now and then a tombstone
+        entries.append(encode_entry(metadata, value, with_checksum=True))
+    return entries
 
 
 def local_messages(topic_dir: TopicDir, *, read_compacted: bool, include_open_ledger: bool = True) -> list[Row]:

@@ -19,110 +19,27 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 pytest.importorskip("pyspark")
 
-from message.encoder import encode_batch, encode_entry
-from message.proto import pulsar_api_pb2 as pb
+from tests.integration.spark.cluster import Cluster, master_state
 from tests.integration.spark.support import (
     TOPIC,
     TopicDir,
+    mixed_entries,
     published_compacted_ledger,
-    pyspark_home,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-START_TIMEOUT_S = 90  # a JVM starting on a loaded 2-core machine
 RUN_TIMEOUT_S = 240  # the driver's JVM, the executor's, the job
-STOP_TIMEOUT_S = 20
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _master_state(web_port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=5) as response:
-        state: dict[str, Any] = json.load(response)
-        return state
-
-
-def _wait_for(what: str, check: Any, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"{what} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{what} not ready after {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
-
-
-class Cluster:
-    """The master and worker processes, and their log files."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.logs: list[IO[bytes]] = []
-        self.port, self.web_port = _free_port(), _free_port()
-        self.env = {**os.environ, "SPARK_HOME": pyspark_home(), "SPARK_LOCAL_IP": "127.0.0.1",
-                    "SPARK_LOG_DIR": str(directory), "PYSPARK_PYTHON": sys.executable}
-
-    @property
-    def url(self) -> str:
-        return f"spark://127.0.0.1:{self.port}"
-
-    def _start(self, name: str, arguments: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
-        log_path = self.directory / f"{name}.log"
-        log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.logs.append(log)
-        spark_class = os.path.join(pyspark_home(), "bin", "spark-class")
-        process = subprocess.Popen([spark_class, *arguments], env=self.env, stdin=subprocess.DEVNULL,
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.processes.append(process)
-        return process, log_path
-
-    def start(self) -> None:
-        master, master_log = self._start("master", [
-            "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-            "--port", str(self.port), "--webui-port", str(self.web_port)])
-        _wait_for("the master", lambda: _master_state(self.web_port)["status"] == "ALIVE", master, master_log)
-        worker, worker_log = self._start("worker", [
-            "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--webui-port", str(_free_port()),
-            "--cores", "2", "--memory", "1g", "--work-dir", str(self.directory / "work"), self.url])
-        _wait_for("the worker", lambda: _master_state(self.web_port)["aliveworkers"] >= 1, worker, worker_log)
-
-    def stop(self) -> None:
-        for process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in reversed(self.processes):
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=STOP_TIMEOUT_S)
-        for log in self.logs:
-            log.close()
 
 
 @pytest.fixture
@@ -134,24 +51,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield running
     finally:
         running.stop()
-
-
-def _entries() -> list[bytes]:
-    """Keyed singles and batches, tombstones and key-less messages over several ledgers;
-    keys written once are spread over the topic, so that every group keeps something."""
-    entries = []
-    for index in range(40):
-        metadata = pb.MessageMetadata(producer_name="p", sequence_id=index, publish_time=1_700_000_000_000 + index)
-        if index % 4 == 3:  # a batch of three slots: two keys and a key-less message
-            slots = [(pb.SingleMessageMetadata(partition_key=f"k{(index + slot) % 7}", payload_size=2), b"b%d" % slot)
-                     for slot in range(2)]
-            slots.append((pb.SingleMessageMetadata(payload_size=1), b"n"))
-            entries.append(encode_batch(metadata, slots, pb.LZ4, with_checksum=True))
-            continue
-        metadata.partition_key = f"k{index % 7}" if index % 5 else f"once-{index}"  # some keys written once, early
-        value = b"" if index % 9 == 5 else b"v%d" % index  # now and then a tombstone
-        entries.append(encode_entry(metadata, value, with_checksum=True))
-    return entries
 
 
 def _compact_topic(data_dir: Path, *arguments: str) -> dict[str, Any]:
@@ -169,7 +68,7 @@ def test_compact_topic_on_a_standalone_cluster_publishes_what_the_local_engine_d
     cluster: Cluster, tmp_path: Path,
 ) -> None:
     topic_dir = TopicDir(tmp_path / "spark", entries_per_ledger=6)
-    topic_dir.append(_entries())
+    topic_dir.append(mixed_entries())
     topic_dir.close()  # compact-topic runs on a stopped broker's data dir
     shutil.copytree(tmp_path / "spark", tmp_path / "local")
 
@@ -187,7 +86,7 @@ def test_compact_topic_on_a_standalone_cluster_publishes_what_the_local_engine_d
     spark_view = _published_ledgers(tmp_path / "spark")
     assert len(spark_view) == 2 and len(_published_ledgers(tmp_path / "local")) == 1  # a group per worker core
     assert on_cluster["ledgerId"] == spark_view[0]
-    completed = _master_state(cluster.web_port)["completedapps"]
+    completed = master_state(cluster.web_port)["completedapps"]
     assert [app["name"] for app in completed] == ["compactd"]
 
 

@@ -528,3 +528,129 @@ def test_a_crash_in_the_merge_step_leaves_the_incremental_view_or_the_merged_one
     compactor.compact(broker.topic)
     assert_serves(broker.topic)
     assert CursorStore(broker.data_dir.database).load(TOPIC, COMPACTION_SUBSCRIPTION) is not None
+
+
+def test_the_spark_sources_rows_skip_dead_entries_and_slots(tmp_path: Path) -> None:
+    """The ``compactd`` data source (batch; the stream plans its snapshot the same way)
+    reads the view's ledgers on executors: each piece carries its ledger's marks."""
+    from compactor.spark import rows
+    from compactor.spark.source import plan_ranges
+
+    broker = _marked_topic(tmp_path)
+    view = broker.topic.view
+    assert view is not None
+    pieces = plan_ranges(broker.data_dir.path, TOPIC, read_compacted=True, include_open_ledger=True)
+    assert [marks is not None and marks.any_dead for piece, marks in pieces if piece.compacted] == [True, False]
+    got = [(row["key"], row["value"], row["ledger_id"], row["entry_id"], row["batch_index"])
+           for piece, marks in pieces
+           for batch in rows.message_batches(rows.ledgers_root_of(broker.data_dir.path), piece, marks)
+           for row in batch.to_pylist()]
+    expected = [(key, value, entry.position.ledger_id, entry.position.entry_id, index)
+                for entry in reference(broker.ledger, view.horizon)
+                for key, value, index in _messages(entry)]
+    assert got == expected and ("b", b"b1", broker.ledger.first_position().ledger_id, 0, 1) not in got
+
+
+def _messages(entry: CompactedEntry) -> list[tuple[str | None, bytes | None, int]]:
+    from message.entry import iter_messages, parse_entry
+
+    return [(m.key, None if m.null_value else m.payload, m.batch_index) for m in iter_messages(parse_entry(entry.data))
+            if not m.compacted_out]
+
+
+class _RecordingSpark:
+    """A ``RewriteEngine`` that records what it was asked and fails (nothing to publish)."""
+
+    driver_bytes_per_key = 1
+
+    def __init__(self) -> None:
+        self.requests: list[object] = []
+
+    def compact(self, request: object, ledgers: object) -> object:
+        from compactor.errors import SparkEngineError
+
+        self.requests.append(request)
+        raise SparkEngineError("recorded")
+
+
+def test_a_spark_run_over_a_marked_view_first_merges_the_marked_ledgers(tmp_path: Path) -> None:
+    """The executors read the view's ledgers whole: a spark run is handed none with dead marks."""
+    from compactor.errors import SparkEngineError
+
+    broker = _marked_topic(tmp_path)
+    marked = broker.topic.view
+    assert marked is not None and marked.dead_messages
+    append(broker, [_value("a", b"a2", 9)])
+    engine = _RecordingSpark()
+    with pytest.raises(SparkEngineError, match="recorded"):
+        Compactor(CompactionConfig(engine="spark"), spark_engine=engine).compact(broker.topic)  # type: ignore[arg-type]
+    view = broker.topic.view
+    assert view is not None and view.dead_messages == 0 and view.ledger_ids[0] not in marked.ledger_ids
+    assert_serves(broker.topic)
+    [request] = engine.requests
+    compacted = [piece.ledger_id for piece in request.ranges if piece.compacted]  # type: ignore[attr-defined]
+    assert compacted == [ledger_id for ledger_id, entries in view.segments if entries]
+
+
+class _CrashInRound:
+    """A progress callback that crashes when ``phase`` starts for the ``round``-th time."""
+
+    def __init__(self, phase: str, round_: int) -> None:
+        self.phase, self.round, self.starts = phase, round_, 0
+
+    def __call__(self, phase: str, done: int, _total: int) -> None:
+        if phase == self.phase and done == 0:
+            self.starts += 1
+            if self.starts == self.round:
+                raise SimulatedCrash(f"{phase} of round {self.round}")
+
+
+@pytest.mark.parametrize("phase", ["phase-one", "phase-two"])
+def test_a_crash_between_incremental_rounds_leaves_the_last_rounds_view_and_the_next_run_converges(
+    tmp_path: Path, phase: str,
+) -> None:
+    broker = start(tmp_path, parsed=True)  # rounds here, through the store: the progress calls come between them
+    compactor = Compactor(_config("rounds", merge_fan_in=64, merge_dead_ratio=1.0))
+    append(broker, workload(1, 20, publish_ms=NOW_MS))
+    compactor.compact(broker.topic)
+    first = broker.topic.view
+    assert first is not None
+    stop = append(broker, workload(2, 30, publish_ms=NOW_MS))
+    with pytest.raises(SimulatedCrash):
+        compactor.compact(broker.topic, progress=_CrashInRound(phase, 2))
+    kill(broker)
+    broker = start(tmp_path, parsed=True)
+    view = broker.topic.view
+    assert view is not None and first.horizon < view.horizon < stop  # round one published, round two did not
+    assert view.ledger_ids[:len(first.ledger_ids)] == first.ledger_ids and view.dead_messages > 0
+    assert len(broker.orphans) == (1 if phase == "phase-two" else 0)  # round two's unpublished ledger
+    assert_serves(broker.topic)
+    compactor.compact(broker.topic)
+    assert broker.topic.view is not None and broker.topic.view.horizon == stop
+    assert_serves(broker.topic)
+
+
+def test_a_round_over_indexes_writes_its_ledgers_key_index_as_parsing_would_build_it(tmp_path: Path) -> None:
+    """The next incremental run reads the new ledger's keys from its ``.kidx``, which the
+    round made from its input's rows: it must be the index a parse of the ledger builds."""
+    from compactor.engine import LedgerRange
+    from compactor.local.key_index import IndexedLedger, index_path, ledger_path, read_index
+    from compactor.local.supersede import Indexes
+
+    broker = start(tmp_path)
+    compactor = Compactor(_config("files", merge_fan_in=64, merge_dead_ratio=1.0))
+    for run in range(3):
+        append(broker, workload(20 + run, 30, publish_ms=NOW_MS))
+        compactor.compact(broker.topic)
+    view = broker.topic.view
+    assert view is not None and len(view.ledger_ids) == 3
+    parsed = Indexes(FaultyLedgerStore(broker.data_dir.ledgers))  # shows no files: builds by parsing
+    for ledger_id, entries in view.segments:
+        info = broker.data_dir.ledgers.info(ledger_id)
+        written = read_index(index_path(ledger_path(broker.data_dir.ledgers.root, ledger_id)),
+                             IndexedLedger(ledger_id, entries, info.size_bytes))
+        assert written is not None  # written by the round (the newest ledger was never read since)
+        built = parsed.load(LedgerRange(ledger_id, 0, entries - 1, compacted=True), ())
+        for name, column in built.items():
+            if name not in ("entry_offset", "stored_bytes"):
+                assert written[name].tolist() == column.tolist(), name

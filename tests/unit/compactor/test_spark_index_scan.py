@@ -9,7 +9,8 @@
   decisions, concatenate to ``compactor.local.algorithm.phase_two``'s entries byte for byte.
 * The index: a missing one is built by the first read and written (temporary file,
   rename) for the next, which parses nothing; a damaged one fails its CRC check and is
-  rebuilt; the reads go through the ``pyarrow.fs.FileSystem`` given.
+  rebuilt. An executor given only a bucket (no data dir) reads an offloaded ledger there,
+  and keeps the index it builds there, as the ledger's sidecar object.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from unittest import mock
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,10 +32,11 @@ from compactor.engine import LedgerRange
 from compactor.local import key_index
 from compactor.local.algorithm import phase_one, phase_two
 from compactor.local.keymap import key_hash
-from compactor.spark import index_scan
+from compactor.spark import index_scan, rows
 from ledger.managed_ledger import Entry
 from ledger.position import Position
 from ledger.storage import FileLedgerStore, SyncPolicy
+from ledger.storage.object_fs import BucketConfig
 from tests.strategies import StreamEntry, streams
 from tests.unit.compactor.test_group_phase_two import decisions
 
@@ -151,8 +153,8 @@ def _sealed_ledger(root: Path, count: int = 50) -> LedgerRange:
     return LedgerRange(ledger_id, 0, count - 1)
 
 
-def _phase_one(root: Path, whole: LedgerRange, filesystem: Any = None) -> dict[tuple[int, int], int]:
-    index = index_scan.PieceIndex(str(root), whole, index_scan.PHASE_ONE_COLUMNS, filesystem)
+def _phase_one(root: Path, whole: LedgerRange) -> dict[tuple[int, int], int]:
+    index = index_scan.PieceIndex(str(root), whole, index_scan.PHASE_ONE_COLUMNS)
     latest: dict[tuple[int, int], int] = {}
     try:
         _latest(latest, index_scan.keyed_batches(index, 0, None))
@@ -176,7 +178,7 @@ def test_a_missing_index_is_built_once_and_kept_and_a_damaged_one_is_rebuilt(tmp
     assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id]) == [whole.ledger_id]
     assert index_scan.ensure_ledger_index(str(tmp_path), whole.ledger_id, False) == 50
     assert os.path.exists(path) and not [name for name in os.listdir(tmp_path) if key_index.TEMP_SUFFIX in name]
-    assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id], pafs.LocalFileSystem()) == []
+    assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id]) == []
     expected = _keys(whole)
 
     with mock.patch.object(key_index, "build_index", side_effect=AssertionError("parsed")):
@@ -203,49 +205,41 @@ def _size(root: Path, whole: LedgerRange) -> int:
         sealed.close()
 
 
-class _Counting(pafs.FileSystemHandler):
-    """The local file system, counting the files opened for reading."""
-
-    def __init__(self) -> None:
-        self.local = pafs.LocalFileSystem()
-        self.opened: list[str] = []
-
-    def open_input_file(self, path: str) -> Any:
-        self.opened.append(path)
-        return self.local.open_input_file(path)
-
-    def open_input_stream(self, path: str) -> Any:
-        self.opened.append(path)
-        return self.local.open_input_stream(path)
-
-    def get_type_name(self) -> str:
-        return "counting"
-
-    def get_file_info(self, paths: Any) -> Any:
-        return self.local.get_file_info(paths)
-
-    def get_file_info_selector(self, selector: Any) -> Any:
-        return self.local.get_file_info(selector)
-
-    def normalize_path(self, path: str) -> str:
-        return self.local.normalize_path(path)
-
-    def equals(self, other: Any) -> bool:
-        return other is self
-
-    def _unused(self, *args: Any) -> Any:
-        raise NotImplementedError
-
-    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = _unused
-    move = copy_file = open_output_stream = open_append_stream = _unused
+@pytest.fixture(params=["filesystem", "aws-s3"])
+def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> BucketConfig:
+    """An object store: a directory, or a bucket of the real S3 server on loopback."""
+    if request.param == "filesystem":
+        return BucketConfig("filesystem", str(tmp_path / "bucket"))
+    config: BucketConfig = request.getfixturevalue("s3_bucket")
+    return config
 
 
-def test_indexes_are_read_through_the_file_system_given(tmp_path: Path) -> None:
-    whole = _sealed_ledger(tmp_path)
-    index_scan.ensure_ledger_index(str(tmp_path), whole.ledger_id, False)
-    handler = _Counting()
-    filesystem = pafs.PyFileSystem(handler)
-    assert _phase_one(tmp_path, whole, filesystem) == _keys(whole)
-    assert handler.opened == [index_scan.index_file(str(tmp_path), whole.ledger_id)]
-    assert index_scan.ledger_ids_without_index(str(tmp_path), [whole.ledger_id, whole.ledger_id + 1], filesystem) \
-        == [whole.ledger_id + 1]
+def test_an_executor_with_only_the_bucket_reads_there_and_keeps_the_index_it_builds_there(
+    tmp_path: Path, bucket: BucketConfig,
+) -> None:
+    root = tmp_path / "ledgers"
+    root.mkdir()
+    whole = _sealed_ledger(root)
+    store = FileLedgerStore(str(root), sync=SyncPolicy.NONE, bucket=bucket)
+    try:
+        store.upload_sealed(whole.ledger_id)  # the ledger alone: it has no index yet
+        store.drop_local(whole.ledger_id)
+    finally:
+        store.shutdown()
+    assert os.listdir(root) == ["LEDGER_ID_SEQUENCE"]  # nothing of the ledger is local any more
+    assert index_scan.ledger_ids_without_index(str(root), [whole.ledger_id], bucket) == [whole.ledger_id]
+
+    index = index_scan.PieceIndex(None, whole, index_scan.PHASE_ONE_COLUMNS, bucket)  # no data dir at all
+    try:
+        assert not os.path.exists(rows.NO_DATA_DIR)
+        latest: dict[tuple[int, int], int] = {}
+        _latest(latest, index_scan.keyed_batches(index, 0, None))
+    finally:
+        index.close()
+    assert latest == _keys(whole)
+    assert index_scan.ledger_ids_without_index(str(root), [whole.ledger_id, whole.ledger_id + 1], bucket) \
+        == [whole.ledger_id + 1]  # the index built is now the ledger's sidecar object
+    assert os.listdir(root) == ["LEDGER_ID_SEQUENCE"]  # and nothing was written locally
+
+    with mock.patch.object(key_index, "build_index", side_effect=AssertionError("parsed")):
+        assert index_scan.ensure_ledger_index(None, whole.ledger_id, False, bucket) == 50  # read, not parsed

@@ -95,7 +95,7 @@ def test_a_batch_read_plans_every_ledger_of_the_view_in_order_then_the_raw_tail(
     topic.append(5)  # a raw tail: one sealed ledger, and the open one
     records, snapshot = topic_state(str(topic.path), TOPIC, read_compacted=True)
     assert snapshot is not None and snapshot.ledger_ids == view.ledger_ids and snapshot.horizon == view.horizon
-    ranges = plan_ranges(str(topic.path), TOPIC, read_compacted=True, include_open_ledger=True)
+    ranges = [piece for piece, _ in plan_ranges(str(topic.path), TOPIC, read_compacted=True, include_open_ledger=True)]
     compacted = [piece for piece in ranges if piece.compacted]
     assert [piece.ledger_id for piece in compacted] == [i for i, n in view.segments if n]  # the empty one left out
     assert read(topic.path, compacted) == list(view.iter_all())
@@ -118,7 +118,7 @@ def test_a_stream_snapshot_names_its_ledgers_and_survives_a_later_publish_for_th
 
     topic.append(6)
     topic.publish_split(cuts=(1,))  # a new view: the old one's ledgers are garbage now
-    pieces = [partition.value for partition in reader.partitions(start, end)]  # the batch, (re)planned
+    pieces = [partition.value[0] for partition in reader.partitions(start, end)]  # the batch, (re)planned
     assert [piece.ledger_id for piece in pieces] == [i for i, n in old.segments if n]
     assert read(topic.path, pieces) == list(old.iter_all())  # whole, during the grace period
 

@@ -357,3 +357,38 @@ def test_a_ledger_the_new_view_keeps_from_the_previous_one_is_neither_garbage_no
     assert kept in on_disk and replaced not in on_disk
     assert CompactedManifests(world.data_dir.database).garbage() == {}
     assert read_compacted(world.topic) == expected(world, stop)
+
+
+def test_the_manifest_records_whether_its_ledgers_live_in_the_bucket_and_old_files_read_as_local(
+    tmp_path: Path,
+) -> None:
+    from compactor.view.manifest import MIGRATIONS
+    from ledger.database import Database
+
+    database = Database(str(tmp_path / "metadata.db"))
+    try:
+        manifests = CompactedManifests(database)
+        assert not manifests.in_bucket(TOPIC)
+        with database.transaction() as db:
+            manifests.write(db, TOPIC, [7, 8], in_bucket=True)
+        assert manifests.ledger_ids(TOPIC) == (7, 8) and manifests.in_bucket(TOPIC)
+        with database.transaction() as db:  # the next view, written by the local engine
+            manifests.write(db, TOPIC, [9], garbage=[7, 8])
+        assert manifests.ledger_ids(TOPIC) == (9,) and not manifests.in_bucket(TOPIC)
+    finally:
+        database.close()
+
+    # A file written before the column existed (version 1): its rows read as local files.
+    legacy = tmp_path / "legacy.db"
+    database = Database(str(legacy))
+    database.register("compacted_manifest", MIGRATIONS[:1])
+    with database.transaction() as db:
+        db.execute("INSERT INTO compacted_manifest (topic, seq, ledger_id) VALUES (?, 0, 5)", (TOPIC,))
+    database.close()
+    database = Database(str(legacy))
+    try:
+        manifests = CompactedManifests(database)  # migrates to version 2
+        assert database.version("compacted_manifest") == 2
+        assert manifests.ledger_ids(TOPIC) == (5,) and not manifests.in_bucket(TOPIC)
+    finally:
+        database.close()

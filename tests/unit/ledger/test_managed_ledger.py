@@ -211,3 +211,27 @@ def test_listeners_hear_each_durable_entry(store: LedgerStore, metadata: Metadat
     ml.add_listener(heard.append)
     positions = _append(ml, 7)
     assert sorted(heard) == positions
+
+
+def test_roll_over_now_seals_the_current_ledger_with_its_entries_and_the_next_takes_appends(tmp_path: Path) -> None:
+    from ledger.data_dir import DataDir
+    from ledger.storage.base import LedgerState
+
+    data_dir = DataDir.open(str(tmp_path), sync=SyncPolicy.NONE)
+    managed = ManagedLedger.open("persistent://public/default/roll-now", data_dir.ledgers, data_dir.metadata)
+    try:
+        managed.roll_over_now()  # an empty current ledger: nothing to seal
+        [only] = managed.ledger_list()
+        assert not only.closed_at_ms
+        appended = [managed.append(b"e%d" % number) for number in range(3)]  # pending when the roll starts
+        managed.roll_over_now()
+        assert [future.result(timeout=10) for future in appended] == [
+            Position(only.ledger_id, number) for number in range(3)]
+        sealed, current = managed.ledger_list()
+        assert (sealed.ledger_id, sealed.entries) == (only.ledger_id, 3) and sealed.closed_at_ms
+        assert data_dir.ledgers.info(sealed.ledger_id).state is LedgerState.CLOSED
+        assert [r.closed_at_ms > 0 for r in data_dir.metadata.topic_ledgers(managed.name)] == [True, False]
+        assert managed.append(b"next").result(timeout=10) == Position(current.ledger_id, 0)
+    finally:
+        managed.close()
+        data_dir.close()

@@ -19,6 +19,7 @@ from ledger.roll_over import (
     QueueAppend,
     ReadyEvent,
     RejectAppend,
+    RollNowEvent,
     RollOverFailedEvent,
     RollOverLimits,
     RollOverState,
@@ -218,3 +219,21 @@ def test_one_roll_over_at_a_time_and_ends_only_when_one_is_in_flight() -> None:
         step(IDLE, RollOverFailedEvent(NOW, "x"))
     with pytest.raises(AssertionError, match="only when idle"):
         step(ROLLING, WriteFencedEvent())
+
+
+# -- RollNowEvent (``ManagedLedger.roll_over_now``) -------------------------------------
+
+
+def test_roll_now_starts_a_roll_over_of_a_ledger_with_entries_whatever_the_limits() -> None:
+    assert step(IDLE, RollNowEvent(has_entries=True)) == (ROLLING, (StartRollOver(seal=True, create=True),))
+
+
+@pytest.mark.parametrize("state", [IDLE, CLOSED, ROLLING])
+def test_roll_now_of_an_empty_ledger_or_a_closed_topic_does_nothing(state: RollOverState) -> None:
+    assert step(state, RollNowEvent(has_entries=False)) == (state, ())
+    if state is CLOSED:
+        assert step(state, RollNowEvent(has_entries=True)) == (state, ())
+
+
+def test_roll_now_during_a_roll_over_waits_for_it_then_asks_again() -> None:
+    assert step(ROLLING, RollNowEvent(has_entries=True)) == (ROLLING, (WaitForRollOver(),))
