@@ -116,9 +116,9 @@ def run_history(opened: Opened, clock: Clock, policy: Policy, steps: list[Step],
         runs += 1
         if opened.topic.view is not before:
             published_ms = clock.ms
-        if getattr(figures, "merged_ledgers", 0):
+        if figures.merged_ledgers:
             event("a run merged ledgers")
-        if getattr(figures, "dead_marked", 0):
+        if figures.dead_marked:
             event("a run marked messages dead")
         if check:
             opened, _ = assert_agrees(opened, clock, policy, root, f"copy-{number}", Clock(published_ms))
@@ -172,8 +172,12 @@ def crash_points(opened: Opened, clock: Clock, policy: Policy, step: Compact,
         database = dry.data_dir.database
         database.fault_points = checkpoints = Checkpoints()
         before, view = dict(dry.store.calls), dry.topic.view
-        compact(dry, clock, policy, merge=step.merge)
+        figures = compact(dry, clock, policy, merge=step.merge)
         publishes = dry.topic.view is not view
+        if figures.dead_marked:
+            event("the run to crash marks messages dead")
+        if figures.merged_ledgers:
+            event("the run to crash merges")
         calls = {operation: dry.store.calls.get(operation, 0) - before.get(operation, 0)
                  for operation in STORE_OPERATIONS}
         passed = dict(checkpoints.passed)
@@ -208,8 +212,9 @@ def test_a_kill_at_any_point_of_a_run_leaves_the_old_or_the_new_view_whole_and_t
     history: tuple[Policy, list[Step]], data: st.DataObject,
 ) -> None:
     policy, steps = history
-    *before, last = steps
-    assert isinstance(last, Compact)
+    *before, drawn = steps
+    assert isinstance(drawn, Compact)
+    last = Compact(drawn.advance_ms, merge=True)  # an incremental step and a merge step: both publish
     clock = Clock()
     with TemporaryDirectory() as directory:
         root = Path(directory)
