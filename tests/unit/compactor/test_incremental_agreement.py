@@ -64,10 +64,12 @@ from tests.unit.compactor.history import (
 # suite's 300 s test timeout, so a failure is reported as drawn (steps print compactly, and
 # the assertion names the messages that differ).
 UNSHRUNK = (Phase.explicit, Phase.reuse, Phase.generate)
-AGREEMENT = settings(max_examples=50, deadline=None, phases=UNSHRUNK, suppress_health_check=[HealthCheck.too_slow])
-CRASHES = settings(max_examples=30, deadline=None, phases=UNSHRUNK, suppress_health_check=[HealthCheck.too_slow])
+AGREEMENT = settings(max_examples=30, deadline=None, phases=UNSHRUNK, suppress_health_check=[HealthCheck.too_slow])
+CRASHES = settings(max_examples=20, deadline=None, phases=UNSHRUNK, suppress_health_check=[HealthCheck.too_slow])
 STORE_OPERATIONS = ("read", "append", "create", "close", "delete")
 SEEKS_MAX = 4  # seeks checked per compaction
+
+pytestmark = pytest.mark.slow  # each property takes 10-40 s on two busy cores
 
 
 def assert_agrees(opened: Opened, clock: Clock, policy: Policy, root: Path, name: str,
