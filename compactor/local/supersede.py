@@ -21,8 +21,9 @@ chunk (``FLAG_CHUNK``), or two keys whose hashes share their high 64 bits, raise
 ``compactor.local.chunks``' bookkeeping over the whole stream).
 
 Indexes come from ``Indexes``: over a store with ledger files, each sealed ledger's
-``.kidx`` (built and written once if missing, as the indexed rounds do); over any other
-store, built in memory by parsing the ledger (there the values are read).
+``.kidx`` (its local file, else its object in the store's bucket: ``index_source``; built
+and written once if missing, as the indexed rounds do); over any other store, built in
+memory by parsing the ledger (there the values are read).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class Indexes:
     def __init__(self, store: LedgerStore, charge: Callable[[int], object] = lambda size: None) -> None:
         self._store, self._charge = store, charge
         files = store.file_powers()
-        self._files = None if files is None else FileLedgerStore(files.root, sync=SyncPolicy.NONE, read_only=True)
+        self._files = None if files is None else FileLedgerStore(files.root, sync=SyncPolicy.NONE, read_only=True,
+                                                                 bucket=files.bucket)
         self._source = None if self._files is None else IndexSource(self._files, charge)
 
     def load(self, whole: LedgerRange, columns: tuple[str, ...]) -> Rows:

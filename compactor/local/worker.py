@@ -46,6 +46,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
+
 from compactor.engine import LedgerRange
 from compactor.errors import CompactionInterruptedError, CompactorError
 from compactor.local import key_index
@@ -97,6 +100,8 @@ class RoundRequest:
             local file is gone (offloaded) is read there, with its index; None: none.
         dead: the dead marks of the compacted ranges' ledgers (``compactor.view.marks``):
             their dead entries and slots are not part of the input.
+        report_keys: report the hashes of every key the round's raw input writes
+            (``RoundReport.keys``: an incremental run marks the older ledgers by them).
     """
 
     ledgers_root: str
@@ -112,6 +117,7 @@ class RoundRequest:
     key_index: bool = True
     bucket: BucketConfig | None = None
     dead: tuple[tuple[int, LedgerMarks], ...] = ()
+    report_keys: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +134,7 @@ class RoundReport:
     append_latency_counts: tuple[int, ...]
     entry_offsets: array[int] = field(default_factory=lambda: array("q"))  # the written ledger's layout
     entry_lengths: array[int] = field(default_factory=lambda: array("q"))
+    keys: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]] | None = None  # high, low halves (report_keys)
 
 
 def run_round(request: RoundRequest, *, throttle: Throttle | None = None) -> RoundReport:
@@ -221,6 +228,7 @@ def _indexed_round(
         key_map_bytes_max=indexed.key_map.nbytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
         io_bytes=throttle.charged_bytes, append_latency_counts=tuple(latencies),
         entry_offsets=written.entry_offsets, entry_lengths=written.entry_lengths,
+        keys=(indexed.key_map.high, indexed.key_map.low) if request.report_keys else None,
     )
 
 

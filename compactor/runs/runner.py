@@ -51,8 +51,10 @@ entries of each group of ledgers to plan into one new ledger each and publishes 
 with them in place (same horizon, same transaction and crash rules; the replaced
 ledgers become garbage). A full rewrite over a view with marks reads it through them: the
 previous view's dead entries are skipped and its dead slots emptied (``CompactedView.read``
-with ``emptied``, ``RoundRequest.dead``). The Spark engine always rewrites; it first merges
-the ledgers with dead marks (its executors read ledgers whole).
+with ``emptied``, ``RoundRequest.dead``). On the Spark engine an incremental run's job
+reads the backlog alone and the driver marks what its ledgers supersede (``_spark_run``);
+a Spark rewrite over a marked view first merges the marked ledgers (its executors read
+ledgers whole).
 
 Every read batch and every append of a run is charged to the run's I/O throttle
 (``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
@@ -84,6 +86,8 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+import numpy as np
+
 from compactor.engine import (
     SPARK_DRIVER_BYTES_PER_KEY,
     EngineName,
@@ -95,7 +99,14 @@ from compactor.engine import (
 )
 from compactor.errors import CompactionTimeoutError, MalformedEntryError, SparkEngineError
 from compactor.local.rounds import RoundPhaseOne, capacity_keys, round_phase_one, round_phase_two
-from compactor.local.supersede import Indexes, NeedsRewrite, backlog_keys, mark_dead
+from compactor.local.supersede import (
+    BacklogKeys,
+    Indexes,
+    NeedsRewrite,
+    backlog_keys,
+    ledger_counts,
+    mark_dead,
+)
 from compactor.local.worker import RoundReport, RoundRequest, RoundWorkers, run_round
 from compactor.record import LATENCY_BUCKETS_MS, RunFigures
 from compactor.runs.bucket_input import stage_input
@@ -259,6 +270,12 @@ class Compactor:
         if engine == "local":
             return self._local_run(topic, _Round(cursor, previous, horizon), started, cutoff, progress, run,
                                    _Planned(snapshot, stop), incremental=incremental)
+        if incremental and previous is not None:
+            try:
+                return self._spark_run(topic, _Round(cursor, previous, horizon), _Planned(snapshot, stop), cutoff,
+                                       Counted("phase-one", backlog, progress), started, run, incremental=True)
+            except NeedsRewrite as reason:
+                log.info("%s: rewriting the view whole: %s", topic.name, reason)
         total = (previous.entries if previous is not None else 0) + backlog
         if previous is not None and previous.dead_messages:  # the executors read ledgers whole: merge first
             previous, _ = self._merge(topic, cursor, previous, [
@@ -269,20 +286,24 @@ class Compactor:
 
     def _spark_run(
         self, topic: CompactedTopic, start: _Round, planned: _Planned, cutoff: int | None, counted: Counted,
-        started: float, run: RunIo,
+        started: float, run: RunIo, *, incremental: bool = False,
     ) -> RunFigures:
         """The run on the spark engine: both phases in one Spark job over the same stream as
         ``_stream`` reads, writing the compacted ledgers on the executors; the driver
-        publishes their list. ``phase_one_s`` is the job's whole time."""
+        publishes their list. ``phase_one_s`` is the job's whole time. ``incremental``: the
+        job's input is the backlog alone, its ledgers are appended to the previous view and
+        the driver marks what they supersede (``_round_view``; ``NeedsRewrite``, with the
+        job's ledgers deleted, when it cannot), then the merge step runs."""
         cursor, previous, horizon = start
         stop = planned.stop
         files = topic.ledger.store.file_powers()
         if files is None:
             raise SparkEngineError(f"{topic.name}: the spark engine reads and writes ledger files, and this store "
                                    "has none")
-        ranges = [] if previous is None else [
+        ranges = [] if previous is None or incremental else [
             LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
-        ranges += raw_ranges(planned.snapshot.ledgers, horizon, stop)
+        backlog = raw_ranges(planned.snapshot.ledgers, horizon, stop)
+        ranges += backlog
         if files.bucket is not None:  # the executors see the bucket only: every input goes there first
             stage_input(topic.ledger, files, files.bucket, ranges, now_ms=self._now_ms())
         request = RewriteInput(files.root, tuple(ranges), stop, _compacted_metadata(topic, stop),
@@ -292,15 +313,30 @@ class Compactor:
         counted.done = result.entries_read
         counted.end()
         job_s = time.monotonic() - started
-        self._publish(topic, cursor, stop, result.ledger_ids, previous, in_bucket=files.bucket is not None)
+        marked = RoundTally(incremental=incremental)
+        try:
+            ledger_ids, marks = self._round_view(topic, previous, backlog, dict.fromkeys(result.ledger_ids), cutoff,
+                                                 marked, incremental=incremental, run=run)
+        except NeedsRewrite:
+            for ledger_id in result.ledger_ids:
+                _delete_quietly_store(topic, ledger_id)
+            raise
+        view = self._publish(topic, cursor, stop, ledger_ids, previous, marks, in_bucket=files.bucket is not None)
+        merged: tuple[int, int, int] = (0, 0, 0)
+        if incremental:
+            view, merged = self._merge(topic, cursor, view, self._planned_merges(view), run)
         duration_s = time.monotonic() - started
+        keys_kept = _live_keys(view) if incremental else None
         return RunFigures(
-            engine="spark", horizon=str(stop), keys_kept=result.keys_kept, throttled_s=run.throttle.throttled_s,
-            io_bytes=run.throttle.charged_bytes, ledger_id=result.ledger_ids[0],
-            removed_events=result.messages_read - result.messages_kept, entries_read=result.entries_read,
-            messages_read=result.messages_read, bytes_read=result.bytes_read, entries_written=result.entries_written,
-            bytes_written=result.bytes_written, phase_one_s=job_s, phase_two_s=duration_s - job_s,
+            engine="spark", horizon=str(stop), keys_kept=result.keys_kept if keys_kept is None else keys_kept,
+            throttled_s=run.throttle.throttled_s, io_bytes=run.throttle.charged_bytes,
+            ledger_id=view.ledger_ids[-1] if incremental else result.ledger_ids[0],
+            removed_events=result.messages_read - result.messages_kept + marked.dead_marked,
+            entries_read=result.entries_read, messages_read=result.messages_read,
+            bytes_read=result.bytes_read + marked.bytes_read, entries_written=result.entries_written + merged[2],
+            bytes_written=result.bytes_written + merged[1], phase_one_s=job_s, phase_two_s=duration_s - job_s,
             duration_s=duration_s, key_map_bytes=0, append_latency_counts=(), rounds=1,
+            dead_marked=marked.dead_marked, merged_ledgers=merged[0],
         )
 
     def _local_run(
@@ -329,9 +365,11 @@ class Compactor:
             if files is not None and execute is not None:
                 report = self._worker_round(topic, _Round(cursor, clean, horizon), _Planned(snapshot, stop), cutoff,
                                             (Counted("phase-one", total, progress),
-                                             Counted("phase-two", total, progress)), run, (files, execute))
+                                             Counted("phase-two", total, progress)), run, (files, execute),
+                                            report_keys=incremental and previous is not None)
                 _adopt(files, report)
                 round_stop, figures = report.stop, report.figures
+                keys = None if report.keys is None else BacklogKeys(*report.keys)
             else:
                 round_started = time.monotonic()
                 one = self._local_phase_one(topic, clean, horizon, stop, cutoff,
@@ -345,12 +383,12 @@ class Compactor:
                     functools.partial(round_phase_two, one=one, retain_null_key=self.config.retain_null_key,
                                       keep_tombstones_since_ms=cutoff),
                     Counted("phase-two", total, progress), rounds.latencies, run.throttle)
-                report, figures = None, one.figures(*written)
+                report, figures, keys = None, one.figures(*written), None
             new = LedgerMarks.none(figures.entries_written, figures.messages_kept, figures.keys_kept)
             try:
                 ledger_ids, marks = self._round_view(topic, previous, raw_ranges(snapshot.ledgers, horizon, round_stop),
-                                                     (figures.ledger_id, new), cutoff, rounds,
-                                                     incremental=incremental, run=run)
+                                                     {figures.ledger_id: new}, cutoff, rounds,
+                                                     incremental=incremental, run=run, keys=keys)
             except NeedsRewrite as reason:
                 _delete_quietly_store(topic, figures.ledger_id)
                 log.info("%s: rewriting the view whole: %s", topic.name, reason)
@@ -374,27 +412,43 @@ class Compactor:
 
     def _round_view(
         self, topic: CompactedTopic, previous: CompactedView | None, backlog: Sequence[LedgerRange],
-        new: tuple[int, LedgerMarks], cutoff: int | None, rounds: RoundTally, *, incremental: bool, run: RunIo,
+        new: Mapping[int, LedgerMarks | None], cutoff: int | None, rounds: RoundTally, *, incremental: bool,
+        run: RunIo, keys: BacklogKeys | None = None,
     ) -> tuple[list[int], dict[int, LedgerMarks]]:
-        """The ledgers and marks of a round's view: the new ledger alone (a rewrite), or the
-        previous view's ledgers with the marks the round's ``backlog`` (its raw ranges)
-        changed, then the new ledger (``compactor.local.supersede``; ``NeedsRewrite`` when
-        it cannot)."""
-        ledger_id, marks = new
+        """The ledgers and marks of a round's view: the ``new`` ledgers alone (a rewrite), or
+        the previous view's ledgers with the marks the round's ``backlog`` (its raw ranges)
+        changed, then the new ones (``compactor.local.supersede``; ``NeedsRewrite`` when it
+        cannot). ``new``: the new ledgers in stream order, each with its marks (None: its
+        counts are not known; they are read from its index when it is first marked).
+        ``keys``: the backlog's keys when the round already has them (a round over
+        indexes), else they are read from the backlog's indexes."""
+        fresh = {ledger_id: marks for ledger_id, marks in new.items() if marks is not None}
         if not incremental or previous is None:
-            return [ledger_id], {ledger_id: marks}
-        indexes = Indexes(topic.ledger.store, run.throttle.charge)
+            return list(new), fresh
+        read = [0]
+
+        def charge(size: int) -> None:  # what marking reads (key indexes) is the run's read too
+            read[0] += size
+            run.throttle.charge(size)
+
+        indexes = Indexes(topic.ledger.store, charge)
         try:
-            keys = backlog_keys(indexes, backlog)
+            keys = backlog_keys(indexes, backlog) if keys is None else keys
             older = [(LedgerRange(i, 0, entries - 1, compacted=True), previous.marks_of(i))
                      for i, entries in previous.segments if entries]
             changed, dead_marked = mark_dead(indexes, older, keys, keep_tombstones_since_ms=cutoff,
                                              retain_null_key=self.config.retain_null_key)
+            for ledger_id in (i for i, marks in new.items() if marks is None):  # a Spark job's: counted here
+                entries = topic.ledger.store.last_add_confirmed(ledger_id) + 1
+                flags = indexes.load(LedgerRange(ledger_id, 0, entries - 1, compacted=True), ("flags",))["flags"] \
+                    if entries else np.empty(0, np.uint8)
+                fresh[ledger_id] = LedgerMarks.none(entries, *ledger_counts(flags))
         finally:
             indexes.close()
         rounds.dead_marked += dead_marked
+        rounds.bytes_read += read[0]
         empty = {i: LedgerMarks.none(0, 0, 0) for i, entries in previous.segments if not entries}
-        return [*previous.ledger_ids, ledger_id], {**empty, **previous.marks, **changed, ledger_id: marks}
+        return [*previous.ledger_ids, *new], {**empty, **previous.marks, **changed, **fresh}
 
     def _planned_merges(self, view: CompactedView) -> list[tuple[int, int]]:
         """The merge step's groups over ``view`` (``compactor.runs.merges``)."""
@@ -445,11 +499,12 @@ class Compactor:
     def _worker_round(
         self, topic: CompactedTopic, start: _Round, planned: _Planned, cutoff: int | None,
         counted: tuple[Counted, Counted], run: RunIo,
-        over: tuple[LedgerFiles, Callable[[RoundRequest], RoundReport]],
+        over: tuple[LedgerFiles, Callable[[RoundRequest], RoundReport]], *, report_keys: bool = False,
     ) -> RoundReport:
         """One round of the local engine as ``compactor.local.worker`` runs it over the
         store's ledger ``files`` (``execute``: in a worker process, or here): its ledger id
-        reserved here, then both phases and the sealed ledger."""
+        reserved here, then both phases and the sealed ledger (``report_keys``: and the keys
+        its raw input writes, when it ran over indexes)."""
         _, previous, horizon = start
         snapshot, stop = planned
         files, execute = over
@@ -462,7 +517,7 @@ class Compactor:
             files.root, tuple(ranges), horizon, stop, ledger_id,
             tuple(_compacted_metadata(topic, stop).items()), self.config.memory_budget_bytes,
             self.config.retain_null_key, cutoff, run.throttle.bytes_per_second, self.config.key_index, files.bucket,
-            dead)
+            dead, report_keys)
         for phase in counted:  # both phases run in one call: a bar each, whole at its end
             phase.start()
         try:

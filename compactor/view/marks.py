@@ -96,11 +96,12 @@ class LedgerMarks:
             dead = dead | (self.dead_slots[at] == keys)
         return dead
 
-    def live_stored(self) -> npt.NDArray[np.intp] | None:
-        """The stored indexes of the entries with a live message, ascending; None: all."""
+    def live_stored(self) -> npt.NDArray[np.integer[Any]] | None:
+        """The stored indexes of the entries with a live message, ascending (4 bytes each);
+        None: all."""
         if not self.dead_entries.any():
             return None
-        return np.flatnonzero(~self.dead_entries)
+        return np.flatnonzero(~self.dead_entries).astype(np.uint32 if self.entries < 1 << 32 else np.int64)
 
     def dead_slots_of(self, stored: int) -> frozenset[int]:
         """The dead batch slots of stored entry ``stored`` (not a wholly dead one)."""

@@ -42,6 +42,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -175,7 +176,7 @@ class CompactedView:
     entries: int
     size: int
     _starts: tuple[int, ...]
-    _live: tuple[npt.NDArray[np.intp] | None, ...]
+    _live: tuple[npt.NDArray[np.integer[Any]] | None, ...]
     _ids: OrderedDict[int, Position]
 
     def __init__(self, store: LedgerStore, ledger_ids: Sequence[int] | int, horizon: Position,
@@ -255,7 +256,7 @@ class CompactedView:
             stored = [(first, last)]
         else:  # the runs of consecutive stored indexes among the live ones asked for
             wanted = live[first:last + 1]
-            breaks = np.flatnonzero(np.diff(wanted) != 1) + 1
+            breaks = np.flatnonzero(np.diff(wanted.astype(np.int64)) != 1) + 1
             stored = [(int(run[0]), int(run[-1])) for run in np.split(wanted, breaks)]
         entries = [decode_compacted_entry(d) for low, high in stored for d in self.store.read(ledger_id, low, high)]
         mark = self.marks.get(ledger_id)

@@ -19,7 +19,7 @@ from typing import Any
 from compactor.record import RunFigures
 from compactor.runs.runner import Compactor
 from compactor.view.topic import COMPACTION_SUBSCRIPTION, CompactedTopic
-from compactor.view.view import CompactedEntry
+from compactor.view.view import CompactedEntry, encode_compacted_entry
 from cursor.cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger.data_dir import DataDir
@@ -61,13 +61,13 @@ class TopicDir:
         return compactor.compact(self.topic, delete_retention_ms=delete_retention_ms)
 
     def compacted_ledger(self) -> list[bytes]:
-        """Every entry of the published compacted view, as stored: its ledgers' entries
-        concatenated in stream order ([] when none)."""
+        """Every entry of the published compacted view as a full rewrite stores it: its
+        ledgers' live entries concatenated in stream order, their dead slots emptied (a
+        view with no dead marks: its entries as stored); [] when none."""
         view = self.topic.view
-        if view is None:
+        if view is None or not view.entries:
             return []
-        return [data for ledger_id, entries in view.segments if entries
-                for data in self.data_dir.ledgers.read(ledger_id, 0, entries - 1)]
+        return [encode_compacted_entry(entry) for entry in view.read(0, view.entries - 1, emptied=True)]
 
     def close(self) -> None:
         self.ledger.close()

@@ -54,6 +54,7 @@ DOCUMENTED_DEFAULTS = {
     "max_num_partitions_per_partitioned_topic": 1024,
     "compacted_ledger_grace_period_s": 60.0,  # issue 13
     "compaction_key_index": True,  # issue 12
+    "compaction_incremental": True, "compaction_merge_dead_ratio": 0.5, "compaction_merge_fan_in": 4,  # issue 30
     # issue 29: offload (Pulsar's broker.conf names and defaults)
     "retention_check_interval_seconds": 120.0, "managed_ledger_offload_driver": None,
     "s3_managed_ledger_offload_bucket": None, "s3_managed_ledger_offload_service_endpoint": None,
@@ -85,6 +86,9 @@ SAMPLES: dict[str, tuple[str, str, object]] = {
     "broker_deduplication_enabled": ("on", "true", True),
     "compaction_worker_process": ("off", "false", False),
     "compaction_key_index": ("off", "false", False),
+    "compaction_incremental": ("off", "false", False),  # issue 30
+    "compaction_merge_dead_ratio": ("0.25", "0.25", 0.25),
+    "compaction_merge_fan_in": ("8", "8", 8),
     "cluster_name": ("east", '"east"', "east"),
     "max_open_ledger_files": ("64", "64", 64),
     "managed_ledger_mark_delete_rate_limit": ("0.1", "0.1", 0.1),

@@ -543,7 +543,7 @@ def test_the_spark_sources_rows_skip_dead_entries_and_slots(tmp_path: Path) -> N
     assert [marks is not None and marks.any_dead for piece, marks in pieces if piece.compacted] == [True, False]
     got = [(row["key"], row["value"], row["ledger_id"], row["entry_id"], row["batch_index"])
            for piece, marks in pieces
-           for batch in rows.message_batches(rows.ledgers_root_of(broker.data_dir.path), piece, marks)
+           for batch in rows.message_batches(rows.ledgers_root_of(broker.data_dir.path), piece, marks=marks)
            for row in batch.to_pylist()]
     expected = [(key, value, entry.position.ledger_id, entry.position.entry_id, index)
                 for entry in reference(broker.ledger, view.horizon)
@@ -573,8 +573,11 @@ class _RecordingSpark:
         raise SparkEngineError("recorded")
 
 
-def test_a_spark_run_over_a_marked_view_first_merges_the_marked_ledgers(tmp_path: Path) -> None:
-    """The executors read the view's ledgers whole: a spark run is handed none with dead marks."""
+def test_a_spark_run_reads_the_backlog_alone_and_a_spark_rewrite_first_merges_the_marked_ledgers(
+    tmp_path: Path,
+) -> None:
+    """An incremental spark job is handed the backlog only; a rewriting one reads the view's
+    ledgers whole on the executors, so it is handed none with dead marks."""
     from compactor.errors import SparkEngineError
 
     broker = _marked_topic(tmp_path)
@@ -584,50 +587,18 @@ def test_a_spark_run_over_a_marked_view_first_merges_the_marked_ledgers(tmp_path
     engine = _RecordingSpark()
     with pytest.raises(SparkEngineError, match="recorded"):
         Compactor(CompactionConfig(engine="spark"), spark_engine=engine).compact(broker.topic)  # type: ignore[arg-type]
+    assert broker.topic.view is marked  # nothing published
+    [request] = engine.requests
+    assert [piece.compacted for piece in request.ranges] == [False]  # type: ignore[attr-defined]
+    with pytest.raises(SparkEngineError, match="recorded"):
+        Compactor(CompactionConfig(engine="spark"), spark_engine=engine).compact(  # type: ignore[arg-type]
+            broker.topic, rewrite=True)
     view = broker.topic.view
     assert view is not None and view.dead_messages == 0 and view.ledger_ids[0] not in marked.ledger_ids
     assert_serves(broker.topic)
-    [request] = engine.requests
+    request = engine.requests[-1]
     compacted = [piece.ledger_id for piece in request.ranges if piece.compacted]  # type: ignore[attr-defined]
     assert compacted == [ledger_id for ledger_id, entries in view.segments if entries]
-
-
-class _CrashInRound:
-    """A progress callback that crashes when ``phase`` starts for the ``round``-th time."""
-
-    def __init__(self, phase: str, round_: int) -> None:
-        self.phase, self.round, self.starts = phase, round_, 0
-
-    def __call__(self, phase: str, done: int, _total: int) -> None:
-        if phase == self.phase and done == 0:
-            self.starts += 1
-            if self.starts == self.round:
-                raise SimulatedCrash(f"{phase} of round {self.round}")
-
-
-@pytest.mark.parametrize("phase", ["phase-one", "phase-two"])
-def test_a_crash_between_incremental_rounds_leaves_the_last_rounds_view_and_the_next_run_converges(
-    tmp_path: Path, phase: str,
-) -> None:
-    broker = start(tmp_path, parsed=True)  # rounds here, through the store: the progress calls come between them
-    compactor = Compactor(_config("rounds", merge_fan_in=64, merge_dead_ratio=1.0))
-    append(broker, workload(1, 20, publish_ms=NOW_MS))
-    compactor.compact(broker.topic)
-    first = broker.topic.view
-    assert first is not None
-    stop = append(broker, workload(2, 30, publish_ms=NOW_MS))
-    with pytest.raises(SimulatedCrash):
-        compactor.compact(broker.topic, progress=_CrashInRound(phase, 2))
-    kill(broker)
-    broker = start(tmp_path, parsed=True)
-    view = broker.topic.view
-    assert view is not None and first.horizon < view.horizon < stop  # round one published, round two did not
-    assert view.ledger_ids[:len(first.ledger_ids)] == first.ledger_ids and view.dead_messages > 0
-    assert len(broker.orphans) == (1 if phase == "phase-two" else 0)  # round two's unpublished ledger
-    assert_serves(broker.topic)
-    compactor.compact(broker.topic)
-    assert broker.topic.view is not None and broker.topic.view.horizon == stop
-    assert_serves(broker.topic)
 
 
 def test_a_round_over_indexes_writes_its_ledgers_key_index_as_parsing_would_build_it(tmp_path: Path) -> None:
@@ -654,3 +625,20 @@ def test_a_round_over_indexes_writes_its_ledgers_key_index_as_parsing_would_buil
         for name, column in built.items():
             if name not in ("entry_offset", "stored_bytes"):
                 assert written[name].tolist() == column.tolist(), name
+
+
+def test_a_backup_restores_the_view_with_its_dead_marks(tmp_path: Path) -> None:
+    from ledger.backup import restore_backup, take_backup
+
+    broker = _marked_topic(tmp_path / "data")
+    view = broker.topic.view
+    assert view is not None and view.dead_messages
+    expected = logical(read_compacted(broker.topic))
+    take_backup(broker.data_dir, str(tmp_path / "backup"))
+    kill(broker)
+    restore_backup(str(tmp_path / "backup"), str(tmp_path / "restored"))
+    restored = start(tmp_path / "restored")
+    again = restored.topic.view
+    assert again is not None and (again.ledger_ids, again.dead_messages) == (view.ledger_ids, view.dead_messages)
+    assert logical(read_compacted(restored.topic)) == expected
+    assert_serves(restored.topic)
