@@ -19,7 +19,7 @@ from typing import Any
 
 import pulsar
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from compactor.view.topic import CompactedTopic
@@ -101,6 +101,7 @@ def latest(sent: list[Sent]) -> list[tuple[str, bytes]]:
 def test_a_real_reader_gets_the_logical_view_of_every_incremental_run(
     broker: BrokerHarness, client: Any, history: list[tuple[bool, list[Sent]]],
 ) -> None:
+    note(f"history: {history!r}")  # Hypothesis prints the argument blank
     topic = unique_topic("incremental-agreement")
     everything: list[Sent] = []
     dead_marked = 0

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, note, settings
 
 from compactor.runs.runner import Compactor
 from compactor.spark import SparkEngine
@@ -47,6 +47,7 @@ def engine() -> Iterator[SparkEngine]:
 def test_spark_runs_over_incremental_views_agree_with_compacting_the_whole_history_at_once(
     engine: SparkEngine, history: tuple[Policy, list[Step]],
 ) -> None:
+    note(f"history: {history!r}")  # Hypothesis prints the argument blank
     policy, steps = history
     clock = Clock()
     spark_runs = []

@@ -32,7 +32,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
 
 from compactor.runs.runner import Compactor
@@ -137,6 +137,7 @@ def run_history(opened: Opened, clock: Clock, policy: Policy, steps: list[Step],
 def test_after_every_incremental_run_the_logical_view_is_that_of_compacting_the_whole_history_at_once(
     history: tuple[Policy, list[Step]], through_store: bool,
 ) -> None:
+    note(f"history: {history!r}")  # Hypothesis prints the argument blank
     policy, steps = history
     clock = Clock()
     with TemporaryDirectory() as directory:
@@ -218,6 +219,7 @@ def arm(opened: Opened, point: CrashPoint) -> None:
 def test_a_kill_at_any_point_of_a_run_leaves_the_old_or_the_new_view_whole_and_the_next_run_converges(
     history: tuple[Policy, list[Step]], data: st.DataObject,
 ) -> None:
+    note(f"history: {history!r}")  # Hypothesis prints the argument blank
     policy, steps = history
     *before, drawn = steps
     assert isinstance(drawn, Compact)
