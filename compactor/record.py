@@ -66,8 +66,8 @@ class RunFigures:
             incremental run's view holds older ledgers too: this is its newest one, which
             holds the run's stop, written by the run or by its merge step).
         removed_events: messages read that the compacted ledger does not hold.
-        entries_read, messages_read, bytes_read: phase one's input (an incremental run's
-            ``bytes_read`` also counts the key indexes it reads to mark dead).
+        entries_read, messages_read, bytes_read: phase one's input (an incremental run's:
+            the backlog; the key indexes it reads to mark dead count in ``io_bytes``).
         entries_written, bytes_written: the compacted ledger's content.
         phase_one_s, phase_two_s, duration_s: wall-clock times.
         key_map_bytes: phase one's key map at its end (the local engine: the most it held

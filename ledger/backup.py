@@ -64,7 +64,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.backup_offloaded import PinnedLedgers, bucket_only_ledger_ids, forget_offload
+from ledger.backup_offloaded import (
+    PinnedLedgers,
+    bucket_ledger_ids,
+    bucket_only_ledger_ids,
+    forget_offload,
+)
 from ledger.data_dir import DataDir
 from ledger.errors import CompactionServiceError
 from ledger.storage.file_io import (
@@ -160,14 +165,18 @@ def take_backup(data_dir: DataDir, output: str, *, _staged: bool = False) -> Bac
                 elif _link_or_copy(source, os.path.join(ledgers_out, os.path.basename(source))):
                     linked.add(ledger_id)
             _link_or_copy(os.path.join(files.root, _SEQUENCE), os.path.join(ledgers_out, _SEQUENCE), copy=True)
-            pinned = _pin_offloaded(bucket_only_ledger_ids(database) - linked, files.bucket, data_dir.path)
+            required = bucket_only_ledger_ids(database) - linked
+            optional = set() if files.bucket is None else _listed(files.bucket) - linked - required
+            pinned = _pin_offloaded(required, optional, files.bucket, data_dir.path)
         for ledger_id, (temporary, _, length) in pending.items():
             _copy_prefix(temporary, os.path.join(ledgers_out, f"{ledger_id:020d}{_SUFFIX}"), length)
             os.unlink(temporary)
         _drop_unsealed(ledgers_out, kept=set(pending))
         if pinned is not None:
             for path in pinned.download(ledgers_out, _SUFFIX, BackupError):
-                if not _ends_sealed(path):
+                if not _ends_sealed(path) and int(os.path.basename(path).split(".")[0]) in optional:
+                    os.unlink(path)  # an orphan of a failed upload: no part of the data dir
+                elif not _ends_sealed(path):
                     raise BackupError(f"the offloaded copy of {os.path.basename(path)} in the bucket is not a "
                                       "whole sealed ledger")
     finally:
@@ -180,9 +189,19 @@ def take_backup(data_dir: DataDir, output: str, *, _staged: bool = False) -> Bac
     return summary
 
 
-def _pin_offloaded(ledger_ids: set[int], bucket: BucketConfig | None, path: str) -> PinnedLedgers | None:
-    """Pin the ledgers that live only in the bucket (``ledger.backup_offloaded``)."""
-    if not ledger_ids:
+def _listed(bucket: BucketConfig) -> set[int]:
+    """The ledgers with an object in ``bucket`` (``ledger.backup_offloaded.bucket_ledger_ids``)."""
+    try:
+        return bucket_ledger_ids(bucket)
+    except OSError as failure:
+        raise BackupError(f"cannot list the ledgers in {bucket.to_url()}: {failure}") from None
+
+
+def _pin_offloaded(ledger_ids: set[int], optional: set[int], bucket: BucketConfig | None,
+                   path: str) -> PinnedLedgers | None:
+    """Pin the ledgers that live only in the bucket (``ledger.backup_offloaded``): each of
+    ``ledger_ids`` must be there; ``optional`` ones are pinned when they still are."""
+    if not ledger_ids and not optional:
         return None
     if bucket is None:
         raise BackupError(f"ledger {min(ledger_ids)} of {path} lives only in its offload bucket, and the data dir "
@@ -190,6 +209,7 @@ def _pin_offloaded(ledger_ids: set[int], bucket: BucketConfig | None, path: str)
     pinned = PinnedLedgers(bucket)
     try:
         pinned.pin(ledger_ids, BackupError)
+        pinned.pin(optional, BackupError, optional=True)
     except BaseException:
         pinned.release()
         raise

@@ -9,6 +9,13 @@ CopyObject, no download) under ``backup-staging/<uuid>/``, so a trim that delete
 ledger right after cannot take it from the backup. After the hold it downloads the pinned
 copies into the backup (each must end in a SEAL record) and deletes them.
 
+Ledgers the layers above keep only in the bucket without a ledger-layer record (a compacted
+view a Spark run wrote there: its manifest is the compactor's) are found by listing the
+bucket (``bucket_ledger_ids``): every ledger object with no local file is pinned too, as
+optional — one that vanished meanwhile (an orphan collected) or is not a whole sealed
+ledger (an orphan of a failed upload) is left out; the restored broker's start removes
+any such ledger nobody references, as it does local orphans.
+
 ``forget_offload`` then clears both offload columns in the backup's copy of the database:
 every ledger of a restored data dir is local, and the restored broker neither reads nor
 deletes the original cluster's objects; its own offload policy starts over.
@@ -29,7 +36,7 @@ from ledger.storage.bucket import ledger_object_name
 from ledger.storage.file_io import open_private
 from ledger.storage.object_fs import BucketConfig
 
-__all__ = ["PinnedLedgers", "bucket_only_ledger_ids", "forget_offload"]
+__all__ = ["PinnedLedgers", "bucket_ledger_ids", "bucket_only_ledger_ids", "forget_offload"]
 
 STAGING = "backup-staging"  # in the bucket, beside ledgers/: the pinned copies of one backup
 _CHUNK = 1024 * 1024
@@ -45,6 +52,13 @@ def bucket_only_ledger_ids(database_copy: str) -> set[int]:
     finally:
         connection.close()
     return {int(row[0]) for row in rows}
+
+
+def bucket_ledger_ids(bucket: BucketConfig) -> set[int]:
+    """Every ledger with an object under ``ledgers/`` in ``bucket`` (sidecars aside)."""
+    fs = bucket.open()
+    infos = fs.get_file_info(pafs.FileSelector(f"{bucket.base}/ledgers", allow_not_found=True))
+    return {int(info.base_name) for info in infos if info.type == pafs.FileType.File and info.base_name.isdigit()}
 
 
 def forget_offload(database_copy: str) -> None:
@@ -68,9 +82,10 @@ class PinnedLedgers:
         self._root = f"{bucket.base}/{STAGING}/{uuid.uuid4().hex}"
         self._pinned: dict[int, str] = {}
 
-    def pin(self, ledger_ids: Iterable[int], error: type[CompactionServiceError]) -> None:
+    def pin(self, ledger_ids: Iterable[int], error: type[CompactionServiceError], *, optional: bool = False) -> None:
         """Copy each ledger's object under this backup's staging name (while the caller holds
-        the metadata writes); ``error`` when one is missing or the bucket fails."""
+        the metadata writes); ``error`` when one is missing (``optional``: it is skipped) or
+        the bucket fails."""
         try:
             self._fs = self._fs or self._bucket.open()
             if self._bucket.driver == "filesystem":  # a directory for the copies; S3 needs none
@@ -81,6 +96,8 @@ class PinnedLedgers:
                 try:
                     self._fs.copy_file(source, target)
                 except FileNotFoundError:
+                    if optional:
+                        continue
                     raise error(f"offloaded ledger {ledger_id} is missing from {self._bucket.to_url()}: "
                                 "the backup cannot hold it") from None
                 self._pinned[ledger_id] = target

@@ -15,7 +15,8 @@ at a time, admin-triggered and threshold-triggered alike) and the admin job's st
    recorded; its objects are deleted.
 
 Transient failures (``retriable``: the bucket's 5xx, timeouts, resets, a copy that read
-back wrong, SQLite busy) are retried with exponential backoff (``OffloadRetry``), then the
+back wrong, SQLite busy) are retried with exponential backoff (``OffloadRetry``,
+``retry_transient``: the one retry loop, a Spark run's staging uses it too), then the
 ledger fails; the job goes on with the next ledger and ends ERROR with the first failure
 (Pulsar's offloadLoop). Nothing is recorded for a ledger whose copy was not verified.
 
@@ -50,7 +51,6 @@ copy in the bucket, or still whole in the local data dir (or both).
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ledger.errors import CompactionServiceError, LedgerError, OffloadAlreadyRunning
+from ledger.job_status import JobStatus
 from ledger.managed_ledger import ManagedLedger
 from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
@@ -73,8 +74,8 @@ __all__ = [
     "OffloadAlreadyRunning",
     "OffloadProgress",
     "OffloadRetry",
-    "OffloadStatus",
     "Offloader",
+    "retry_transient",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,21 +85,12 @@ OFFLOAD_THREADS_DEFAULT = 2
 _R = TypeVar("_R")
 
 
-class OffloadStatus(enum.Enum):
-    """The admin offload job of a topic (Pulsar's ``LongRunningProcessStatus``)."""
-
-    NOT_RUN = "NOT_RUN"
-    RUNNING = "RUNNING"
-    SUCCESS = "SUCCESS"
-    ERROR = "ERROR"
-
-
 @dataclass(frozen=True, slots=True)
 class OffloadProgress:
     """What ``GET …/offload`` shows: the status, the error of a failed job, and after a
     success the first position not offloaded (``(ledger, 0)``)."""
 
-    status: OffloadStatus
+    status: JobStatus
     last_error: str = ""
     first_unoffloaded: Position | None = None
 
@@ -115,6 +107,32 @@ class OffloadRetry:
 
 class _Stopped(Exception):
     """The offloader is shutting down: the job ends where it is."""
+
+
+def retry_transient(what: str, action: Callable[[], _R], retry: OffloadRetry = OffloadRetry(), *,
+                    stopping: threading.Event | None = None) -> _R:
+    """``action()``, tried again on a transient failure (a ``CompactionServiceError`` whose
+    ``retriable`` is set: the bucket's 5xx, timeouts, resets, a copy that read back wrong,
+    SQLite busy) up to ``retry.tries_max`` tries in all, waiting between them from
+    ``retry.backoff_first_s`` doubling up to ``retry.backoff_max_s``; each retry is logged
+    with ``what``. Raises the last failure, or at once one that is not retriable.
+    ``stopping`` set during a wait ends it: the offloader's shutdown (raises ``_Stopped``).
+    One loop for every offload step, the broker's ``Offloader`` and a Spark run's staging
+    (``compactor.runs.bucket_input``) alike."""
+    delay = retry.backoff_first_s
+    waiting = stopping if stopping is not None else threading.Event()
+    for attempt in range(1, retry.tries_max + 1):
+        try:
+            return action()
+        except CompactionServiceError as error:
+            if not error.retriable or attempt == retry.tries_max:
+                raise
+            log.warning("%s failed (try %d of %d), retrying in %.1f s: %s", what, attempt, retry.tries_max, delay,
+                        error)
+        if waiting.wait(delay):
+            raise _Stopped
+        delay = min(delay * 2, retry.backoff_max_s)
+    raise AssertionError("unreachable")
 
 
 class Offloader:
@@ -144,24 +162,24 @@ class Offloader:
         ``OffloadAlreadyRunning`` when the topic's admin job has not finished."""
         topic = ledger.name
         with self._lock:
-            if self._status.get(topic, OffloadProgress(OffloadStatus.NOT_RUN)).status is OffloadStatus.RUNNING:
+            if self._status.get(topic, OffloadProgress(JobStatus.NOT_RUN)).status is JobStatus.RUNNING:
                 raise OffloadAlreadyRunning(f"offload of {topic} already running", topic=topic)
-            self._status[topic] = OffloadProgress(OffloadStatus.RUNNING)
+            self._status[topic] = OffloadProgress(JobStatus.RUNNING)
         try:
             self._submit(self._admin_job, ledger, before)
         except RuntimeError:  # shut down
-            self._finish(topic, OffloadProgress(OffloadStatus.ERROR, "the offloader is shut down"))
+            self._finish(topic, OffloadProgress(JobStatus.ERROR, "the offloader is shut down"))
 
     def status(self, topic: str) -> OffloadProgress:
         """The topic's admin offload job (``NOT_RUN`` when none since this broker started)."""
         with self._lock:
-            return self._status.get(topic, OffloadProgress(OffloadStatus.NOT_RUN))
+            return self._status.get(topic, OffloadProgress(JobStatus.NOT_RUN))
 
     def forget(self, topic: str) -> None:
         """The topic was unloaded or deleted: its admin status goes (``NOT_RUN`` when it is
         loaded again, as in Pulsar). A job still running finishes on its own."""
         with self._lock:
-            if self._status.get(topic, OffloadProgress(OffloadStatus.NOT_RUN)).status is not OffloadStatus.RUNNING:
+            if self._status.get(topic, OffloadProgress(JobStatus.NOT_RUN)).status is not JobStatus.RUNNING:
                 self._status.pop(topic, None)
             self._again.pop(topic, None)
 
@@ -183,10 +201,10 @@ class Offloader:
             if failed:
                 first_failed, error = failed[0]
                 raise LedgerError(f"ledger {first_failed}: {error}")
-            self._finish(topic, OffloadProgress(OffloadStatus.SUCCESS, "", Position(kept, 0)))
+            self._finish(topic, OffloadProgress(JobStatus.SUCCESS, "", Position(kept, 0)))
         except Exception as error:  # noqa: BLE001 - the job's outcome is its status
             log.warning("topic %s: offload failed: %s", topic, error)
-            self._finish(topic, OffloadProgress(OffloadStatus.ERROR, f"{type(error).__name__}: {error}"))
+            self._finish(topic, OffloadProgress(JobStatus.ERROR, f"{type(error).__name__}: {error}"))
 
     def _finish(self, topic: str, progress: OffloadProgress) -> None:
         with self._lock:
@@ -284,19 +302,7 @@ class Offloader:
                 self._in_flight.discard(ledger_id)
 
     def _retrying(self, what: str, action: Callable[[], _R]) -> _R:
-        delay = self._retry.backoff_first_s
-        for attempt in range(1, self._retry.tries_max + 1):
-            try:
-                return action()
-            except CompactionServiceError as error:
-                if not error.retriable or attempt == self._retry.tries_max:
-                    raise
-                log.warning("%s failed (try %d of %d), retrying in %.1f s: %s",
-                            what, attempt, self._retry.tries_max, delay, error)
-            if self._stopping.wait(delay):
-                raise _Stopped
-            delay = min(delay * 2, self._retry.backoff_max_s)
-        raise AssertionError("unreachable")
+        return retry_transient(what, action, self._retry, stopping=self._stopping)
 
     # -- local copies and orphans -------------------------------------------------------
 
@@ -376,8 +382,8 @@ class Offloader:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             for topic, progress in self._status.items():
-                if progress.status is OffloadStatus.RUNNING:
-                    self._status[topic] = OffloadProgress(OffloadStatus.ERROR, "the offloader is shut down")
+                if progress.status is JobStatus.RUNNING:
+                    self._status[topic] = OffloadProgress(JobStatus.ERROR, "the offloader is shut down")
 
     def _mutex(self, topic: str) -> threading.Lock:
         with self._lock:

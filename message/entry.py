@@ -57,7 +57,7 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import crc32c
 from google.protobuf.message import DecodeError
@@ -71,6 +71,7 @@ from message.proto import pulsar_api_pb2 as pb
 __all__ = [
     "BROKER_ENTRY_MAGIC",
     "CHECKSUM_MAGIC",
+    "MESSAGE_BYTES_MAX",
     "METADATA_BYTES_MAX",
     "BatchSlot",
     "Chunk",
@@ -95,9 +96,12 @@ CHECKSUM_MAGIC = b"\x0e\x01"
 """Opens the optional ``u32 crc32c`` that precedes metadata-size."""
 BROKER_ENTRY_MAGIC = b"\x0e\x02"
 """Opens the optional broker-entry metadata block that Pulsar brokers may prepend."""
-METADATA_BYTES_MAX = 5 * 1024 * 1024
-"""A Pulsar frame is at most 5 MB by default and metadata is a small part of one; anything
-larger is corruption. Keeping it below 0x0e010000 keeps the magics above unambiguous."""
+MESSAGE_BYTES_MAX: Final = 5 * 1024 * 1024
+"""Largest entry (metadataSize · metadata · payload) a client may send: Pulsar's default
+maxMessageSize, and the value for CONNECTED.max_message_size."""
+METADATA_BYTES_MAX = MESSAGE_BYTES_MAX
+"""Metadata is a small part of a message; anything larger is corruption. Keeping it below
+0x0e010000 keeps the magics above unambiguous."""
 BROKER_ENTRY_METADATA_BYTES_MAX = 1024
 """BrokerEntryMetadata holds two varints (at most 22 bytes); the margin is for new fields."""
 

@@ -61,6 +61,7 @@ from cursor.cursor import ManagedCursor
 from cursor.errors import CursorError
 from ledger.errors import LedgerError
 from ledger.position import Position
+from message.entry import MESSAGE_BYTES_MAX
 
 __all__ = ["Consumer", "Delivery", "SubType", "Subscription"]
 
@@ -74,7 +75,7 @@ DISPATCH_ROUND_ENTRIES_MAX = 1000
 DISPATCH_ROUND_BYTES_MAX = 5 * 1024 * 1024
 # Size assumed for an entry before any was read: the largest a client may send, so the
 # first read of a subscription is one entry and the next ones are sized from what came.
-ENTRY_BYTES_ASSUMED = 5 * 1024 * 1024
+ENTRY_BYTES_ASSUMED = MESSAGE_BYTES_MAX
 
 
 class SubType(enum.Enum):

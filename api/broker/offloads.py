@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from api.broker.errors import NotAllowedError
-from ledger.offload import Offloader, OffloadStatus
+from ledger.job_status import JobStatus
+from ledger.offload import Offloader
 from ledger.position import Position
 
 if TYPE_CHECKING:
@@ -101,10 +102,10 @@ class TopicOffloads:
         """Pulsar's ``OffloadProcessStatus`` of the topic's last admin offload (NOT_RUN
         since the broker loaded it, as Pulsar keeps it in memory)."""
         if self.offloader is None:
-            return {"status": OffloadStatus.NOT_RUN.value, "lastError": "", "firstUnoffloadedMessage": EARLIEST}
+            return {"status": JobStatus.NOT_RUN.value, "lastError": "", "firstUnoffloadedMessage": EARLIEST}
         progress = self.offloader.status(str(topic.name))
         first = EARLIEST
-        if progress.status == OffloadStatus.SUCCESS and progress.first_unoffloaded is not None:
+        if progress.status == JobStatus.SUCCESS and progress.first_unoffloaded is not None:
             first = {"ledgerId": progress.first_unoffloaded.ledger_id,
                      "entryId": progress.first_unoffloaded.entry_id, "partitionIndex": -1}
         return {"status": progress.status.value, "lastError": progress.last_error or "",

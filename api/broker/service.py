@@ -223,8 +223,10 @@ class BrokerService:
 
     def _compacted_ledger_ids(self) -> set[int]:
         """Every compacted ledger still in use (views, and replaced ones in their grace
-        period): in the bucket, they are no orphans (``compactor.runs.runner.collect_orphans``)."""
+        period) and every ledger a Spark run in flight holds (``compactor.runs.held``): in
+        the bucket, they are no orphans (``compactor.runs.runner.collect_orphans``)."""
         live = self.cursors.cursor_property_values(COMPACTION_SUBSCRIPTION, COMPACTED_TOPIC_LEDGER)
+        live |= self.compactor.held.ids()
         return live | CompactedManifests(self.data_dir.database).live_ledger_ids(int(time.time() * 1000))
 
     async def _sweep_periodically(self) -> None:

@@ -1,9 +1,12 @@
-"""What the routers share: the ``Admin`` dependency, path parameters, documented errors.
+"""What the routers share: the ``Admin`` dependency, path parameters, documented errors,
+the form of a route that answers 204.
 
 A route on ``TOPIC_PATH`` takes the topic as ``topic: TopicFromPath``: the full name
 (``persistent://tenant/namespace/topic``) built from the three path parameters, which the
 OpenAPI description documents as ``Tenant``, ``Namespace`` and ``TopicPart``; a route on a
 namespace takes it as ``NamespaceFromPath`` (``tenant/namespace``, both parts validated).
+A route whose success is an empty 204 (Pulsar's answer to a change) is declared with
+``no_content``; its handler returns None.
 
 The admin core is reached through ``AdminDependency`` (``broker.admin`` of the broker
 service on ``app.state``), so tests may swap it with ``app.dependency_overrides``. Route
@@ -15,9 +18,11 @@ the core moves off the loop and the handler awaits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Path, Request
+from fastapi import Depends, HTTPException, Path, Request, Response
+from fastapi.types import DecoratedCallable
 
 from api.broker.admin import Admin
 from api.schemas import ErrorBody
@@ -34,6 +39,7 @@ __all__ = [
     "errors",
     "get_admin",
     "namespace_from_path",
+    "no_content",
     "topic_name",
 ]
 
@@ -64,6 +70,18 @@ def errors(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
         code: {"model": ErrorBody, "description": descriptions.get(f"c{code}", _ERROR_DESCRIPTIONS[code])}
         for code in (*codes, 500)
     }
+
+
+def no_content(route: Callable[..., Callable[[DecoratedCallable], DecoratedCallable]], path: str, summary: str,
+               responses: dict[int | str, dict[str, Any]], *, done: str | None = None,
+               **options: Any) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """The decorator of a route that answers 204 with no body when it succeeds (its handler
+    returns None): ``route`` is the router's method (``router.put``), ``responses`` its error
+    answers (``errors(…)``), ``done`` what its 204 means (FastAPI's default text when None);
+    ``options`` go to ``route`` as they are (``tags``, ``openapi_extra``)."""
+    described: dict[int | str, dict[str, Any]] = {204: {"description": done}} if done is not None else {}
+    return route(path, status_code=204, response_class=Response, summary=summary,
+                 responses={**described, **responses}, **options)
 
 
 async def get_admin(request: Request) -> Admin:

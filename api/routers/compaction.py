@@ -7,9 +7,9 @@ stop reads ERROR).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter
 
-from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors
+from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors, no_content
 from api.schemas import CompactionStatus
 
 __all__ = ["router"]
@@ -19,18 +19,14 @@ router = APIRouter(tags=["compaction"])
 COMPACTION_PATH = TOPIC_PATH + "/compaction"
 
 
-@router.put(
-    COMPACTION_PATH, status_code=204, response_class=Response,
-    summary="Trigger a compaction",
-    responses={204: {"description": "The run started; poll its status."},
-               **errors(404, 412, 409, c409="`Compaction already in progress`.")},
-)
-async def trigger_compaction(admin: AdminDependency, topic: TopicFromPath) -> Response:
+@no_content(router.put, COMPACTION_PATH, "Trigger a compaction",
+            errors(404, 412, 409, c409="`Compaction already in progress`."),
+            done="The run started; poll its status.")
+async def trigger_compaction(admin: AdminDependency, topic: TopicFromPath) -> None:
     """Start a compaction run of the topic in the background (it waits for a free run slot
     when `compaction_max_concurrent_runs` are running)."""
     admin.trigger_compaction(topic)
     await admin.compaction_status_written(topic)
-    return Response(status_code=204)
 
 
 @router.get(

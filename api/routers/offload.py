@@ -10,9 +10,9 @@ after the topic was loaded).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter
 
-from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors
+from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors, no_content
 from api.schemas import OffloadProcessStatus, OffloadRequest
 
 __all__ = ["router"]
@@ -22,19 +22,15 @@ router = APIRouter(tags=["offload"])
 OFFLOAD_PATH = TOPIC_PATH + "/offload"
 
 
-@router.put(
-    OFFLOAD_PATH, status_code=204, response_class=Response,
-    summary="Offload the ledgers before a message",
-    responses={204: {"description": "The offload started; poll its status."},
-               **errors(400, 404, 405, 409, 412, c409="`Offload already running`.",
-                        c405="No offload driver is configured, or the topic is a partitioned parent.")},
-)
-async def trigger_offload(admin: AdminDependency, topic: TopicFromPath, message_id: OffloadRequest) -> Response:
+@no_content(router.put, OFFLOAD_PATH, "Offload the ledgers before a message",
+            errors(400, 404, 405, 409, 412, c409="`Offload already running`.",
+                   c405="No offload driver is configured, or the topic is a partitioned parent."),
+            done="The offload started; poll its status.")
+async def trigger_offload(admin: AdminDependency, topic: TopicFromPath, message_id: OffloadRequest) -> None:
     """Offload, oldest first, every sealed ledger of the topic whose id is smaller than
     `ledgerId` (already offloaded and empty ones are skipped; the ledger being written never
     goes), in the background."""
     admin.trigger_offload(topic, message_id.ledgerId, message_id.entryId)
-    return Response(status_code=204)
 
 
 @router.get(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query
 from pydantic import StrictInt
 
 from api.auth.rest import topic_grant
@@ -32,6 +32,7 @@ from api.routers.common import (
     NamespaceFromPath,
     TopicFromPath,
     errors,
+    no_content,
 )
 
 __all__ = ["router"]
@@ -42,20 +43,16 @@ PARTITIONS_PATH = TOPIC_PATH + "/partitions"
 Count = Annotated[StrictInt, Body(description="The number of partitions, a bare JSON integer (e.g. `4`).")]
 
 
-@router.put(
-    PARTITIONS_PATH, status_code=204, response_class=Response,
-    summary="Create a partitioned topic",
-    responses={204: {"description": "Created, with its partitions."},
-               **errors(400, 404, 406, 409, 412,
-                        c404="The namespace does not exist.",
-                        c406="The count is 0 or less, or above `max_num_partitions_per_partitioned_topic`.",
-                        c409="A partitioned or non-partitioned topic of that name exists.",
-                        c412="The name is not valid or contains `-partition-`.")},
-)
-async def create_partitioned_topic(admin: AdminDependency, topic: TopicFromPath, count: Count) -> Response:
+@no_content(router.put, PARTITIONS_PATH, "Create a partitioned topic",
+            errors(400, 404, 406, 409, 412,
+                   c404="The namespace does not exist.",
+                   c406="The count is 0 or less, or above `max_num_partitions_per_partitioned_topic`.",
+                   c409="A partitioned or non-partitioned topic of that name exists.",
+                   c412="The name is not valid or contains `-partition-`."),
+            done="Created, with its partitions.")
+async def create_partitioned_topic(admin: AdminDependency, topic: TopicFromPath, count: Count) -> None:
     """Create the partitioned topic and its partitions `<topic>-partition-0` … `-partition-<N-1>`."""
     await write_off_loop(admin.broker.partitioned.create, admin, topic, count)
-    return Response(status_code=204)
 
 
 @router.get(
@@ -70,47 +67,35 @@ async def get_partitioned_topic_metadata(admin: AdminDependency, topic: TopicFro
     return {"partitions": admin.broker.partitioned.partitions(name)}
 
 
-@router.post(
-    PARTITIONS_PATH, status_code=204, response_class=Response,
-    summary="Grow a partitioned topic",
-    responses={204: {"description": "Updated; the new partitions exist."},
-               **errors(400, 404, 406, 409, 412,
-                        c404="The partitioned topic does not exist.",
-                        c406="The count is 0 or less, or above the limit.",
-                        c409="The count does not grow.")},
-)
-async def update_partitioned_topic(admin: AdminDependency, topic: TopicFromPath, count: Count) -> Response:
+@no_content(router.post, PARTITIONS_PATH, "Grow a partitioned topic",
+            errors(400, 404, 406, 409, 412,
+                   c404="The partitioned topic does not exist.",
+                   c406="The count is 0 or less, or above the limit.",
+                   c409="The count does not grow."),
+            done="Updated; the new partitions exist.")
+async def update_partitioned_topic(admin: AdminDependency, topic: TopicFromPath, count: Count) -> None:
     """Raise the number of partitions (it never shrinks); clients pick the new partitions
     up at their next metadata poll."""
     await write_off_loop(admin.broker.partitioned.update, admin, topic, count)
-    return Response(status_code=204)
 
 
-@router.delete(
-    PARTITIONS_PATH, status_code=204, response_class=Response,
-    summary="Delete a partitioned topic",
-    responses={204: {"description": "Deleted, with every partition."},
-               **errors(404, 409, 412,
-                        c404="The partitioned topic does not exist.",
-                        c409="A compaction of a partition is running.",
-                        c412="A partition has producers or consumers attached, or the name is not valid.")},
-)
-async def delete_partitioned_topic(admin: AdminDependency, topic: TopicFromPath) -> Response:
+@no_content(router.delete, PARTITIONS_PATH, "Delete a partitioned topic",
+            errors(404, 409, 412,
+                   c404="The partitioned topic does not exist.",
+                   c409="A compaction of a partition is running.",
+                   c412="A partition has producers or consumers attached, or the name is not valid."),
+            done="Deleted, with every partition.")
+async def delete_partitioned_topic(admin: AdminDependency, topic: TopicFromPath) -> None:
     """Delete the partitioned topic, its partitions (ledgers, cursors, compacted ledgers)
     and its topic policies; nothing is deleted when any partition is busy."""
     await admin.broker.partitioned.delete(admin, topic)
-    return Response(status_code=204)
 
 
-@router.post(
-    TOPIC_PATH + "/createMissedPartitions", status_code=204, response_class=Response,
-    summary="Create missing partitions",
-    responses={204: {"description": "Every partition exists."}, **errors(404, 412)},
-)
-async def create_missed_partitions(admin: AdminDependency, topic: TopicFromPath) -> Response:
+@no_content(router.post, TOPIC_PATH + "/createMissedPartitions", "Create missing partitions",
+            errors(404, 412), done="Every partition exists.")
+async def create_missed_partitions(admin: AdminDependency, topic: TopicFromPath) -> None:
     """Create any partition of the partitioned topic that does not exist."""
     await write_off_loop(admin.broker.partitioned.create_missing, admin, topic)
-    return Response(status_code=204)
 
 
 @router.get(

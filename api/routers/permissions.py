@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, HTTPException, Path, Request, Response
+from fastapi import APIRouter, Body, HTTPException, Path, Request
 
 from api.broker.access import AccessControl
 from api.broker.grants import ACTIONS, GrantStore, InvalidActionError
 from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName, parse_namespace
-from api.routers.common import TOPIC_PATH, Namespace, Tenant, TopicPart, errors, topic_name
+from api.routers.common import TOPIC_PATH, Namespace, Tenant, TopicFromPath, errors, no_content
 
 __all__ = ["router"]
 
@@ -47,12 +47,11 @@ def _grants(request: Request) -> GrantStore:
     return access.grants
 
 
-async def _grant(grants: GrantStore, scope: str, role: str, actions: list[str]) -> Response:
+async def _grant(grants: GrantStore, scope: str, role: str, actions: list[str]) -> None:
     try:
         await write_off_loop(grants.grant, scope, role, actions)
     except InvalidActionError as error:
         raise HTTPException(400, str(error)) from None
-    return Response(status_code=204)
 
 
 @router.get(NAMESPACE_PERMISSIONS, summary="The grants on a namespace", responses=errors(412))
@@ -61,42 +60,33 @@ async def namespace_permissions(request: Request, tenant: Tenant, namespace: Nam
     return _grants(request).of_scope(parse_namespace(f"{tenant}/{namespace}"))
 
 
-@router.post(NAMESPACE_PERMISSIONS + "/{role}", status_code=204, response_class=Response,
-             summary="Grant a role actions on a namespace", responses=errors(400, 412))
+@no_content(router.post, NAMESPACE_PERMISSIONS + "/{role}", "Grant a role actions on a namespace", errors(400, 412))
 async def grant_namespace(request: Request, tenant: Tenant, namespace: Namespace, role: Role,
-                          actions: Actions) -> Response:
+                          actions: Actions) -> None:
     """Set the role's actions on every topic of the namespace."""
-    return await _grant(_grants(request), parse_namespace(f"{tenant}/{namespace}"), role, actions)
+    await _grant(_grants(request), parse_namespace(f"{tenant}/{namespace}"), role, actions)
 
 
-@router.delete(NAMESPACE_PERMISSIONS + "/{role}", status_code=204, response_class=Response,
-               summary="Revoke a role's grant on a namespace", responses=errors(412))
-async def revoke_namespace(request: Request, tenant: Tenant, namespace: Namespace, role: Role) -> Response:
+@no_content(router.delete, NAMESPACE_PERMISSIONS + "/{role}", "Revoke a role's grant on a namespace", errors(412))
+async def revoke_namespace(request: Request, tenant: Tenant, namespace: Namespace, role: Role) -> None:
     """Take every action of the role on the namespace away."""
     await write_off_loop(_grants(request).revoke, parse_namespace(f"{tenant}/{namespace}"), role)
-    return Response(status_code=204)
 
 
 @router.get(TOPIC_PERMISSIONS, summary="The grants on a topic", responses=errors(412))
-async def topic_permissions(request: Request, tenant: Tenant, namespace: Namespace,
-                            topic: TopicPart) -> dict[str, list[str]]:
+async def topic_permissions(request: Request, topic: TopicFromPath) -> dict[str, list[str]]:
     """Role -> actions granted on the topic itself (its namespace's grants not included)."""
-    return _grants(request).of_scope(str(TopicName.parse(topic_name(tenant, namespace, topic))))
+    return _grants(request).of_scope(str(TopicName.parse(topic)))
 
 
-@router.post(TOPIC_PERMISSIONS + "/{role}", status_code=204, response_class=Response,
-             summary="Grant a role actions on a topic", responses=errors(400, 412))
-async def grant_topic(request: Request, tenant: Tenant, namespace: Namespace, topic: TopicPart, role: Role,
-                      actions: Actions) -> Response:
+@no_content(router.post, TOPIC_PERMISSIONS + "/{role}", "Grant a role actions on a topic", errors(400, 412))
+async def grant_topic(request: Request, topic: TopicFromPath, role: Role, actions: Actions) -> None:
     """Set the role's actions on the topic (and its partitions)."""
-    scope = str(TopicName.parse(topic_name(tenant, namespace, topic)))
-    return await _grant(_grants(request), scope, role, actions)
+    scope = str(TopicName.parse(topic))
+    await _grant(_grants(request), scope, role, actions)
 
 
-@router.delete(TOPIC_PERMISSIONS + "/{role}", status_code=204, response_class=Response,
-               summary="Revoke a role's grant on a topic", responses=errors(412))
-async def revoke_topic(request: Request, tenant: Tenant, namespace: Namespace, topic: TopicPart,
-                       role: Role) -> Response:
+@no_content(router.delete, TOPIC_PERMISSIONS + "/{role}", "Revoke a role's grant on a topic", errors(412))
+async def revoke_topic(request: Request, topic: TopicFromPath, role: Role) -> None:
     """Take every action of the role on the topic away."""
-    await write_off_loop(_grants(request).revoke, str(TopicName.parse(topic_name(tenant, namespace, topic))), role)
-    return Response(status_code=204)
+    await write_off_loop(_grants(request).revoke, str(TopicName.parse(topic)), role)

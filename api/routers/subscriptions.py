@@ -17,7 +17,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Body, Path, Response
 
 from api.broker.admin_topics import TopicOperations
-from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors
+from api.routers.common import TOPIC_PATH, AdminDependency, TopicFromPath, errors, no_content
 from api.schemas import JAVA_LONG_MAX, MessageIdData, ResetCursorData
 from ledger.position import Position
 
@@ -69,61 +69,44 @@ async def peek_message(admin: AdminDependency, topic: TopicFromPath,
     return Response(content=peeked.payload, media_type="application/octet-stream", headers=headers)
 
 
-@router.post(
-    SUBSCRIPTION_PATH + "/resetcursor/{timestamp}", status_code=204, response_class=Response,
-    summary="Reset a subscription to a publish time",
-    responses={204: {"description": "Reset."}, **errors(400, 404, 412)},
-)
+@no_content(router.post, SUBSCRIPTION_PATH + "/resetcursor/{timestamp}", "Reset a subscription to a publish time",
+            errors(400, 404, 412), done="Reset.")
 async def reset_cursor_to_time(admin: AdminDependency, topic: TopicFromPath,
                                subscription: Subscription,
                                timestamp: Annotated[int, Path(ge=0, le=JAVA_LONG_MAX,
                                                               description="Milliseconds since the epoch.")],
-                               ) -> Response:
+                               ) -> None:
     """The subscription reads next the first message published at or after `timestamp`
     (the end of the topic when none is); its consumers are disconnected and subscribe again."""
     await asyncio.wrap_future(TopicOperations(admin).reset_cursor(
         topic, subscription, timestamp_ms=timestamp))  # durable, off the loop
-    return Response(status_code=204)
 
 
-@router.post(
-    SUBSCRIPTION_PATH + "/resetcursor", status_code=204, response_class=Response,
-    summary="Reset a subscription to a message id",
-    responses={204: {"description": "Reset."}, **errors(400, 404, 412)},
-)
+@no_content(router.post, SUBSCRIPTION_PATH + "/resetcursor", "Reset a subscription to a message id",
+            errors(400, 404, 412), done="Reset.")
 async def reset_cursor_to_message(admin: AdminDependency, topic: TopicFromPath, subscription: Subscription,
-                                  message_id: Annotated[ResetCursorData, Body()]) -> Response:
+                                  message_id: Annotated[ResetCursorData, Body()]) -> None:
     """The subscription reads next from the message id (just after it with `isExcluded`);
     its consumers are disconnected and subscribe again."""
     await asyncio.wrap_future(TopicOperations(admin).reset_cursor(
         topic, subscription,
         position=Position(message_id.ledgerId, message_id.entryId), excluded=message_id.isExcluded))
-    return Response(status_code=204)
 
 
-@router.post(
-    SUBSCRIPTION_PATH + "/skip_all", status_code=204, response_class=Response,
-    summary="Clear the backlog of a subscription",
-    responses={204: {"description": "Everything stored so far is acknowledged."}, **errors(404, 412)},
-)
-async def skip_all(admin: AdminDependency, topic: TopicFromPath,
-                   subscription: Subscription) -> Response:
+@no_content(router.post, SUBSCRIPTION_PATH + "/skip_all", "Clear the backlog of a subscription",
+            errors(404, 412), done="Everything stored so far is acknowledged.")
+async def skip_all(admin: AdminDependency, topic: TopicFromPath, subscription: Subscription) -> None:
     """Acknowledge every message stored so far (`pulsar-admin topics clear-backlog`)."""
     await asyncio.wrap_future(TopicOperations(admin).skip_all(topic, subscription))
-    return Response(status_code=204)
 
 
-@router.put(
-    TOPIC_PATH + "/unload", status_code=204, response_class=Response,
-    summary="Unload a topic",
-    responses={204: {"description": "Unloaded; the next use loads it again."},
-               **errors(404, 409, 412, c409="A compaction of the topic is in flight.")},
-)
-async def unload(admin: AdminDependency, topic: TopicFromPath) -> Response:
+@no_content(router.put, TOPIC_PATH + "/unload", "Unload a topic",
+            errors(404, 409, 412, c409="A compaction of the topic is in flight."),
+            done="Unloaded; the next use loads it again.")
+async def unload(admin: AdminDependency, topic: TopicFromPath) -> None:
     """Disconnect the topic's producers and consumers (clients reconnect), seal its current
     ledger and drop it from memory."""
     await TopicOperations(admin).unload(topic)  # durable, off the loop
-    return Response(status_code=204)
 
 
 @router.get(

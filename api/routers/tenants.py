@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Request, Response
+from fastapi import APIRouter, Body, Path, Request
 from pydantic import BaseModel, Field
 
 from api.auth.rest import topic_grant
@@ -30,7 +30,7 @@ from api.broker.access import LOOKUP_ACTIONS
 from api.broker.advertised import broker_service_url, web_service_url
 from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName
-from api.routers.common import AdminDependency, Namespace, Tenant, TopicPart, errors
+from api.routers.common import AdminDependency, Namespace, Tenant, TopicPart, errors, no_content
 
 __all__ = ["TenantInfo", "router"]
 
@@ -66,26 +66,21 @@ async def get_tenant(admin: AdminDependency, tenant: Tenant) -> TenantInfo:
     return TenantInfo.model_validate(admin.broker.tenants.tenant(tenant))
 
 
-@router.put("/admin/v2/tenants/{tenant}", tags=["tenants"], status_code=204, response_class=Response,
-            summary="Create a tenant",
-            responses={204: {"description": "Created."},
-                       **errors(400, 409, 412, c409="The tenant exists.", c412="The name is not valid.")})
+@no_content(router.put, "/admin/v2/tenants/{tenant}", "Create a tenant",
+            errors(400, 409, 412, c409="The tenant exists.", c412="The name is not valid."),
+            done="Created.", tags=["tenants"])
 async def create_tenant(admin: AdminDependency, tenant: Tenant,
-                        info: Annotated[TenantInfo | None, Body()] = None) -> Response:
+                        info: Annotated[TenantInfo | None, Body()] = None) -> None:
     """Create the tenant; the body, Pulsar's `TenantInfo`, is optional."""
     await write_off_loop(admin.broker.tenants.create_tenant, tenant, (info or TenantInfo()).model_dump())
-    return Response(status_code=204)
 
 
-@router.delete("/admin/v2/tenants/{tenant}", tags=["tenants"], status_code=204, response_class=Response,
-               summary="Delete a tenant",
-               responses={204: {"description": "Deleted."},
-                          **errors(404, 409, 412, c404="The tenant does not exist.",
-                                   c409="The tenant still has namespaces.")})
-async def delete_tenant(admin: AdminDependency, tenant: Tenant) -> Response:
+@no_content(router.delete, "/admin/v2/tenants/{tenant}", "Delete a tenant",
+            errors(404, 409, 412, c404="The tenant does not exist.", c409="The tenant still has namespaces."),
+            done="Deleted.", tags=["tenants"])
+async def delete_tenant(admin: AdminDependency, tenant: Tenant) -> None:
     """Delete the tenant once it has no namespaces."""
     await write_off_loop(admin.broker.tenants.delete_tenant, tenant)
-    return Response(status_code=204)
 
 
 @router.get("/admin/v2/namespaces/{tenant}", tags=["namespaces"], response_model=list[str],
@@ -96,27 +91,23 @@ async def list_namespaces(admin: AdminDependency, tenant: Tenant) -> list[str]:
     return admin.broker.tenants.list_namespaces(tenant)
 
 
-@router.put("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"], status_code=204,
-            response_class=Response, summary="Create a namespace",
-            responses={204: {"description": "Created."},
-                       **errors(404, 409, 412, c404="The tenant does not exist.", c409="The namespace exists.")})
-async def create_namespace(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> Response:
+@no_content(router.put, "/admin/v2/namespaces/{tenant}/{namespace}", "Create a namespace",
+            errors(404, 409, 412, c404="The tenant does not exist.", c409="The namespace exists."),
+            done="Created.", tags=["namespaces"])
+async def create_namespace(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> None:
     """Create `tenant/namespace` (a request body, Pulsar's policies, is ignored)."""
     await write_off_loop(admin.broker.tenants.create_namespace, f"{tenant}/{namespace}")
-    return Response(status_code=204)
 
 
-@router.delete("/admin/v2/namespaces/{tenant}/{namespace}", tags=["namespaces"], status_code=204,
-               response_class=Response, summary="Delete a namespace",
-               responses={204: {"description": "Deleted, with its namespace policies."},
-                          **errors(404, 409, 412, c404="The namespace does not exist.",
-                                   c409="The namespace still has topics or partitioned topics.")})
-async def delete_namespace(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> Response:
+@no_content(router.delete, "/admin/v2/namespaces/{tenant}/{namespace}", "Delete a namespace",
+            errors(404, 409, 412, c404="The namespace does not exist.",
+                   c409="The namespace still has topics or partitioned topics."),
+            done="Deleted, with its namespace policies.", tags=["namespaces"])
+async def delete_namespace(admin: AdminDependency, tenant: Tenant, namespace: Namespace) -> None:
     """Delete the empty namespace (Pulsar's delete without `force`)."""
     name = admin.namespace_scope(tenant, namespace)
     held = admin.list_topics(name) + admin.broker.partitioned.in_namespace(name)
     await write_off_loop(admin.broker.tenants.delete_namespace, name, topics=held)
-    return Response(status_code=204)
 
 
 @router.get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", tags=["lookup"],

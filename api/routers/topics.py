@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter
 
 from api.routers.common import (
     PERSISTENT_PREFIX,
@@ -18,9 +18,9 @@ from api.routers.common import (
     AdminDependency,
     Namespace,
     Tenant,
-    TopicPart,
+    TopicFromPath,
     errors,
-    topic_name,
+    no_content,
 )
 
 __all__ = ["router"]
@@ -39,47 +39,32 @@ async def list_topics(admin: AdminDependency, tenant: Tenant, namespace: Namespa
     return admin.list_topics(admin.namespace_scope(tenant, namespace))
 
 
-@router.put(
-    TOPIC_PATH, status_code=204, response_class=Response,
-    summary="Create a non-partitioned topic",
-    responses={204: {"description": "Created."},
-               **errors(412, 409, 404, c409="The topic already exists.", c404="The namespace does not exist.")},
-)
-async def create_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                       topic: TopicPart) -> Response:
+@no_content(router.put, TOPIC_PATH, "Create a non-partitioned topic",
+            errors(412, 409, 404, c409="The topic already exists.", c404="The namespace does not exist."),
+            done="Created.")
+async def create_topic(admin: AdminDependency, topic: TopicFromPath) -> None:
     """Create the persistent topic (topics are also created on first use by a client)."""
-    await admin.create_topic(topic_name(tenant, namespace, topic))
-    return Response(status_code=204)
+    await admin.create_topic(topic)
 
 
-@router.delete(
-    TOPIC_PATH, status_code=204, response_class=Response,
-    summary="Delete a topic",
-    responses={204: {"description": "Deleted, with its ledgers and compacted ledger."},
-               **errors(404, 412, 409,
-                        c404="The topic does not exist.",
-                        c412="Producers or consumers are attached, or the name is not valid.",
-                        c409="A compaction of the topic is running.")},
-)
-async def delete_topic(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                       topic: TopicPart) -> Response:
+@no_content(router.delete, TOPIC_PATH, "Delete a topic",
+            errors(404, 412, 409,
+                   c404="The topic does not exist.",
+                   c412="Producers or consumers are attached, or the name is not valid.",
+                   c409="A compaction of the topic is running."),
+            done="Deleted, with its ledgers and compacted ledger.")
+async def delete_topic(admin: AdminDependency, topic: TopicFromPath) -> None:
     """Delete the topic: its ledgers, cursors and compacted ledger. Refused while clients
     are attached (Pulsar's delete without `force`)."""
-    await admin.delete_topic(topic_name(tenant, namespace, topic))
-    return Response(status_code=204)
+    await admin.delete_topic(topic)
 
 
-@router.delete(
-    TOPIC_PATH + "/subscription/{subscription}", status_code=204, response_class=Response,
-    summary="Delete a subscription",
-    responses={204: {"description": "Deleted."},
-               **errors(404, 405, 409, 412,
-                        c404="The topic or the subscription does not exist.",
-                        c409="`__compaction` while a compaction of the topic runs.")},
-)
-async def delete_subscription(admin: AdminDependency, tenant: Tenant, namespace: Namespace,
-                              topic: TopicPart, subscription: str) -> Response:
+@no_content(router.delete, TOPIC_PATH + "/subscription/{subscription}", "Delete a subscription",
+            errors(404, 405, 409, 412,
+                   c404="The topic or the subscription does not exist.",
+                   c409="`__compaction` while a compaction of the topic runs."),
+            done="Deleted.")
+async def delete_subscription(admin: AdminDependency, topic: TopicFromPath, subscription: str) -> None:
     """Delete the subscription and its cursor; its consumers are disconnected. Deleting
     `__compaction` drops the compacted view and deletes the compacted ledger."""
-    await asyncio.wrap_future(admin.delete_subscription(topic_name(tenant, namespace, topic), subscription))
-    return Response(status_code=204)
+    await asyncio.wrap_future(admin.delete_subscription(topic, subscription))

@@ -25,7 +25,7 @@ other command must end exactly where its BaseCommand ends (totalSize = 4 + cmdSi
 
 **Size rule.** A frame is measured whole, its 4-byte totalSize included (as Netty's length
 decoder does in Pulsar's broker): ``4 + totalSize <= max_frame_bytes``. The default
-``FRAME_BYTES_MAX`` is ``MESSAGE_BYTES_MAX`` (5 MiB, Pulsar's default maxMessageSize) plus
+``FRAME_BYTES_MAX`` is ``MESSAGE_BYTES_MAX`` (``message.entry``: 5 MiB, Pulsar's default maxMessageSize) plus
 ``FRAME_PADDING_BYTES`` (10 KiB, Pulsar's MESSAGE_SIZE_FRAME_PADDING) for the length
 fields, the command and the checksum. The broker advertises ``MESSAGE_BYTES_MAX``, not
 ``FRAME_BYTES_MAX``, as CONNECTED.max_message_size: clients hold an entry
@@ -51,7 +51,7 @@ from google.protobuf.message import Message as ProtobufMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from ledger.errors import CompactionServiceError
-from message.entry import BROKER_ENTRY_MAGIC, CHECKSUM_MAGIC, parse_proto
+from message.entry import BROKER_ENTRY_MAGIC, CHECKSUM_MAGIC, MESSAGE_BYTES_MAX, parse_proto
 from message.proto import pulsar_api_pb2 as pb
 
 __all__ = [
@@ -68,9 +68,6 @@ __all__ = [
     "make_command",
 ]
 
-MESSAGE_BYTES_MAX: Final = 5 * 1024 * 1024
-"""Largest entry (metadataSize · metadata · payload) a client may send: Pulsar's default
-maxMessageSize, and the value for CONNECTED.max_message_size."""
 FRAME_PADDING_BYTES: Final = 10 * 1024
 """Room in a frame beyond the entry: length fields, BaseCommand, checksum (Pulsar's
 MESSAGE_SIZE_FRAME_PADDING)."""

@@ -11,7 +11,7 @@ answers both for a ``FileLedgerStore``'s directory, in the process running the r
   entries are read at the offsets the index recorded, each checked against its CRC32C,
   with no scan of the ledger file;
 * an **open** ledger (the topic's last) is read through the store, and parsed up to its
-  last confirmed entry for an index that is never written.
+  last confirmed entry for an index that is never written (once per ``IndexSource``).
 
 Every byte read (index files, entries) is charged to the round's throttle. The sealed
 files stay open until ``close``; the entries' locations (16 bytes an entry) are read from
@@ -41,12 +41,17 @@ class IndexSource:
         self._charge = charge
         self._sealed: dict[tuple[bool, int], SealedFile | None] = {}  # None: an open ledger
         self._located: tuple[tuple[bool, int], array[int], array[int]] | None = None  # the last one read
+        self._parsed: dict[tuple[bool, int], KeyIndex] = {}  # open ledgers' indexes, parsed once
 
     def load(self, whole: LedgerRange, columns: tuple[str, ...]) -> KeyIndex:
         """The index of ``whole``'s ledger (at least ``columns`` of it)."""
         sealed = self._open(whole)
-        if sealed is None:
-            return ensure_index(self._store, whole.ledger_id, compacted=whole.compacted, charge=self._charge)
+        if sealed is None:  # parsed once: both phases ask (its confirmed entries then cover every range asked)
+            key = (whole.compacted, whole.ledger_id)
+            if key not in self._parsed:
+                self._parsed[key] = ensure_index(self._store, whole.ledger_id, compacted=whole.compacted,
+                                                 charge=self._charge)
+            return self._parsed[key]
         return sealed_index(sealed, self._store, compacted=whole.compacted, charge=self._charge, columns=columns)
 
     def read(self, whole: LedgerRange, stored: list[int]) -> list[bytes]:
@@ -90,3 +95,4 @@ class IndexSource:
                 sealed.close()
         self._sealed.clear()
         self._located = None
+        self._parsed.clear()

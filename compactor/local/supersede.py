@@ -63,6 +63,9 @@ _NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 # Entries per store read when an index is built in memory.
 READ_ENTRIES_MAX = 1000
+# The backlog keys' filter: 2**bits flags (bytes), bits between these.
+FILTER_BITS_MIN = 10
+FILTER_BITS_MAX = 24
 
 
 class NeedsRewrite(CompactorError):
@@ -110,7 +113,10 @@ class Indexes:
 
 
 class BacklogKeys:
-    """The keys a backlog writes: high halves sorted and distinct, low halves beside them."""
+    """The keys a backlog writes: high halves sorted and distinct, low halves beside them,
+    and a filter on the high halves' top bits (a table of ``2**bits`` flags, about 16 per
+    key, at most ``FILTER_BITS_MAX``), so that looking up an older ledger's rows searches
+    only those whose top bits some backlog key has."""
 
     def __init__(self, high: U64, low: U64) -> None:
         order = np.argsort(high, kind="stable")
@@ -121,18 +127,26 @@ class BacklogKeys:
         first = np.ones(len(high), dtype=bool)
         first[1:] = ~same
         self.high, self.low = high[first], low[first]
+        bits = min(FILTER_BITS_MAX, max(FILTER_BITS_MIN, len(self.high).bit_length() + 4))
+        self._shift = np.uint64(64 - bits)
+        self._filter = np.zeros(1 << bits, dtype=bool)
+        self._filter[self.high >> self._shift] = True
 
     def __len__(self) -> int:
         return len(self.high)
 
     def holds(self, high: U64, low: U64) -> Mask:
         """Which of the keys ``(high, low)`` the backlog writes."""
+        found: Mask = np.zeros(len(high), dtype=bool)
         if not len(self.high):
-            return np.zeros(len(high), dtype=bool)
-        at = np.minimum(np.searchsorted(self.high, high), len(self.high) - 1)
-        found: Mask = self.high[at] == high
-        if np.any(found & (self.low[at] != low)):
+            return found
+        maybe = np.flatnonzero(self._filter[high >> self._shift])
+        candidates = high[maybe]
+        at = np.minimum(np.searchsorted(self.high, candidates), len(self.high) - 1)
+        hit = self.high[at] == candidates
+        if np.any(hit & (self.low[at] != low[maybe])):
             raise NeedsRewrite("two keys' hashes share their high 64 bits")
+        found[maybe[hit]] = True
         return found
 
 

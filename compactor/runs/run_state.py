@@ -21,14 +21,17 @@ Per topic (``idle`` is no entry)::
     after Stopped: Requested --> Reject(STOPPING); a running run still ends as above
 
 ``Started``, ``Succeeded`` and ``Failed`` carry the run id they belong to: one for a run
-that is not the topic's current one changes nothing. The status strings are the REST API's
-(Pulsar's ``LongRunningProcessStatus``): ``NOT_RUN`` is what a topic never compacted reads.
+that is not the topic's current one changes nothing. The statuses are ``ledger.job_status``'s
+(Pulsar's ``LongRunningProcessStatus``, the offload's too): ``NOT_RUN`` is what a topic never
+compacted reads.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from ledger.job_status import JobStatus
 
 __all__ = [
     "ERROR",
@@ -56,10 +59,8 @@ __all__ = [
     "Trim",
 ]
 
-NOT_RUN = "NOT_RUN"
-RUNNING = "RUNNING"
-SUCCESS = "SUCCESS"
-ERROR = "ERROR"
+# The statuses by the short names the transition table above uses.
+NOT_RUN, RUNNING, SUCCESS, ERROR = JobStatus.NOT_RUN, JobStatus.RUNNING, JobStatus.SUCCESS, JobStatus.ERROR
 INTERRUPTED = "the broker stopped during the run"
 """The error a run reads when the broker stopped before it ended (or before it started)."""
 
@@ -146,7 +147,7 @@ Event = Requested | Started | Succeeded | Failed | Interrupted | Deleted | Stopp
 @dataclass(frozen=True, slots=True)
 class PersistStatus:
     topic: str
-    status: str
+    status: JobStatus
     last_error: str
     at_ms: int
 

@@ -110,6 +110,7 @@ from compactor.local.supersede import (
 from compactor.local.worker import RoundReport, RoundRequest, RoundWorkers, run_round
 from compactor.record import LATENCY_BUCKETS_MS, RunFigures
 from compactor.runs.bucket_input import stage_input
+from compactor.runs.held import HeldLedgers, HoldingOutput
 from compactor.runs.lag import stop_before_young, young_after
 from compactor.runs.merges import LedgerShape, plan_merges
 from compactor.runs.run_log import log_run, log_run_failed
@@ -211,6 +212,7 @@ class Compactor:
         self._owns_spark_engine = False
         self._spark_lock = threading.Lock()
         self._workers = RoundWorkers(self.config.worker_processes) if self.config.worker_processes > 0 else None
+        self.held = HeldLedgers()  # what Spark runs in flight hold in the bucket (orphan collection spares it)
 
     def compact(
         self, topic: CompactedTopic, *, delete_retention_ms: int = 0, progress: Progress | None = None,
@@ -304,24 +306,26 @@ class Compactor:
             LedgerRange(ledger_id, 0, entries - 1, compacted=True) for ledger_id, entries in previous.segments if entries]
         backlog = raw_ranges(planned.snapshot.ledgers, horizon, stop)
         ranges += backlog
-        if files.bucket is not None:  # the executors see the bucket only: every input goes there first
-            stage_input(topic.ledger, files, files.bucket, ranges, now_ms=self._now_ms())
-        request = RewriteInput(files.root, tuple(ranges), stop, _compacted_metadata(topic, stop),
-                               self.config.retain_null_key, cutoff, files.bucket)
-        counted.start()
-        result = self._spark().compact(request, files)
-        counted.done = result.entries_read
-        counted.end()
-        job_s = time.monotonic() - started
-        marked = RoundTally(incremental=incremental)
-        try:
-            ledger_ids, marks = self._round_view(topic, previous, backlog, dict.fromkeys(result.ledger_ids), cutoff,
-                                                 marked, incremental=incremental, run=run)
-        except NeedsRewrite:
-            for ledger_id in result.ledger_ids:
-                _delete_quietly_store(topic, ledger_id)
-            raise
-        view = self._publish(topic, cursor, stop, ledger_ids, previous, marks, in_bucket=files.bucket is not None)
+        with self.held.holding(sorted({piece.ledger_id for piece in ranges})) as hold:
+            if files.bucket is not None:  # the executors see the bucket only: every input goes there first
+                stage_input(topic.ledger, files, files.bucket, ranges, now_ms=self._now_ms())
+            request = RewriteInput(files.root, tuple(ranges), stop, _compacted_metadata(topic, stop),
+                                   self.config.retain_null_key, cutoff, files.bucket)
+            counted.start()
+            result = self._spark().compact(request, HoldingOutput(files, hold))
+            counted.done = result.entries_read
+            counted.end()
+            job_s = time.monotonic() - started
+            marked = RoundTally(incremental=incremental)
+            try:
+                ledger_ids, marks = self._round_view(topic, previous, backlog, dict.fromkeys(result.ledger_ids),
+                                                     cutoff, marked, incremental=incremental, run=run)
+            except NeedsRewrite:
+                for ledger_id in result.ledger_ids:
+                    _delete_quietly_store(topic, ledger_id)
+                raise
+            view = self._publish(topic, cursor, stop, ledger_ids, previous, marks,
+                                 in_bucket=files.bucket is not None)
         merged: tuple[int, int, int] = (0, 0, 0)
         if incremental:
             view, merged = self._merge(topic, cursor, view, self._planned_merges(view), run)
@@ -333,7 +337,7 @@ class Compactor:
             ledger_id=view.ledger_ids[-1] if incremental else result.ledger_ids[0],
             removed_events=result.messages_read - result.messages_kept + marked.dead_marked,
             entries_read=result.entries_read, messages_read=result.messages_read,
-            bytes_read=result.bytes_read + marked.bytes_read, entries_written=result.entries_written + merged[2],
+            bytes_read=result.bytes_read, entries_written=result.entries_written + merged[2],
             bytes_written=result.bytes_written + merged[1], phase_one_s=job_s, phase_two_s=duration_s - job_s,
             duration_s=duration_s, key_map_bytes=0, append_latency_counts=(), rounds=1,
             dead_marked=marked.dead_marked, merged_ledgers=merged[0],
@@ -425,13 +429,7 @@ class Compactor:
         fresh = {ledger_id: marks for ledger_id, marks in new.items() if marks is not None}
         if not incremental or previous is None:
             return list(new), fresh
-        read = [0]
-
-        def charge(size: int) -> None:  # what marking reads (key indexes) is the run's read too
-            read[0] += size
-            run.throttle.charge(size)
-
-        indexes = Indexes(topic.ledger.store, charge)
+        indexes = Indexes(topic.ledger.store, run.throttle.charge)  # the key indexes read: io_bytes
         try:
             keys = backlog_keys(indexes, backlog) if keys is None else keys
             older = [(LedgerRange(i, 0, entries - 1, compacted=True), previous.marks_of(i))
@@ -446,7 +444,6 @@ class Compactor:
         finally:
             indexes.close()
         rounds.dead_marked += dead_marked
-        rounds.bytes_read += read[0]
         empty = {i: LedgerMarks.none(0, 0, 0) for i, entries in previous.segments if not entries}
         return [*previous.ledger_ids, *new], {**empty, **previous.marks, **changed, **fresh}
 

@@ -74,6 +74,20 @@ class TopicDir:
         self.data_dir.close()
 
 
+def object_ids(bucket: BucketConfig) -> set[int]:
+    """The ledger ids the bucket holds an object of (a ledger, a sidecar, a temporary copy)."""
+    from ledger.storage.bucket import LedgerBucket
+    from ledger.storage.byte_source import BlockCache
+
+    return {found.ledger_id for found in LedgerBucket(bucket, BlockCache(0)).objects()}
+
+
+def live_ledger_ids(topic_dir: TopicDir) -> set[int]:
+    """Every ledger a bucket object may belong to: the topic's and its view's."""
+    view = topic_dir.topic.view
+    return {record.ledger_id for record in topic_dir.ledger.ledger_list()} | set(view.ledger_ids if view else ())
+
+
 def mixed_entries(count: int = 40, first: int = 0) -> list[bytes]:
     """Keyed singles and batches, tombstones and key-less messages over several ledgers;
     keys written once are spread over the topic, so that every group keeps something."""

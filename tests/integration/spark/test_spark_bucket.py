@@ -35,21 +35,24 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from compactor.engine import OutputLedgers, RewriteInput, RewriteResult
 from compactor.errors import SparkEngineError
+from compactor.runs.held import HeldLedgers
 from compactor.runs.runner import CompactionConfig, Compactor
 from compactor.spark import SparkEngine
 from compactor.spark.rewrite import FAULT_ENV
 from compactor.view.manifest import CompactedManifests
 from ledger.offload import Offloader
-from ledger.storage.bucket import LedgerBucket, ledger_object_name, parse_object_name
-from ledger.storage.byte_source import BlockCache
+from ledger.storage.bucket import ledger_object_name, parse_object_name
 from ledger.storage.object_fs import BucketConfig
 from tests.integration.spark.support import (
     NOW_S,
     TOPIC,
     TopicDir,
+    live_ledger_ids,
     local_messages,
     mixed_entries,
+    object_ids,
     spark_rows,
 )
 from tests.integration.spark.test_spark_local import _named_by_place
@@ -165,16 +168,6 @@ def _prepared(tmp_path: Path, bucket: BucketConfig, engine: SparkEngine) -> tupl
     return on_spark, on_spark.compacted_ledger(), expected
 
 
-def _object_ids(bucket: BucketConfig) -> set[int]:
-    return {found.ledger_id for found in LedgerBucket(bucket, BlockCache(0)).objects()}
-
-
-def _live(topic_dir: TopicDir) -> set[int]:
-    """Every ledger a bucket object may belong to: the topic's and its view's."""
-    view = topic_dir.topic.view
-    return {record.ledger_id for record in topic_dir.ledger.ledger_list()} | set(view.ledger_ids if view else ())
-
-
 def test_a_run_whose_every_task_dies_after_uploading_leaves_no_object_and_the_previous_view(
     engine: SparkEngine, tmp_path: Path,
 ) -> None:
@@ -187,7 +180,7 @@ def test_a_run_whose_every_task_dies_after_uploading_leaves_no_object_and_the_pr
             topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine, clock=lambda: NOW_S))
         environment.pop(FAULT_ENV)
         assert topic_dir.compacted_ledger() == served  # the previous view serves
-        assert _object_ids(bucket) <= _live(topic_dir)  # the reserved ledgers' objects were deleted
+        assert object_ids(bucket) <= live_ledger_ids(topic_dir)  # the reserved ledgers' objects were deleted
         topic_dir.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine, clock=lambda: NOW_S))
         assert _place_named(topic_dir) == expected  # the next run converges
     finally:
@@ -200,7 +193,7 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
 ) -> None:
     bucket = BucketConfig("filesystem", str(tmp_path / "bucket"))
     topic_dir, served, expected = _prepared(tmp_path, bucket, engine)
-    before = _object_ids(bucket) | _live(topic_dir)
+    before = object_ids(bucket) | live_ledger_ids(topic_dir)
     topic_dir.close()  # the driver opens the data dir as the broker would
     driver_script = Path(__file__).with_name("bucket_driver.py")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", FAULT_ENV: "1:99:hang",
@@ -211,7 +204,7 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:  # group 0 uploads its ledger while group 1's task hangs in its writing: then kill -9
         deadline = time.monotonic() + DRIVER_TIMEOUT_S
-        while not _object_ids(bucket) - before:
+        while not object_ids(bucket) - before:
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no compacted ledger uploaded in time"
             time.sleep(0.05)
@@ -222,7 +215,7 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(DRIVER_TIMEOUT_S)
         log.close()
-    uploaded = _object_ids(bucket) - before
+    uploaded = object_ids(bucket) - before
 
     restarted = TopicDir(tmp_path / "spark", bucket=bucket)
     try:
@@ -234,8 +227,58 @@ def test_a_driver_killed_mid_job_leaves_orphan_objects_that_the_collection_remov
         finally:
             offloader.shutdown()
         assert {parse_object_name(name) for name in removed} == uploaded  # only the killed run's objects
-        assert _object_ids(bucket) <= _live(restarted)
+        assert object_ids(bucket) <= live_ledger_ids(restarted)
         restarted.compact(Compactor(CompactionConfig(engine="spark"), spark_engine=engine, clock=lambda: NOW_S))
         assert _place_named(restarted) == expected
     finally:
         restarted.close()
+
+
+class _CollectingMidRun:
+    """The Spark engine, with the broker's orphan collection (grace 0) run between the
+    executors' uploads and the publish: what the broker's trim pass may do at any time."""
+
+    def __init__(self, inner: SparkEngine, topic_dir: TopicDir) -> None:
+        self.inner, self.topic_dir = inner, topic_dir
+        self.driver_bytes_per_key = inner.driver_bytes_per_key
+        self.held = HeldLedgers()  # the compactor's, once it exists
+        self.removed: list[str] = []
+        self.uploaded: set[int] = set()
+
+    def compact(self, request: RewriteInput, ledgers: OutputLedgers) -> RewriteResult:
+        result = self.inner.compact(request, ledgers)
+        self.uploaded = set(result.ledger_ids)
+        database = self.topic_dir.data_dir.database
+        live = CompactedManifests(database).live_ledger_ids(int(NOW_S * 1000)) | self.held.ids()
+        offloader = Offloader(self.topic_dir.data_dir.ledgers, self.topic_dir.data_dir.metadata)
+        try:
+            self.removed = offloader.collect_orphan_objects(0, also_live=live)
+        finally:
+            offloader.shutdown()
+        return result
+
+
+def test_the_orphan_collection_during_a_run_spares_what_the_run_holds_in_the_bucket(
+    engine: SparkEngine, tmp_path: Path,
+) -> None:
+    bucket = BucketConfig("filesystem", str(tmp_path / "bucket"))
+    topic_dir, reference = TopicDir(tmp_path / "spark", bucket=bucket), TopicDir(tmp_path / "local")
+    collecting = _CollectingMidRun(engine, topic_dir)
+    compactor = Compactor(CompactionConfig(engine="spark"), spark_engine=collecting, clock=lambda: NOW_S)
+    collecting.held = compactor.held
+    local = Compactor(CompactionConfig(engine="local"), clock=lambda: NOW_S)
+    try:
+        for tested in (topic_dir, reference):
+            tested.append(mixed_entries(23, 0))
+        reference.ledger.roll_over_now()
+        topic_dir.compact(compactor)
+        reference.compact(local)
+        assert collecting.uploaded and collecting.removed == []  # the run's group ledgers were spared
+        assert compactor.held.ids() == set()  # and released once published
+        assert _place_named(topic_dir) == _place_named(reference)
+        view = topic_dir.topic.view
+        assert view is not None and set(view.ledger_ids) == collecting.uploaded
+    finally:
+        topic_dir.close()
+        reference.close()
+        local.close()

@@ -47,7 +47,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,41 +54,31 @@ import pytest
 pytest.importorskip("pyspark")
 
 from compactor.errors import SparkEngineError
-from compactor.runs.runner import CompactionConfig, Compactor, collect_orphans
+from compactor.runs.runner import CompactionConfig, Compactor
 from compactor.spark import SparkEngine
 from compactor.spark.rewrite import FAULT_ENV
 from ledger import SimulatedCrash
-from ledger.data_dir import DataDir
-from ledger.position import Position
 from ledger.storage.base import SyncPolicy
-from ledger.storage.sealed_writer import TEMP_PREFIX
-from message.encoder import encode_entry
-from message.proto import pulsar_api_pb2 as pb
+from tests.integration.spark.crash_support import (
+    COMMIT_POINTS,
+    ENTRIES_PER_LEDGER,
+    FIRST,
+    SECOND,
+    SHUFFLE,
+    Prepared,
+    kill,
+    ledger_files,
+    restart,
+    spark_compactor,
+    tasks_running,
+)
 from tests.integration.spark.support import NOW_S, TOPIC, TopicDir, local_messages
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-ENTRIES_PER_LEDGER = 5
 # Bounds of the waits on the child driver: a Spark start on two busy cores, then the job.
 DRIVER_WRITING_TIMEOUT_S = 180.0
 PROCESS_EXIT_TIMEOUT_S = 30.0
-SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
-
-
-def _message(key: str | None, value: bytes | None) -> bytes:
-    """A message at NOW_S; ``value`` None: a tombstone (``null_value``)."""
-    metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=int(NOW_S * 1000))
-    if key is not None:
-        metadata.partition_key = key
-    if value is None:
-        metadata.null_value = True
-    return encode_entry(metadata, value or b"", with_checksum=True)
-
-
-# The first run's input, then the updates after it: overwrites, tombstones, key-less messages.
-FIRST = [_message(f"key-{index % 7}", b"a%d" % index) for index in range(24)]
-SECOND = [_message(None if index % 11 == 5 else f"key-{index % 9}", None if index % 6 == 0 else b"b%d" % index)
-          for index in range(26)]
 
 
 @pytest.fixture(scope="module")
@@ -101,24 +90,6 @@ def engine() -> Iterator[SparkEngine]:
     spark_engine.session()
     yield spark_engine
     spark_engine.stop()
-
-
-@dataclass
-class Prepared:
-    """A data dir whose topic has a published view and updates after it (``path``), and
-    what the next run must publish (the local engine's view on a copy)."""
-
-    path: Path
-    served: list[bytes]  # the published view's entries, as stored
-    served_messages: list[tuple[object, ...]]  # what a read-compacted reader gets: the view, then the raw tail
-    view_ledger_ids: tuple[int, ...]
-    horizon: Position
-    expected: list[bytes]  # the local engine's next view, entries as stored
-    expected_messages: list[tuple[object, ...]]
-
-
-def _spark(engine: SparkEngine) -> Compactor:
-    return Compactor(CompactionConfig(engine="spark"), clock=lambda: NOW_S, spark_engine=engine)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +109,7 @@ def _prepare(engine: SparkEngine, tmp_path: Path) -> Prepared:
     topic_dir = TopicDir(tmp_path / "spark", entries_per_ledger=ENTRIES_PER_LEDGER)
     try:
         topic_dir.append(FIRST)
-        topic_dir.compact(_spark(engine))
+        topic_dir.compact(spark_compactor(engine))
         view = topic_dir.topic.view
         assert view is not None and len(view.ledger_ids) > 1  # a view of several ledgers
         topic_dir.append(SECOND)
@@ -156,28 +127,6 @@ def _prepare(engine: SparkEngine, tmp_path: Path) -> Prepared:
     assert expected != served
     return Prepared(tmp_path / "spark", served, served_messages, view.ledger_ids, view.horizon, expected,
                     expected_messages)
-
-
-def _restart(path: Path) -> tuple[TopicDir, list[int]]:
-    """Open the data dir as a start does: collect orphans first, then the topic."""
-    data_dir = DataDir.open(str(path), sync=SyncPolicy.NONE)
-    try:
-        orphans = collect_orphans(data_dir)
-    finally:
-        data_dir.close()
-    return TopicDir(path, entries_per_ledger=ENTRIES_PER_LEDGER), orphans
-
-
-def _kill(topic_dir: TopicDir) -> None:
-    """``kill -9`` in-process: nothing closed or sealed; the stores stop and the lock goes."""
-    topic_dir.data_dir.close()
-
-
-def _ledger_files(path: Path) -> tuple[set[int], list[str]]:
-    """The ledger ids with a file in the data dir, and its temporary files."""
-    names = os.listdir(path / "ledgers")
-    return ({int(name.split(".")[0]) for name in names if name.endswith(".ledger")},
-            [name for name in names if name.startswith(TEMP_PREFIX)])
 
 
 def _compacted_ledgers(path: Path, ledger_ids: set[int]) -> set[int]:
@@ -200,7 +149,7 @@ def _assert_serves(topic_dir: TopicDir, entries: list[bytes], messages: list[tup
     assert view is not None
     assert topic_dir.compacted_ledger() == entries
     assert local_messages(topic_dir, read_compacted=True, include_open_ledger=True) == messages
-    files, temporary = _ledger_files(topic_dir.path)
+    files, temporary = ledger_files(topic_dir.path)
     assert temporary == []
     assert files == {record.ledger_id for record in topic_dir.ledger.ledger_list()} | set(view.ledger_ids)
 
@@ -213,7 +162,7 @@ def _assert_previous_view_serves(topic_dir: TopicDir, prepared: Prepared) -> Non
 
 def _assert_converges(topic_dir: TopicDir, engine: SparkEngine, prepared: Prepared) -> None:
     """The next Spark run publishes the local engine's view, and nothing is left over."""
-    topic_dir.compact(_spark(engine))
+    topic_dir.compact(spark_compactor(engine))
     _assert_serves(topic_dir, prepared.expected, prepared.expected_messages)
 
 
@@ -244,7 +193,7 @@ def _gone(group: int) -> bool:
 def test_a_driver_killed_in_the_middle_of_the_job_leaves_the_previous_view_and_the_next_run_converges(
     engine: SparkEngine, prepared: Prepared, tmp_path: Path,
 ) -> None:
-    before, _ = _ledger_files(prepared.path)
+    before, _ = ledger_files(prepared.path)
     # Group 1's task stops while writing (every attempt), so the job is in flight when
     # the driver dies; group 0's runs on the other core and writes its ledger.
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", FAULT_ENV: "1:99:hang",
@@ -256,11 +205,11 @@ def test_a_driver_killed_in_the_middle_of_the_job_leaves_the_previous_view_and_t
         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         def writing() -> bool:
-            files, temporary = _ledger_files(prepared.path)
+            files, temporary = ledger_files(prepared.path)
             return bool(temporary) and bool(_compacted_ledgers(prepared.path, files - before))
 
         _poll(writing, DRIVER_WRITING_TIMEOUT_S, "executor writing a reserved ledger and a temporary file", driver)
-        files, temporary = _ledger_files(prepared.path)
+        files, temporary = ledger_files(prepared.path)
         os.kill(driver.pid, signal.SIGKILL)
         assert driver.wait(PROCESS_EXIT_TIMEOUT_S) == -signal.SIGKILL
         # Its JVM and Python workers follow it (they watch their parent's pipes); whatever
@@ -276,7 +225,7 @@ def test_a_driver_killed_in_the_middle_of_the_job_leaves_the_previous_view_and_t
     written = _compacted_ledgers(prepared.path, files - before)
     assert written and temporary  # the kill landed inside the job
 
-    topic_dir, orphans = _restart(prepared.path)
+    topic_dir, orphans = restart(prepared.path)
     try:
         assert written <= set(orphans)  # the killed run's ledgers are unreferenced
         _assert_previous_view_serves(topic_dir, prepared)
@@ -307,17 +256,17 @@ def test_a_task_attempt_killed_is_retried_and_the_run_publishes_the_local_engine
     fault(f"1:1:{point}")  # attempt 0 of group 1 dies; attempt 1 succeeds
     topic_dir = TopicDir(prepared.path, entries_per_ledger=ENTRIES_PER_LEDGER)
     try:
-        topic_dir.compact(_spark(engine))
+        topic_dir.compact(spark_compactor(engine))
         assert topic_dir.compacted_ledger() == prepared.expected
         assert local_messages(topic_dir, read_compacted=True, include_open_ledger=True) == prepared.expected_messages
-        _, temporary = _ledger_files(prepared.path)
+        _, temporary = ledger_files(prepared.path)
     finally:
         topic_dir.close()
     # The attempt killed while writing left its temporary file (the retry wrote another
     # and renamed it); the one killed after writing, none (the retry replaced its ledger).
     assert len(temporary) == (1 if point == "writing" else 0)
 
-    topic_dir, orphans = _restart(prepared.path)
+    topic_dir, orphans = restart(prepared.path)
     try:
         assert orphans == []
         _assert_serves(topic_dir, prepared.expected, prepared.expected_messages)
@@ -331,24 +280,24 @@ def test_a_task_whose_every_attempt_is_killed_fails_the_run_and_the_previous_vie
     fault("1:2:writing")  # both attempts local[2,2] allows die
     topic_dir = TopicDir(prepared.path, entries_per_ledger=ENTRIES_PER_LEDGER)
     try:
-        before, _ = _ledger_files(prepared.path)
+        before, _ = ledger_files(prepared.path)
         with pytest.raises(SparkEngineError, match="spark rewrite failed"):
-            topic_dir.compact(_spark(engine))
-        _assert_previous_view_serves_until_restart(topic_dir, prepared)
+            topic_dir.compact(spark_compactor(engine))
+        _assert_previous_view_serves_untilrestart(topic_dir, prepared)
         # Once no task of the failed job runs any more, none of its ledgers is on disk: the
         # driver deleted them after its cancelled tasks stopped, not before (a task still
         # running when the job aborted could rename its ledger into place afterwards).
         deadline = time.monotonic() + PROCESS_EXIT_TIMEOUT_S
-        while _tasks_running(engine):
+        while tasks_running(engine):
             assert time.monotonic() < deadline, "the failed job's tasks still run"
             time.sleep(0.05)
-        files, _ = _ledger_files(prepared.path)
+        files, _ = ledger_files(prepared.path)
         assert files == before
     finally:
         topic_dir.close()
     fault("")
 
-    topic_dir, _ = _restart(prepared.path)
+    topic_dir, _ = restart(prepared.path)
     try:
         _assert_previous_view_serves(topic_dir, prepared)
         _assert_converges(topic_dir, engine, prepared)
@@ -356,28 +305,14 @@ def test_a_task_whose_every_attempt_is_killed_fails_the_run_and_the_previous_vie
         topic_dir.close()
 
 
-def _tasks_running(engine: SparkEngine) -> int:
-    """Tasks of the session still running, of any stage (a failed stage is no longer
-    active, yet its cancelled tasks may run on for seconds). Stage ids are consecutive;
-    a few may be unknown (skipped)."""
-    tracker = engine.session().sparkContext.statusTracker()
-    running, unknown, stage_id = 0, 0, 0
-    while unknown < 20:
-        info = tracker.getStageInfo(stage_id)
-        unknown = unknown + 1 if info is None else 0
-        running += 0 if info is None else info.numActiveTasks
-        stage_id += 1
-    return running
-
-
-def _assert_previous_view_serves_until_restart(topic_dir: TopicDir, prepared: Prepared) -> None:
+def _assert_previous_view_serves_untilrestart(topic_dir: TopicDir, prepared: Prepared) -> None:
     """After a failed run the previous view serves; what the killed attempts left (their
     temporary files) waits for the next start."""
     view = topic_dir.topic.view
     assert view is not None and view.ledger_ids == prepared.view_ledger_ids
     assert topic_dir.compacted_ledger() == prepared.served
     assert local_messages(topic_dir, read_compacted=True, include_open_ledger=True) == prepared.served_messages
-    _, temporary = _ledger_files(prepared.path)
+    _, temporary = ledger_files(prepared.path)
     # One per killed attempt (a cancelled task whose worker Spark killed mid-write would add one).
     assert len(temporary) >= 2
 
@@ -385,42 +320,34 @@ def _assert_previous_view_serves_until_restart(topic_dir: TopicDir, prepared: Pr
 # -- the commit killed ----------------------------------------------------------------------
 
 
-COMMIT_POINTS = [
-    pytest.param("cursor.save.before", False, id="before-the-transaction"),
-    pytest.param("cursor.save.between_position_and_properties", False, id="inside-before-the-properties"),
-    pytest.param("compaction.manifest.write", False, id="inside-before-the-manifest"),
-    pytest.param("cursor.save.after", True, id="after-the-commit"),
-]
-
-
 @pytest.mark.parametrize(("point", "published"), COMMIT_POINTS)
 def test_a_crash_in_the_commit_of_a_spark_run_leaves_the_old_or_the_new_view_whole_and_the_next_run_converges(
     engine: SparkEngine, prepared: Prepared, point: str, published: bool,
 ) -> None:
     topic_dir = TopicDir(prepared.path, entries_per_ledger=ENTRIES_PER_LEDGER)
-    before, _ = _ledger_files(prepared.path)
+    before, _ = ledger_files(prepared.path)
     new_ids: list[int] = []
 
     def crash(**_: object) -> None:
-        files, _temporary = _ledger_files(prepared.path)
+        files, _temporary = ledger_files(prepared.path)
         new_ids.extend(sorted(files - before))  # the run's ledgers, all written and sealed
         raise SimulatedCrash(point)
 
     topic_dir.data_dir.database.fault_points[point] = crash
     try:
         with pytest.raises(SimulatedCrash):
-            topic_dir.compact(_spark(engine))
+            topic_dir.compact(spark_compactor(engine))
     finally:
-        _kill(topic_dir)
+        kill(topic_dir)
     assert len(new_ids) > 1
 
-    topic_dir, orphans = _restart(prepared.path)
+    topic_dir, orphans = restart(prepared.path)
     try:
         view = topic_dir.topic.view
         assert view is not None
-        if published:  # the new view whole; the replaced one was garbage due at once
-            assert list(view.ledger_ids) == new_ids
-            assert sorted(orphans) == sorted(prepared.view_ledger_ids)
+        if published:  # the new view whole: an incremental run appends its ledgers to the previous view's
+            assert list(view.ledger_ids) == [*prepared.view_ledger_ids, *new_ids]
+            assert orphans == []
             _assert_serves(topic_dir, prepared.expected, prepared.expected_messages)
         else:  # the old view whole; the run's ledgers were unreferenced
             assert sorted(orphans) == new_ids

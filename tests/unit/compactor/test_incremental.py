@@ -642,3 +642,22 @@ def test_a_backup_restores_the_view_with_its_dead_marks(tmp_path: Path) -> None:
     assert again is not None and (again.ledger_ids, again.dead_messages) == (view.ledger_ids, view.dead_messages)
     assert logical(read_compacted(restored.topic)) == expected
     assert_serves(restored.topic)
+
+
+def test_the_minimum_lag_holds_back_the_young_backlog_of_an_incremental_run(tmp_path: Path) -> None:
+    broker = start(tmp_path)
+    clock = Clock()
+    compactor = Compactor(_config("files", merge_fan_in=64, merge_dead_ratio=1.0), clock=clock)
+    append(broker, workload(1, 20, publish_ms=clock.ms - 60_000))
+    compactor.compact(broker.topic)
+    old = append(broker, workload(2, 20, publish_ms=clock.ms - 60_000))
+    young = append(broker, workload(3, 10, publish_ms=clock.ms))
+    figures = compactor.compact(broker.topic, min_compaction_lag_ms=30_000)
+    view = broker.topic.view
+    assert view is not None and view.horizon == old and figures.dead_marked > 0 and len(view.ledger_ids) == 2
+    assert_serves(broker.topic)
+    clock.ms += 60_000
+    compactor.compact(broker.topic, min_compaction_lag_ms=30_000)
+    view = broker.topic.view
+    assert view is not None and view.horizon == young and len(view.ledger_ids) == 3
+    assert_serves(broker.topic)

@@ -234,3 +234,33 @@ def test_an_offline_backup_without_the_offload_bucket_is_refused_by_name(s3_serv
             take_backup(unaware, str(tmp_path / "backup"))
     finally:
         unaware.close()
+
+
+def test_ledgers_kept_only_in_the_bucket_by_the_layers_above_are_in_the_backup_and_broken_orphans_are_not(
+        s3_server: S3Server, tmp_path: Path) -> None:
+    """A sealed ledger written whole into the bucket with no ledger-layer record (what a Spark
+    run through a bucket writes as a compacted view: its manifest is the compactor's) is in
+    the backup; an object that is not a whole sealed ledger (a failed upload's orphan) is not."""
+    offload = s3_server.bucket(prefix="cluster")
+    data = DataDir.open(str(tmp_path / "data"), sync=SyncPolicy.ALWAYS, bucket=offload)
+    files = data.ledgers.file_powers()
+    assert files is not None
+    kept = data.ledgers.create({"component": "compacted-ledger"})
+    for value in VALUES:
+        data.ledgers.append(kept, b"c%d" % value).result(timeout=10)
+    data.ledgers.close(kept)
+    files.upload_sealed(kept)
+    assert files.drop_local(kept)
+    broken = kept + 1000
+    with offload.open().open_output_stream(f"{offload.base}/ledgers/{broken:020d}") as sink:
+        sink.write(b"not a ledger")
+    take_backup(data, str(tmp_path / "backup"))
+    data.close()
+    restore_backup(str(tmp_path / "backup"), str(tmp_path / "restored"))
+    assert not (tmp_path / "restored" / "ledgers" / f"{broken:020d}.ledger").exists()
+    restored = DataDir.open(str(tmp_path / "restored"))
+    try:
+        entries = restored.ledgers.read(kept, 0, len(VALUES) - 1)
+        assert [bytes(entry) for entry in entries] == [b"c%d" % value for value in VALUES]
+    finally:
+        restored.close()

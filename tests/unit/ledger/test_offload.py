@@ -26,9 +26,10 @@ import pytest
 from cursor import InitialPosition, ManagedCursor
 from cursor.store import CursorStore
 from ledger.errors import LedgerIOError, OffloadAlreadyRunning
+from ledger.job_status import JobStatus
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.metadata import MetadataStore
-from ledger.offload import Offloader, OffloadProgress, OffloadRetry, OffloadStatus
+from ledger.offload import Offloader, OffloadProgress, OffloadRetry
 from ledger.position import Position
 from ledger.storage.base import SyncPolicy
 from ledger.storage.bucket import LedgerBucket, ledger_object_name
@@ -118,7 +119,7 @@ def topic(tmp_path: Path) -> Iterator[Topic]:
 
 def _admin_done(topic: Topic) -> OffloadProgress:
     deadline = time.monotonic() + BOUND_S
-    while (progress := topic.offloader.status(TOPIC)).status is OffloadStatus.RUNNING:
+    while (progress := topic.offloader.status(TOPIC)).status is JobStatus.RUNNING:
         assert time.monotonic() < deadline, "the offload job never finished"
         time.sleep(0.01)
     return progress
@@ -133,10 +134,10 @@ def _all_entries(ledger: ManagedLedger) -> list[bytes]:
 
 
 def test_status_is_not_run_until_an_admin_offload_and_a_prefix_stops_before_the_given_ledger(topic: Topic) -> None:
-    assert topic.offloader.status(TOPIC) == OffloadProgress(OffloadStatus.NOT_RUN)
+    assert topic.offloader.status(TOPIC) == OffloadProgress(JobStatus.NOT_RUN)
     l1, l2, l3, _l4, current = topic.ids()
     topic.offloader.offload_prefix(topic.ledger, Position(l3, 4))
-    assert _admin_done(topic) == OffloadProgress(OffloadStatus.SUCCESS, "", Position(l3, 0))
+    assert _admin_done(topic) == OffloadProgress(JobStatus.SUCCESS, "", Position(l3, 0))
     assert topic.offloaded() == [l1, l2]
     assert [record.offloaded for record in topic.ledger.ledger_list()] == [True, True, False, False, False]
     assert topic.objects() == [ledger_object_name(l1), ledger_object_name(l2)]
@@ -150,7 +151,7 @@ def test_the_current_ledger_is_never_offloaded_and_offloaded_ones_are_skipped(to
     _admin_done(topic)
     first_copy = pafs.LocalFileSystem().get_file_info(f"{topic.bucket.base}/{ledger_object_name(l1)}").mtime_ns
     topic.offloader.offload_prefix(topic.ledger, Position(current, 2))
-    assert _admin_done(topic) == OffloadProgress(OffloadStatus.SUCCESS, "", Position(current, 0))
+    assert _admin_done(topic) == OffloadProgress(JobStatus.SUCCESS, "", Position(current, 0))
     assert topic.offloaded() == [l1, l2, l3, l4]
     again = pafs.LocalFileSystem().get_file_info(f"{topic.bucket.base}/{ledger_object_name(l1)}").mtime_ns
     assert again == first_copy  # not uploaded again
@@ -162,7 +163,7 @@ def test_an_invalid_position_ends_the_job_in_error_and_offloads_nothing(topic: T
     target = {"past-last": Position(current, 3), "negative": Position(current, -1)}.get(position, position)  # type: ignore[call-overload]
     topic.offloader.offload_prefix(topic.ledger, target)
     progress = _admin_done(topic)
-    assert progress.status is OffloadStatus.ERROR
+    assert progress.status is JobStatus.ERROR
     assert f"Invalid position for offload: {target.ledger_id}:{target.entry_id}" in progress.last_error
     assert topic.offloaded() == [] and topic.objects() == []
 
@@ -178,11 +179,11 @@ def test_a_second_admin_offload_while_one_runs_is_refused(topic: Topic, monkeypa
     monkeypatch.setattr(FileLedgerStore, "upload_sealed", slow)
     l1, l2 = topic.ids()[:2]
     topic.offloader.offload_prefix(topic.ledger, Position(l2, 0))
-    assert topic.offloader.status(TOPIC).status is OffloadStatus.RUNNING
+    assert topic.offloader.status(TOPIC).status is JobStatus.RUNNING
     with pytest.raises(OffloadAlreadyRunning):
         topic.offloader.offload_prefix(topic.ledger, Position(l2, 0))
     release.set()
-    assert _admin_done(topic).status is OffloadStatus.SUCCESS
+    assert _admin_done(topic).status is JobStatus.SUCCESS
     assert topic.offloaded() == [l1]
 
 
@@ -202,7 +203,7 @@ def test_the_threshold_keeps_the_newest_bytes_and_offloads_the_older_ledgers(
     topic.offloader.maybe_offload(topic.ledger, threshold)
     assert topic.offloader.drain(BOUND_S)
     assert topic.offloaded() == closed[: len(closed) - kept_newest]
-    assert topic.offloader.status(TOPIC).status is OffloadStatus.NOT_RUN  # the admin status is its own
+    assert topic.offloader.status(TOPIC).status is JobStatus.NOT_RUN  # the admin status is its own
 
 
 def test_a_negative_threshold_offloads_nothing_and_offloaded_bytes_count_toward_it(topic: Topic) -> None:
@@ -233,7 +234,7 @@ def test_transient_bucket_errors_are_retried_with_backoff(topic: Topic, monkeypa
     monkeypatch.setattr(LedgerBucket, "upload", flaky)
     l1, l2 = topic.ids()[:2]
     topic.offloader.offload_prefix(topic.ledger, Position(l2, 0))
-    assert _admin_done(topic).status is OffloadStatus.SUCCESS
+    assert _admin_done(topic).status is JobStatus.SUCCESS
     assert topic.offloaded() == [l1]
     assert len(calls) == 3
     assert calls[2] - calls[1] >= calls[1] - calls[0] >= FAST_RETRY.backoff_first_s  # it backs off, doubling
@@ -255,7 +256,7 @@ def test_a_ledger_that_keeps_failing_ends_in_error_the_others_are_offloaded_noth
     monkeypatch.setattr(LedgerBucket, "upload", broken_for_l1)
     topic.offloader.offload_prefix(topic.ledger, Position(l3, 0))
     progress = _admin_done(topic)
-    assert progress.status is OffloadStatus.ERROR and "connection reset by peer" in progress.last_error
+    assert progress.status is JobStatus.ERROR and "connection reset by peer" in progress.last_error
     assert len(tries) == FAST_RETRY.tries_max
     assert topic.offloaded() == [l2]
     assert topic.ledger.read_entries(Position(l1, 0), 1)[0].data == _entry(0)
@@ -350,7 +351,7 @@ def test_offload_ledgers_is_synchronous_and_keeps_local_copies(topic: Topic) -> 
     topic.offloader.offload_ledgers(topic.ledger, [l3, l1])
     assert topic.offloaded() == [l1, l3]
     assert os.path.exists(topic.local_file(l1))
-    assert topic.offloader.status(TOPIC).status is OffloadStatus.NOT_RUN
+    assert topic.offloader.status(TOPIC).status is JobStatus.NOT_RUN
 
 
 def test_shutdown_ends_a_job_waiting_out_its_backoff(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -367,7 +368,7 @@ def test_shutdown_ends_a_job_waiting_out_its_backoff(tmp_path: Path, monkeypatch
     started = time.monotonic()
     made.offloader.shutdown()
     assert time.monotonic() - started < BOUND_S / 2
-    assert made.offloader.status(TOPIC).status is OffloadStatus.ERROR
+    assert made.offloader.status(TOPIC).status is JobStatus.ERROR
     assert made.offloaded() == []
     made.ledger.close()
     made.store.shutdown()
@@ -437,10 +438,10 @@ def test_an_admin_offload_while_a_threshold_job_runs_ends_in_error_and_a_deferre
     assert started.wait(BOUND_S)
     topic.offloader.offload_prefix(topic.ledger, Position(l3, 0))
     progress = _admin_done(topic)
-    assert progress.status is OffloadStatus.ERROR and "Offload operation already running" in progress.last_error
+    assert progress.status is JobStatus.ERROR and "Offload operation already running" in progress.last_error
     topic.offloader.maybe_offload(topic.ledger, 0)  # the mutex is busy: runs after the job that holds it
     release.set()
     assert topic.offloader.drain(BOUND_S)
     assert topic.offloaded() == [l1, l2, l3, l4]
     topic.offloader.forget(TOPIC)
-    assert topic.offloader.status(TOPIC) == OffloadProgress(OffloadStatus.NOT_RUN)
+    assert topic.offloader.status(TOPIC) == OffloadProgress(JobStatus.NOT_RUN)

@@ -38,10 +38,10 @@ from ledger.data_dir import DataDir
 from ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from ledger.offload import Offloader, OffloadRetry
 from ledger.position import Position
-from ledger.storage.bucket import LedgerBucket, ledger_object_name
+from ledger.storage.bucket import LedgerBucket
 from ledger.storage.byte_source import BlockCache
 from ledger.storage.object_fs import BucketConfig
-from ledger.storage.sealed_file import SealedFile
+from tests.offload_checks import assert_offloaded_or_whole
 
 TOPIC = "persistent://public/default/offload-crash"
 ENTRIES_PER_LEDGER = 10
@@ -132,28 +132,6 @@ class Clock:
         return time.time() + self.offset_s
 
 
-def _check_each_ledger(data_dir: DataDir, bucket: BucketConfig) -> None:
-    """Offloaded-and-recorded with a whole object, or local-and-whole."""
-    files = data_dir.ledgers.file_powers()
-    assert files is not None
-    objects = LedgerBucket(bucket, BlockCache(0))
-    for record in data_dir.metadata.topic_ledgers(TOPIC):
-        if record.is_open:
-            continue
-        local = os.path.join(files.root, f"{record.ledger_id:020d}.ledger")
-        if record.offloaded:
-            size = objects.size(ledger_object_name(record.ledger_id))
-            assert size is not None, f"ledger {record.ledger_id} recorded offloaded with no object"
-            if os.path.exists(local):
-                objects.verify(local, ledger_object_name(record.ledger_id))
-        else:
-            assert not record.local_deleted
-            sealed = SealedFile.open(local, record.ledger_id)
-            assert sealed is not None, f"ledger {record.ledger_id} is neither offloaded nor whole locally"
-            assert len(sealed.walk()[0]) == record.entries
-            sealed.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("point", "kind"), [*((point, "filesystem") for point in POINTS),
                                              ("after-upload", "aws-s3"), ("after-commit", "aws-s3")])
@@ -173,7 +151,7 @@ def test_a_kill_at_any_step_of_an_offload_leaves_each_ledger_offloaded_or_whole(
     data_dir = DataDir.open(str(data), bucket=bucket)
     try:
         data_dir.collect_orphans()
-        _check_each_ledger(data_dir, bucket)
+        assert_offloaded_or_whole(data_dir, bucket, TOPIC)
         ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, CONFIG)
         assert _read_all(ledger) == _expected()
         records = data_dir.metadata.topic_ledgers(TOPIC)
