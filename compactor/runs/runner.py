@@ -280,9 +280,11 @@ class Compactor:
                 log.info("%s: rewriting the view whole: %s", topic.name, reason)
         total = (previous.entries if previous is not None else 0) + backlog
         if previous is not None and previous.dead_messages:  # the executors read ledgers whole: merge first
+            files = topic.ledger.store.file_powers()
             previous, _ = self._merge(topic, cursor, previous, [
                 (place, place) for place, ledger_id in enumerate(previous.ledger_ids)
-                if (marks := previous.marks_of(ledger_id)) is not None and marks.any_dead], run)
+                if (marks := previous.marks_of(ledger_id)) is not None and marks.any_dead], run,
+                in_bucket=files is not None and files.bucket is not None)
         return self._spark_run(topic, _Round(cursor, previous, horizon), _Planned(snapshot, stop), cutoff,
                                Counted("phase-one", total, progress), started, run)
 
@@ -328,7 +330,8 @@ class Compactor:
                                  in_bucket=files.bucket is not None)
         merged: tuple[int, int, int] = (0, 0, 0)
         if incremental:
-            view, merged = self._merge(topic, cursor, view, self._planned_merges(view), run)
+            view, merged = self._merge(topic, cursor, view, self._planned_merges(view), run,
+                                       in_bucket=files.bucket is not None)
         duration_s = time.monotonic() - started
         keys_kept = _live_keys(view) if incremental else None
         return RunFigures(
@@ -457,38 +460,48 @@ class Compactor:
 
     def _merge(
         self, topic: CompactedTopic, cursor: ManagedCursor, view: CompactedView, groups: Sequence[tuple[int, int]],
-        run: RunIo,
+        run: RunIo, *, in_bucket: bool = False,
     ) -> tuple[CompactedView, tuple[int, int, int]]:
         """Rewrite each group ``(first, last)`` of ``view``'s ledgers (places, inclusive) as
         one new ledger of their live entries, dead slots emptied, and publish the view with
         them in the groups' places (same horizon); the view, and (ledgers merged, bytes and
         entries written). A merge is an ordinary run's publish: on failure its new ledgers
-        are deleted and ``view`` keeps serving."""
+        are deleted and ``view`` keeps serving. ``in_bucket`` (a view the Spark engine keeps
+        in the object store): each new ledger is uploaded there and its local file let go
+        before the publish, held against the orphan collection until then
+        (``compactor.runs.held``), so the view stays where the executors read it."""
         if not groups:
             return view, (0, 0, 0)
         store = topic.ledger.store
+        files = store.file_powers() if in_bucket else None
         ledger_ids, marks = list(view.ledger_ids), dict(view.marks)
         written_bytes = written_entries = 0
         made: list[int] = []
-        try:
-            for first, last in reversed(groups):  # later places first: earlier ones keep their place
-                merged_ids = view.ledger_ids[first:last + 1]
-                ledger_id = store.create(_compacted_metadata(topic, view.horizon), durable_at_seal=True)
-                made.append(ledger_id)
-                entries, size, messages = self._write(topic, ledger_id, _live_entries(view, first, last),
-                                                      [0] * (len(LATENCY_BUCKETS_MS) + 1), run.throttle)
-                store.close(ledger_id)
-                keys = sum(m.live_keys for i in merged_ids if (m := view.marks_of(i)) is not None)
-                ledger_ids[first:last + 1] = [ledger_id]
-                for i in merged_ids:
-                    marks.pop(i, None)
-                marks[ledger_id] = LedgerMarks.none(entries, messages, keys)
-                written_bytes, written_entries = written_bytes + size, written_entries + entries
-        except Exception:
-            for ledger_id in made:
-                _delete_quietly_store(topic, ledger_id)
-            raise
-        merged = self._publish(topic, cursor, view.horizon, ledger_ids, view, marks)
+        with self.held.holding() as hold:
+            try:
+                for first, last in reversed(groups):  # later places first: earlier ones keep their place
+                    merged_ids = view.ledger_ids[first:last + 1]
+                    ledger_id = store.create(_compacted_metadata(topic, view.horizon), durable_at_seal=True)
+                    made.append(ledger_id)
+                    hold([ledger_id])
+                    entries, size, messages = self._write(topic, ledger_id, _live_entries(view, first, last),
+                                                          [0] * (len(LATENCY_BUCKETS_MS) + 1), run.throttle)
+                    store.close(ledger_id)
+                    if files is not None and files.bucket is not None:
+                        files.upload_sealed(ledger_id)
+                        files.drop_local(ledger_id)
+                    keys = sum(m.live_keys for i in merged_ids if (m := view.marks_of(i)) is not None)
+                    ledger_ids[first:last + 1] = [ledger_id]
+                    for i in merged_ids:
+                        marks.pop(i, None)
+                    marks[ledger_id] = LedgerMarks.none(entries, messages, keys)
+                    written_bytes, written_entries = written_bytes + size, written_entries + entries
+            except Exception:
+                for ledger_id in made:
+                    _delete_quietly_store(topic, ledger_id)
+                raise
+            merged = self._publish(topic, cursor, view.horizon, ledger_ids, view, marks,
+                                   in_bucket=files is not None and files.bucket is not None)
         log.info("%s: merged %d ledgers of the view into %d", topic.name,
                  sum(last - first + 1 for first, last in groups), len(groups))
         return merged, (sum(last - first + 1 for first, last in groups), written_bytes, written_entries)
