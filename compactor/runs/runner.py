@@ -56,6 +56,11 @@ reads the backlog alone and the driver marks what its ledgers supersede (``_spar
 a Spark rewrite over a marked view first merges the marked ledgers (its executors read
 ledgers whole).
 
+This module is over the project's 600 lines on purpose: it is the one procedure of a run
+(plan, the engine's phases, marking, the merge step, publish), and every path ends in the
+same ``_publish`` with the same clean-up of unpublished ledgers; the pure parts already
+live beside it (``merges``, ``held``, ``bucket_input``, ``run_tally``, the engines).
+
 Every read batch and every append of a run is charged to the run's I/O throttle
 (``compactor.throttle``, ``compactionMaxBytesPerSecond``; unlimited by default), and each
 run ends with one log line (``compactor.runs.run_log``).
