@@ -10,16 +10,20 @@ in parallel into new files, commit once.
    (``plan_groups``: at most ``GROUP_ENTRIES_MAX`` input entries each, at least one group
    per core when there are pieces enough). One ledger id per group is reserved in the
    broker's store (``OutputLedgers.reserve_ids``).
-2. Phase one (executors): ``PhaseOneDataSource`` reads one partition per piece straight
-   from the ledger files (``compactor.spark.rows.phase_one_batches``), every row tagged with
-   its piece's group. Keyed rows are grouped by key hash and the greatest position kept
-   (``max(struct(ledger_id, entry_id, batch_index, ...))``: the stream is in position
-   order, so that is the key's last update); a key whose last update deletes it is dropped.
-   Chunked messages (``compactor.local.chunks``): each uuid's chunks, sorted, tell every chunk
-   where its instance completes; an instance that completes is dropped unless its last
-   chunk is its key's latest (key-less: unless ``retain_null_key``). The dropped chunks'
-   positions, the live positions and one figures row per group are the *decision rows*,
-   each tagged with the group its position lies in.
+2. Phase one (executors): each task reads a contiguous run of pieces (at most
+   ``PARTITIONS_PER_CORE`` tasks a core: a Python task's start costs tens of ms) through
+   their ledgers' key indexes (``compactor.spark.index_scan``: Arrow columns, array work,
+   no message parsed), one keyed row per key and piece: the key's 128-bit hash and ``v``,
+   its place in the stream with two flag bits. Spark's own operators do the rest: the rows
+   are hash-partitioned by key into as many partitions as there are tasks, each key's
+   greatest ``v`` (its last update) kept by Spark's hash aggregate, a key whose last update
+   deletes it dropped; the result is kept on the executors (a local checkpoint). Chunked
+   messages (``compactor.local.chunks``), only when phase one saw a chunk (a Spark
+   accumulator counts them): each uuid's chunks, in stream order, tell every chunk where
+   its instance completes (a window); an instance that completes is dropped unless its
+   last chunk is its key's latest (key-less: unless ``retain_null_key``). The dropped
+   chunks' places, the live places and one figures row per group are the *decision
+   rows*, each tagged with the group its place lies in.
 3. Phase two (executors): the decision rows are co-partitioned with their group — one
    Spark partition per group, by a key whose hash is the group's index
    (``partition_keys``) — and each group's task rewrites its pieces into one sealed
@@ -93,19 +97,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Entries per Spark partition of phase one: at most PARTITION_ENTRIES_MAX, so that a
-# 50 000-entry ledger keeps several cores busy and a failed task redoes little; at least
-# PARTITION_ENTRIES_MIN (enough work to amortise a task's start, tens of ms), else as many
-# partitions as PARTITIONS_PER_CORE times the cluster's cores.
+# Entries per piece: at most PARTITION_ENTRIES_MAX, so that a 50 000-entry ledger keeps
+# several cores busy; at least PARTITION_ENTRIES_MIN, else as many pieces as
+# PARTITIONS_PER_CORE times the cluster's cores. Phase one runs at most that many tasks
+# (a task reads a run of pieces when ledgers are small), and aggregates into as many
+# partitions.
 PARTITION_ENTRIES_MAX = 10_000
 PARTITION_ENTRIES_MIN = 500
 PARTITIONS_PER_CORE = 2
 # Input entries per group (one output ledger each): large output ledgers, and a failed
 # task redoes at most this much.
 GROUP_ENTRIES_MAX = 1_000_000
-# Partitions of phase one's aggregated rows: one per piece, at most Spark's shuffle
-# partitions (``spark.sql.shuffle.partitions``, this when unset).
-AGGREGATE_PARTITIONS_MAX = 200
 # How long a failed run waits for its job's cancelled tasks to stop before it deletes the
 # reserved ledgers: a task still running could write its ledger after the delete. PySpark
 # kills a cancelled task's Python worker after ``spark.python.task.killTimeout`` (2 s).
@@ -315,8 +317,6 @@ class SparkEngine:
         from pyspark.sql import functions as F
 
         spark = self.session()
-        partitions = min(sum(len(spec.pieces) for spec in specs),
-                         int(spark.conf.get("spark.sql.shuffle.partitions", str(AGGREGATE_PARTITIONS_MAX))))
         # The stream is read once: the decisions' branches read the aggregated rows kept on
         # the executors (a local checkpoint: far cheaper than a cache; an executor lost
         # before the end fails the run, which the next run redoes; Spark's context cleaner
@@ -324,9 +324,11 @@ class SparkEngine:
         started = time.monotonic()
         self._index_missing(request)
         indexed = time.monotonic()
-        latest = _latest(spark, request, specs).coalesce(max(1, partitions)).localCheckpoint(eager=True)
+        tasks = self._cores() * PARTITIONS_PER_CORE
+        chunks_seen = spark.sparkContext.accumulator(0)
+        latest = _latest(spark, request, specs, tasks, chunks_seen).localCheckpoint(eager=True)
         self.last_run.update(index_build_s=indexed - started, phase_one_s=time.monotonic() - started)
-        decisions = _decisions(spark, latest, request, specs)
+        decisions = _decisions(spark, latest, request, specs, tasks if chunks_seen.value else 0)
         keys = partition_keys(len(specs))
         slot = F.element_at(F.array(*[F.lit(key) for key in keys]), F.col("grp") + 1).cast("int")
         job = RewriteJob(_executor_root(request), dict(request.metadata), int(time.time() * 1000),
@@ -366,10 +368,12 @@ def _executor_root(request: RewriteInput) -> str | None:
 
 
 def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], keep_tombstones_since_ms: int | None,
-                     bucket: BucketConfig | None = None, *, chunks: bool = False) -> Callable[[Any], Any]:
+                     bucket: BucketConfig | None = None, *, chunks: bool = False,
+                     chunks_seen: Any = None) -> Callable[[Any], Any]:
     """The function ``mapInArrow`` runs on the executors over the pieces' numbers: each
     piece's phase-one keyed rows (``chunks``: its chunk rows) from its ledger's key index
-    (``compactor.spark.index_scan``)."""
+    (``compactor.spark.index_scan``). ``chunks_seen``, a Spark accumulator, is given the
+    count of each keyed piece's chunk rows (the driver skips the chunk pass when none)."""
     def read(batches: Any) -> Any:
         from compactor.spark import index_scan
 
@@ -384,6 +388,8 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
                     if chunks:
                         yield from index_scan.chunk_batches(index, number)
                     else:
+                        if chunks_seen is not None:
+                            chunks_seen.add(index_scan.chunk_rows(index))
                         yield from index_scan.keyed_batches(index, number, keep_tombstones_since_ms)
                 finally:
                     index.close()
@@ -391,22 +397,26 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
     return read
 
 
-def _pieces_frame(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], chunks: bool) -> Any:
-    """Phase one's rows (``index_scan.PHASE_ONE_ROWS_DDL``) of every piece: one partition a piece."""
+def _pieces_frame(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], tasks: int, *, chunks: bool,
+                  chunks_seen: Any = None) -> Any:
+    """Phase one's rows (``index_scan.PHASE_ONE_ROWS_DDL``) of every piece, read by at most
+    ``tasks`` tasks (each a contiguous run of pieces: a Python task's start costs tens of ms)."""
     from compactor.spark.index_scan import PHASE_ONE_ROWS_DDL
 
     pieces = [piece for spec in specs for piece in spec.pieces]
     read = phase_one_reader(_executor_root(request), pieces, request.keep_tombstones_since_ms, request.bucket,
-                            chunks=chunks)
-    return spark.range(0, len(pieces), 1, numPartitions=len(pieces)).mapInArrow(read, PHASE_ONE_ROWS_DDL)
+                            chunks=chunks, chunks_seen=chunks_seen)
+    partitions = max(1, min(len(pieces), tasks))
+    return spark.range(0, len(pieces), 1, numPartitions=partitions).mapInArrow(read, PHASE_ONE_ROWS_DDL)
 
 
-def _latest(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
+def _latest(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], tasks: int, chunks_seen: Any) -> Any:
     """Phase one's aggregation: each live key's latest ``v`` (its greatest, unless that
     deletes the key), in Spark's hash aggregate over plain longs."""
     from pyspark.sql import functions as F
 
-    keyed = _pieces_frame(spark, request, specs, chunks=False)
+    keyed = _pieces_frame(spark, request, specs, tasks, chunks=False, chunks_seen=chunks_seen)
+    keyed = keyed.repartition(max(1, min(tasks, sum(len(spec.pieces) for spec in specs))), "h1", "h2")
     return keyed.groupBy("h1", "h2").agg(F.max("v").alias("v")).where(F.col("v").bitwiseAND(1) == 0).select("v")
 
 
@@ -422,23 +432,26 @@ def _group_of(specs: Sequence[GroupSpec], seq: Any) -> Any:
     return (F.size(F.filter(starts, lambda start: start <= piece)) - 1).cast("int")
 
 
-def _decisions(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
+def _decisions(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec], chunk_tasks: int) -> Any:
     """The decision rows ``(grp, kind, seq)`` of every group: the retained places, the
-    dropped chunks, and one presence row per group (so that every group's task runs)."""
+    dropped chunks (read by ``chunk_tasks`` tasks; 0: phase one saw no chunk, there are
+    none), and one presence row per group (so that every group's task runs)."""
     from pyspark.sql import functions as F
 
     from compactor.spark.index_scan import FLAG_BITS
 
     retained = latest.select(F.shiftright("v", FLAG_BITS).alias("seq"), F.lit(DECISION_RETAINED).alias("kind"))
-    dropped = _dropped_chunks(spark, latest, request, specs).select(
-        "seq", F.lit(DECISION_DROPPED_CHUNK).alias("kind"))
-    placed = retained.unionByName(dropped).select(_group_of(specs, F.col("seq")).alias("grp"), "kind", "seq")
+    if chunk_tasks:
+        dropped = _dropped_chunks(spark, latest, request, specs, chunk_tasks).select(
+            "seq", F.lit(DECISION_DROPPED_CHUNK).alias("kind"))
+        retained = retained.unionByName(dropped)
+    placed = retained.select(_group_of(specs, F.col("seq")).alias("grp"), "kind", "seq")
     present = spark.createDataFrame([(spec.index, DECISION_FIGURES, None) for spec in specs],
                                     "grp int, kind int, seq bigint")
     return placed.unionByName(present)
 
 
-def _dropped_chunks(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec]) -> Any:
+def _dropped_chunks(spark: Any, latest: Any, request: RewriteInput, specs: Sequence[GroupSpec], tasks: int) -> Any:
     """The chunks dropped with their chunked message (``compactor.local.chunks``), as ``seq``:
     each chunk's instance completes at the first last chunk of its uuid at or after it (a
     window over the uuid's chunks, in stream order); a completed keyed instance survives
@@ -449,7 +462,7 @@ def _dropped_chunks(spark: Any, latest: Any, request: RewriteInput, specs: Seque
 
     from compactor.spark.index_scan import FLAG_BITS
 
-    chunks = _pieces_frame(spark, request, specs, chunks=True)
+    chunks = _pieces_frame(spark, request, specs, tasks, chunks=True)
     following = Window.partitionBy("h1", "h2").orderBy("v").rowsBetween(Window.currentRow, Window.unboundedFollowing)
     is_last = F.shiftright("v", 1).bitwiseAND(1) == 1
     every = (chunks.withColumn("end", F.min(F.when(is_last, F.col("v"))).over(following))

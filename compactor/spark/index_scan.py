@@ -71,6 +71,7 @@ __all__ = [
     "GroupDecisions",
     "PieceIndex",
     "chunk_batches",
+    "chunk_rows",
     "ensure_ledger_index",
     "figures",
     "index_file",
@@ -191,8 +192,10 @@ def _batches(h1: Any, h2: Any, v: Any) -> Iterator[pa.RecordBatch]:
 
 def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int | None) -> Iterator[pa.RecordBatch]:
     """Phase one's keyed rows of the piece ``index`` (``PHASE_ONE_ROWS``): each key's last
-    row in the piece (a key updated twice in a piece loses its first update here already,
-    as Spark's aggregation would), a keyed last chunk included."""
+    row in the piece, a keyed last chunk included. A key's earlier rows are left out here
+    already (they would lose Spark's aggregation) where its rows sort next to each other by
+    ``h1`` alone; a row may stay where keys share ``h1`` (Spark's aggregation still keeps
+    only the latest): one stable sort on one column, not two."""
     rows = index.rows
     flags = rows["flags"]
     chunk = (flags & FLAG_CHUNK) != 0
@@ -210,12 +213,17 @@ def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int |
     else:
         chunk_end = np.zeros(len(at), bool)
     h1, h2 = _signed(rows["hash_high"][at]), _signed(rows["hash_low"][at])
-    order = np.lexsort((h2, h1))  # stable: a key's rows in stream order, its last one last
+    order = np.argsort(h1, kind="stable")  # a key's rows in stream order, its last one last
     h1, h2 = h1[order], h2[order]
     last = np.ones(len(order), bool)
     last[:-1] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
     kept = order[last]
     yield from _batches(h1[last], h2[last], _v(piece, at[kept], chunk_end[kept], deletes[kept]))
+
+
+def chunk_rows(index: PieceIndex) -> int:
+    """How many of the piece ``index``'s rows are chunks (of a chunked message)."""
+    return int(np.count_nonzero(index.rows["flags"] & FLAG_CHUNK))
 
 
 def chunk_batches(index: PieceIndex, piece: int) -> Iterator[pa.RecordBatch]:
