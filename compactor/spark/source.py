@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
 
@@ -227,7 +227,7 @@ class _BatchSource(DataSource):
 
     FORMAT: ClassVar[str]
     SCHEMA_DDL: ClassVar[str]
-    READER: ClassVar[type[DataSourceReader]]
+    READER: ClassVar[Callable[..., DataSourceReader]]
 
     @classmethod
     def name(cls) -> str:
