@@ -69,7 +69,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ledger.database import Database, TopicTable
+from ledger.database import Database, TopicTable, load_migrations
 from ledger.position import Position
 
 __all__ = ["COMPONENT", "MARK_DELETE_RATE_LIMIT", "MIGRATIONS", "TOPIC_TABLES", "Also", "CursorRecord", "CursorStore"]
@@ -83,27 +83,7 @@ MARK_DELETE_RATE_LIMIT = 1.0
 # A failed background write is retried one interval later, and never sooner than this
 # (with no rate limit the interval is 0: a failing disk must not spin the thread).
 WRITE_RETRY_MIN_S = 0.1
-MIGRATIONS: tuple[str, ...] = (
-    # 1: durable cursors with their properties.
-    """
-    CREATE TABLE cursors (
-        topic TEXT NOT NULL,
-        name TEXT NOT NULL,
-        mark_delete_ledger_id INTEGER NOT NULL,
-        mark_delete_entry_id INTEGER NOT NULL,
-        individually_deleted TEXT NOT NULL,
-        last_active_ms INTEGER NOT NULL,
-        PRIMARY KEY (topic, name)
-    );
-    CREATE TABLE cursor_properties (
-        topic TEXT NOT NULL,
-        cursor TEXT NOT NULL,
-        key TEXT NOT NULL,
-        value INTEGER NOT NULL,
-        PRIMARY KEY (topic, cursor, key)
-    )
-    """,
-)
+MIGRATIONS = load_migrations("cursor", COMPONENT)
 TOPIC_TABLES = (
     TopicTable("cursors", "topic", hold=("mark_delete_ledger_id", "mark_delete_entry_id")),
     TopicTable("cursor_properties", "topic"),

@@ -15,8 +15,11 @@ one ``Database``, and brings them up to date with its own migrations:
 The file is created owner-only (0600); SQLite gives its ``-wal`` and ``-shm`` the same mode.
 * ``schemas``: schema versions per base topic (``api.broker.schemas.SchemaRegistry``).
 
-**Versions.** ``Database.register(component, migrations, ...)`` applies the component's
-migrations it has not yet had, each in one transaction with its version row in
+**Versions.** A component's migrations are SQL files shipped in its package,
+``sql/<component>/NNN_<what>.sql`` (``load_migrations`` reads them; ``NNN`` is the version the
+file brings, and a shipped file is never edited: a change of tables is the next number).
+``Database.register(component, migrations, ...)`` applies the component's migrations it has
+not yet had, each in one transaction with its version row in
 ``schema_versions(component, version)``; a component version newer than the code knows is
 refused (``SchemaVersionError``). ``PRAGMA user_version`` names the *layout* (``LAYOUT``:
 per-component versions); a file from the single-list era (user_version 1–3, one
@@ -54,6 +57,7 @@ through ``ledger.storage.faulty.FaultyLedgerStore``.
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import os
 import re
@@ -68,7 +72,7 @@ from typing import Any
 from ledger.errors import MetadataError, SchemaVersionError
 from ledger.position import Position
 
-__all__ = ["LAYOUT", "Database", "FaultPoint", "TopicTable"]
+__all__ = ["LAYOUT", "Database", "FaultPoint", "TopicTable", "load_migrations"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,7 @@ FaultPoint = Callable[..., None]
 # ``max_page_count`` was reached), an I/O error, another connection held the lock.
 _RETRIABLE_SQLITE_ERRORS = frozenset({"SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED"})
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
+_MIGRATION_FILE = re.compile(r"([0-9]{3})_[a-z0-9_]+\.sql")
 
 _BOOKKEEPING = """
     CREATE TABLE IF NOT EXISTS schema_versions (
@@ -368,6 +373,26 @@ class Database:
                 )
                 positions.extend(Position(ledger_id, entry_id) for ledger_id, entry_id in rows)
         return positions
+
+
+def load_migrations(package: str, component: str) -> tuple[str, ...]:
+    """``component``'s migrations for ``Database.register``, in version order: the SQL
+    files ``sql/<component>/NNN_<what>.sql`` of ``package`` (``NNN`` from 001, no gap),
+    each as it is written. Raises ``MetadataError`` for a misnamed or misnumbered file."""
+    folder = importlib.resources.files(package) / "sql" / component
+    if not folder.is_dir():
+        raise MetadataError(f"{package}: no migrations of {component} (sql/{component}/ is missing)")
+    scripts: dict[int, str] = {}
+    for entry in folder.iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        match = _MIGRATION_FILE.fullmatch(entry.name)
+        if match is None or int(match[1]) in scripts:
+            raise MetadataError(f"{package}: {entry.name} is not one migration NNN_<what>.sql of {component}")
+        scripts[int(match[1])] = entry.read_text(encoding="utf-8")
+    if not scripts or sorted(scripts) != list(range(1, len(scripts) + 1)):
+        raise MetadataError(f"{package}: the migrations of {component} are not numbered 001 to {len(scripts):03d}")
+    return tuple(scripts[number] for number in sorted(scripts))
 
 
 def _create_owner_only(path: str) -> None:

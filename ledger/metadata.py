@@ -33,43 +33,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.database import Database, FaultPoint
+from ledger.database import Database, FaultPoint, load_migrations
 from ledger.position import Position
 
 __all__ = ["COMPONENT", "MIGRATIONS", "LedgerRecord", "MetadataStore"]
 
 COMPONENT = "ledger"
-MIGRATIONS: tuple[str, ...] = (
-    # 1: topics and their ledgers.
-    """
-    CREATE TABLE topics (
-        name TEXT PRIMARY KEY,
-        created_at_ms INTEGER NOT NULL
-    );
-    CREATE TABLE ledgers (
-        ledger_id INTEGER PRIMARY KEY,
-        topic TEXT NOT NULL,
-        role TEXT NOT NULL,
-        entries INTEGER NOT NULL DEFAULT 0,
-        size_bytes INTEGER NOT NULL DEFAULT 0,
-        created_at_ms INTEGER NOT NULL,
-        closed_at_ms INTEGER NOT NULL DEFAULT 0
-    );
-    CREATE INDEX ledgers_by_topic ON ledgers (topic, role, ledger_id)
-    """,
-    # 2: named counters that must never repeat across restarts (the broker instance id).
-    """
-    CREATE TABLE counters (
-        name TEXT PRIMARY KEY,
-        value INTEGER NOT NULL
-    )
-    """,
-    # 3: offload (issue 29): when the bucket copy was verified, when the local copy went.
-    """
-    ALTER TABLE ledgers ADD COLUMN offloaded_at_ms INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE ledgers ADD COLUMN local_deleted_at_ms INTEGER NOT NULL DEFAULT 0
-    """,
-)
+MIGRATIONS = load_migrations("ledger", COMPONENT)
 
 
 @dataclass(frozen=True, slots=True)

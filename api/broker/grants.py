@@ -15,23 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ledger.database import Database, TopicTable
+from ledger.database import Database, TopicTable, load_migrations
 
 __all__ = ["ACTIONS", "COMPONENT", "MIGRATIONS", "GrantStore", "InvalidActionError", "check_actions"]
 
 COMPONENT = "permissions"
 ACTIONS = ("produce", "consume")
-MIGRATIONS: tuple[str, ...] = (
-    # 1: the actions granted to a role on a scope, comma-separated, sorted.
-    """
-    CREATE TABLE permissions (
-        scope TEXT NOT NULL,
-        role TEXT NOT NULL,
-        actions TEXT NOT NULL,
-        PRIMARY KEY (scope, role)
-    )
-    """,
-)
+MIGRATIONS = load_migrations("api.broker", COMPONENT)
 
 
 class InvalidActionError(ValueError):

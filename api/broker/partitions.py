@@ -42,11 +42,11 @@ from api.broker.errors import (
 )
 from api.broker.off_loop import write_off_loop
 from api.broker.topic_name import TopicName
+from ledger.database import Database, load_migrations
 
 if TYPE_CHECKING:
     from api.broker.registry import TopicRegistry
     from compactor.runs.runs import CompactionRuns
-    from ledger.database import Database
     from ledger.metadata import MetadataStore
 
 __all__ = [
@@ -62,16 +62,7 @@ __all__ = [
 ]
 
 COMPONENT = "partitioned_topics"
-MIGRATIONS: tuple[str, ...] = (
-    # 1: parents and their number of partitions.
-    """
-    CREATE TABLE partitioned_topics (
-        name TEXT PRIMARY KEY,
-        partitions INTEGER NOT NULL CHECK (partitions > 0),
-        created_at_ms INTEGER NOT NULL
-    )
-    """,
-)
+MIGRATIONS = load_migrations("api.broker", COMPONENT)
 
 _PARTITION_SUFFIX = re.compile(r"-partition-(0|[1-9][0-9]*)$")
 

@@ -13,22 +13,12 @@ import json
 from typing import Any
 
 from api.broker.partitions import policy_scopes
-from ledger.database import Database, TopicTable
+from ledger.database import Database, TopicTable, load_migrations
 
 __all__ = ["COMPONENT", "MIGRATIONS", "PolicyStore"]
 
 COMPONENT = "policies"
-MIGRATIONS: tuple[str, ...] = (
-    # 1: policy values per scope.
-    """
-    CREATE TABLE policies (
-        scope TEXT NOT NULL,
-        name TEXT NOT NULL,
-        value TEXT NOT NULL,
-        PRIMARY KEY (scope, name)
-    )
-    """,
-)
+MIGRATIONS = load_migrations("api.broker", COMPONENT)
 
 
 class PolicyStore:

@@ -54,7 +54,7 @@ from api.broker.schema_compat import (
 )
 from api.broker.topic_name import TopicName
 from api.schema_names import STRATEGIES
-from ledger.database import Database, TopicTable
+from ledger.database import Database, TopicTable, load_migrations
 
 __all__ = [
     "COMPONENT",
@@ -73,21 +73,7 @@ __all__ = [
 ]
 
 COMPONENT = "schemas"
-MIGRATIONS: tuple[str, ...] = (
-    # 1: schema versions per base topic.
-    """
-    CREATE TABLE schemas (
-        topic TEXT NOT NULL,
-        version INTEGER NOT NULL,
-        type INTEGER NOT NULL,
-        data BLOB NOT NULL,
-        properties TEXT NOT NULL,
-        timestamp_ms INTEGER NOT NULL,
-        deleted INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (topic, version)
-    )
-    """,
-)
+MIGRATIONS = load_migrations("api.broker", COMPONENT)
 
 STRATEGY_POLICY = "schemaCompatibilityStrategy"
 

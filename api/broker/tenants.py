@@ -28,7 +28,7 @@ from typing import Any
 
 from api.broker.errors import BrokerError, TopicExistsError, TopicNotFoundError
 from api.broker.topic_name import TopicName, parse_namespace
-from ledger.database import Database
+from ledger.database import Database, load_migrations
 
 __all__ = [
     "COMPONENT",
@@ -40,19 +40,7 @@ __all__ = [
 ]
 
 COMPONENT = "tenants"
-MIGRATIONS: tuple[str, ...] = (
-    # 1: tenants and namespaces.
-    """
-    CREATE TABLE tenants (
-        name TEXT PRIMARY KEY,
-        info TEXT NOT NULL
-    );
-    CREATE TABLE namespaces (
-        name TEXT PRIMARY KEY,
-        tenant TEXT NOT NULL
-    )
-    """,
-)
+MIGRATIONS = load_migrations("api.broker", COMPONENT)
 DEFAULT_NAMESPACE = "public/default"
 
 

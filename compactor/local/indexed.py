@@ -52,6 +52,8 @@ from compactor.local.key_index import (
     FLAG_KEYLESS,
     FLAG_MARKER,
     FLAG_OPAQUE,
+    FLAGS_NOT_A_MESSAGE,
+    FLAGS_NOT_A_VALUE,
     KeyIndex,
     entry_starts,
 )
@@ -73,8 +75,6 @@ Rows = dict[str, npt.NDArray[Any]]
 
 DELETED = np.uint64((1 << 64) - 1)
 """The value of a key whose last message in the dirty part is a tombstone that is not young."""
-_NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
-_NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _BYTES_PER_KEY = 24  # a row waiting to be merged, and a key in the map: high, low, value
 # The index columns each step reads.
 # (``publish_time`` too, where tombstones may be young.)
@@ -243,7 +243,7 @@ class IndexedRound:
         """Add one dirty range's keyed rows to the map; when the budget fills, the rows are
         cut before the first entry that does not fit (the round's stop), and returned."""
         flags = rows["flags"]
-        keyed = np.flatnonzero((flags & _NOT_A_VALUE) == 0)
+        keyed = np.flatnonzero((flags & FLAGS_NOT_A_VALUE) == 0)
         high, low = rows["hash_high"][keyed], rows["hash_low"][keyed]
         value = keyed.astype(np.uint64) + np.uint64(base)
         deleted = old_tombstones(flags, rows.get("publish_time"), self.keep_since)[keyed]
@@ -284,7 +284,7 @@ class IndexedRound:
         starts = entry_starts(stored)
         self.entries_read += len(starts)
         self.bytes_read += int(rows["entry_bytes"][starts].astype(np.int64).sum())
-        self.messages_read += int(np.count_nonzero((rows["flags"] & _NOT_A_MESSAGE) == 0))
+        self.messages_read += int(np.count_nonzero((rows["flags"] & FLAGS_NOT_A_MESSAGE) == 0))
         self.markers += int(np.count_nonzero(rows["flags"] & FLAG_MARKER))
         self.opaque_entries += int(np.count_nonzero(rows["flags"] & FLAG_OPAQUE))
         if not whole.compacted:
@@ -316,7 +316,7 @@ class IndexedRound:
             rows = {name: column[: source.rows] for name, column in self._rows(source.range, columns).items()}
             if source.clean_keep is not None:
                 keep = source.clean_keep
-                self.clean_keys_kept += int(np.count_nonzero(keep & ((rows["flags"] & _NOT_A_VALUE) == 0)))
+                self.clean_keys_kept += int(np.count_nonzero(keep & ((rows["flags"] & FLAGS_NOT_A_VALUE) == 0)))
             else:
                 keep = self._dirty_keep(rows, source.dirty_base, retained)
             whole = source.range
@@ -351,7 +351,7 @@ def compacted_entries(
         return
     starts = entry_starts(stored)
     kept = np.add.reduceat(keep.astype(np.int64), starts)
-    messages = np.add.reduceat(((rows["flags"] & _NOT_A_MESSAGE) == 0).astype(np.int64), starts)
+    messages = np.add.reduceat(((rows["flags"] & FLAGS_NOT_A_MESSAGE) == 0).astype(np.int64), starts)
     ends = np.append(starts[1:], len(stored))
     wanted = np.flatnonzero(kept).tolist()
     starts_of, ends_of, whole_of = starts.tolist(), ends.tolist(), (kept == messages).tolist()

@@ -75,6 +75,8 @@ from ledger.storage.sealed_writer import ledger_file_name
 
 __all__ = [
     "COLUMNS",
+    "FLAGS_NOT_A_MESSAGE",
+    "FLAGS_NOT_A_VALUE",
     "FLAG_CHUNK",
     "FLAG_COMPACTED_OUT",
     "FLAG_KEYLESS",
@@ -120,6 +122,10 @@ FLAG_CHUNK = 16
 """A piece of a chunked message (one row): ``compactor.local.chunks`` decides, by parsing."""
 FLAG_COMPACTED_OUT = 32
 """A slot a previous compaction emptied: not a message, kept only for ``slot_end``."""
+FLAGS_NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
+"""A row with any of these flags is no key's value (compaction keeps or drops it whole)."""
+FLAGS_NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
+"""A row with any of these flags is not a message (counted apart, or not at all)."""
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("stored", "uint32"), ("ledger_id", "uint64"), ("entry_id", "uint64"), ("batch_index", "int32"),

@@ -40,10 +40,10 @@ from compactor.errors import CompactorError
 from compactor.local.index_source import IndexSource
 from compactor.local.key_index import (
     FLAG_CHUNK,
-    FLAG_COMPACTED_OUT,
     FLAG_KEYLESS,
-    FLAG_MARKER,
     FLAG_OPAQUE,
+    FLAGS_NOT_A_MESSAGE,
+    FLAGS_NOT_A_VALUE,
     KeyIndex,
     build_index,
 )
@@ -59,8 +59,6 @@ U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
 Rows = dict[str, npt.NDArray[Any]]
 
-_NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
-_NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 # Entries per store read when an index is built in memory.
 READ_ENTRIES_MAX = 1000
 # The backlog keys' filter: 2**bits flags (bytes), bits between these.
@@ -158,7 +156,7 @@ def backlog_keys(indexes: Indexes, ranges: Sequence[LedgerRange]) -> BacklogKeys
         flags = rows["flags"]
         if np.any(flags & FLAG_CHUNK):
             raise NeedsRewrite(f"ledger {whole.ledger_id} holds a chunked message")
-        keyed = (flags & _NOT_A_VALUE) == 0
+        keyed = (flags & FLAGS_NOT_A_VALUE) == 0
         highs.append(rows["hash_high"][keyed])
         lows.append(rows["hash_low"][keyed])
     if not highs:
@@ -169,7 +167,7 @@ def backlog_keys(indexes: Indexes, ranges: Sequence[LedgerRange]) -> BacklogKeys
 def ledger_counts(flags: npt.NDArray[np.uint8]) -> tuple[int, int]:
     """(messages, keyed messages) of a compacted ledger's index rows ``flags``; an entry kept
     whole as undecodable counts as one message, as the run's figures count it."""
-    message = (flags & _NOT_A_MESSAGE) == 0
+    message = (flags & FLAGS_NOT_A_MESSAGE) == 0
     return (int(np.count_nonzero(message)) + int(np.count_nonzero(flags & FLAG_OPAQUE)),
             int(np.count_nonzero(message & ((flags & FLAG_KEYLESS) == 0))))
 
@@ -201,7 +199,7 @@ def mark_dead(
         old = old_tombstones(flags, rows.get("publish_time"), keep_tombstones_since_ms)
         keep = surviving_rows(flags, old=old, retain_null_key=retain_null_key,
                               latest=functools.partial(_not_written, keys, high, low))
-        message = (flags & _NOT_A_MESSAGE) == 0
+        message = (flags & FLAGS_NOT_A_MESSAGE) == 0
         keyed = message & ((flags & FLAG_KEYLESS) == 0)
         base = marks if marks is not None else LedgerMarks.none(whole.last_entry_id + 1, *ledger_counts(flags))
         dead = (message & ~keep) | base.dead_rows(stored, batch_index)

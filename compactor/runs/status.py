@@ -9,22 +9,12 @@ ledger layer's delete transaction. Writes are the named transaction ``compaction
 
 from __future__ import annotations
 
-from ledger.database import Database, TopicTable
+from ledger.database import Database, TopicTable, load_migrations
 
 __all__ = ["COMPONENT", "MIGRATIONS", "CompactionStatusStore"]
 
 COMPONENT = "compaction"
-MIGRATIONS: tuple[str, ...] = (
-    # 1: the last compaction status of each topic.
-    """
-    CREATE TABLE compaction_status (
-        topic TEXT PRIMARY KEY,
-        status TEXT NOT NULL,
-        last_error TEXT NOT NULL DEFAULT '',
-        updated_at_ms INTEGER NOT NULL
-    )
-    """,
-)
+MIGRATIONS = load_migrations("compactor.runs", COMPONENT)
 
 
 class CompactionStatusStore:

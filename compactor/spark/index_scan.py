@@ -45,10 +45,11 @@ from compactor.errors import CompactorError
 from compactor.local.indexed import compacted_entries
 from compactor.local.key_index import (
     FLAG_CHUNK,
-    FLAG_COMPACTED_OUT,
     FLAG_KEYLESS,
     FLAG_MARKER,
     FLAG_OPAQUE,
+    FLAGS_NOT_A_MESSAGE,
+    FLAGS_NOT_A_VALUE,
     INDEX_SUFFIX,
     build_index,
     entry_starts,
@@ -92,8 +93,6 @@ PHASE_ONE_COLUMNS = ("flags", "hash_high", "hash_low", "entry_offset", "stored_b
 CHUNK_COLUMNS = ("flags", "entry_offset", "stored_bytes")
 PHASE_TWO_COLUMNS = ("flags", "ledger_id", "entry_id", "batch_index", "batch_size", "slot_end", "entry_bytes",
                      "entry_offset", "stored_bytes")
-_NOT_A_VALUE = FLAG_KEYLESS | FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
-_NOT_A_MESSAGE = FLAG_MARKER | FLAG_OPAQUE | FLAG_COMPACTED_OUT
 _ENTRY_BITS, _BATCH_BITS = 30, 14  # a packed position: ledger ordinal, entry id, batch index + 1
 
 
@@ -199,7 +198,7 @@ def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int |
     rows = index.rows
     flags = rows["flags"]
     chunk = (flags & FLAG_CHUNK) != 0
-    valued = (flags & _NOT_A_VALUE) == 0
+    valued = (flags & FLAGS_NOT_A_VALUE) == 0
     at = np.flatnonzero(valued & ~chunk)
     deletes = old_tombstones(flags, rows.get("publish_time"), keep_tombstones_since_ms)[at]
     ends = np.flatnonzero(valued & chunk)
@@ -260,7 +259,7 @@ def figures(rows: Rows) -> list[int]:
     markers, opaque entries."""
     flags = rows["flags"]
     starts = entry_starts(rows["stored"])
-    return [len(starts), int(np.count_nonzero((flags & _NOT_A_MESSAGE) == 0)),
+    return [len(starts), int(np.count_nonzero((flags & FLAGS_NOT_A_MESSAGE) == 0)),
             int(rows["entry_bytes"][starts].astype(np.int64).sum()),
             int(np.count_nonzero(flags & FLAG_MARKER)), int(np.count_nonzero(flags & FLAG_OPAQUE))]
 

@@ -50,9 +50,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -92,6 +92,15 @@ def _flag(options: Any, name: str, default: str = "false") -> bool:
     if value not in TRUE_WORDS:
         raise CompactorError(f"option {name}: {value!r} is not true or false")
     return TRUE_WORDS[value]
+
+
+def _topic_of(lowered: Mapping[str, str]) -> tuple[str, str]:
+    """The options' (lower-cased names) data dir, made absolute, and full topic name;
+    ``CompactorError`` when either is missing."""
+    data_dir, topic = lowered.get("datadir"), lowered.get("topic")
+    if not data_dir or not topic:
+        raise CompactorError("the compactd data source needs the options dataDir and topic")
+    return os.path.abspath(data_dir), full_topic_name(topic)
 
 
 class CompactedSnapshot(NamedTuple):
@@ -171,40 +180,10 @@ def _raw_after(
             yield LedgerRange(record.ledger_id, first, entries - 1)
 
 
-class CompactdDataSource(DataSource):
-    """Format ``"compactd"``: one row per message of a topic (see the module docstring)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "compactd"
-
-    def schema(self) -> str:
-        return rows.MESSAGE_SCHEMA_DDL
-
-    def reader(self, schema: Any) -> DataSourceReader:
-        del schema
-        return _MessageReader(dict(self.options))
-
-    def streamReader(self, schema: Any) -> Any:
-        """``spark.readStream.format("compactd")``: ``compactor.spark.stream``."""
-        from compactor.spark.stream import StreamReader
-
-        del schema
-        lowered = {key.lower(): str(value) for key, value in self.options.items()}
-        data_dir, topic = lowered.get("datadir"), lowered.get("topic")
-        if not data_dir or not topic:
-            raise CompactorError("the compactd data source needs the options dataDir and topic")
-        return StreamReader(os.path.abspath(data_dir), full_topic_name(topic), lowered, topic_state)
-
-
 class _MessageReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         lowered = {key.lower(): value for key, value in options.items()}
-        data_dir, topic = lowered.get("datadir"), lowered.get("topic")
-        if not data_dir or not topic:
-            raise CompactorError("the compactd data source needs the options dataDir and topic")
-        self.data_dir = os.path.abspath(data_dir)
-        self.topic = full_topic_name(topic)
+        self.data_dir, self.topic = _topic_of(lowered)
         self.read_compacted = _flag(lowered, "readcompacted")
         self.include_open_ledger = _flag(lowered, "includeopenledger", "true")
         self.bucket = rows.bucket_option(lowered)
@@ -219,27 +198,6 @@ class _MessageReader(DataSourceReader):
             return
         ledger_range, marks = partition.value
         yield from rows.message_batches(rows.ledgers_root_of(self.data_dir), ledger_range, self.bucket, marks)
-
-
-class PhaseOneDataSource(DataSource):
-    """Format ``"compactd-phase-one"``: the Spark engine's view of one run's stream.
-
-    Options: ``ledgersRoot`` (absent: the ``bucket`` option's ledgers alone), ``bucket``,
-    ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
-    last_entry_id, compacted, group]``, one per piece) and ``keepTombstonesSinceMs``
-    (absent: every tombstone deletes).
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        return "compactd-phase-one"
-
-    def schema(self) -> str:
-        return rows.PHASE_ONE_SCHEMA_DDL
-
-    def reader(self, schema: Any) -> DataSourceReader:
-        del schema
-        return _PhaseOneReader(dict(self.options))
 
 
 class _PhaseOneReader(DataSourceReader):
@@ -261,3 +219,53 @@ class _PhaseOneReader(DataSourceReader):
         ledger_range, group = partition.value
         yield from rows.phase_one_batches(self.ledgers_root, ledger_range, group, self.keep_tombstones_since_ms,
                                           self.bucket)
+
+
+class _BatchSource(DataSource):
+    """A batch data source: format ``FORMAT``, rows of ``SCHEMA_DDL``, read by a ``READER``
+    made from the options."""
+
+    FORMAT: ClassVar[str]
+    SCHEMA_DDL: ClassVar[str]
+    READER: ClassVar[Callable[..., DataSourceReader]]
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.FORMAT
+
+    def schema(self) -> str:
+        return self.SCHEMA_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        del schema
+        return self.READER(dict(self.options))
+
+
+class CompactdDataSource(_BatchSource):
+    """Format ``"compactd"``: one row per message of a topic (see the module docstring)."""
+
+    FORMAT = "compactd"
+    SCHEMA_DDL = rows.MESSAGE_SCHEMA_DDL
+    READER = _MessageReader
+
+    def streamReader(self, schema: Any) -> Any:
+        """``spark.readStream.format("compactd")``: ``compactor.spark.stream``."""
+        from compactor.spark.stream import StreamReader
+
+        del schema
+        lowered = {key.lower(): str(value) for key, value in self.options.items()}
+        return StreamReader(*_topic_of(lowered), lowered, topic_state)
+
+
+class PhaseOneDataSource(_BatchSource):
+    """Format ``"compactd-phase-one"``: the Spark engine's view of one run's stream.
+
+    Options: ``ledgersRoot`` (absent: the ``bucket`` option's ledgers alone), ``bucket``,
+    ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
+    last_entry_id, compacted, group]``, one per piece) and ``keepTombstonesSinceMs``
+    (absent: every tombstone deletes).
+    """
+
+    FORMAT = "compactd-phase-one"
+    SCHEMA_DDL = rows.PHASE_ONE_SCHEMA_DDL
+    READER = _PhaseOneReader

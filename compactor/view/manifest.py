@@ -40,7 +40,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 
 from compactor.view.marks import LedgerMarks
-from ledger.database import Database, TopicTable
+from ledger.database import Database, TopicTable, load_migrations
 from ledger.errors import LedgerNotFoundError
 from ledger.storage.base import LedgerStore
 
@@ -51,39 +51,7 @@ log = logging.getLogger(__name__)
 # The broker's default grace period of replaced compacted ledgers (``compacted_ledger_grace_period_s``).
 GRACE_PERIOD_S_DEFAULT = 60.0
 COMPONENT = "compacted_manifest"
-MIGRATIONS: tuple[str, ...] = (
-    # 1: each topic's compacted ledgers in stream order; replaced ones awaiting deletion.
-    """
-    CREATE TABLE compacted_manifest (
-        topic TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        ledger_id INTEGER NOT NULL,
-        PRIMARY KEY (topic, seq)
-    );
-    CREATE TABLE compacted_garbage (
-        ledger_id INTEGER PRIMARY KEY,
-        topic TEXT NOT NULL,
-        delete_after_ms INTEGER NOT NULL
-    )
-    """,
-    # 2: where each manifest ledger was written (1: in the object store's bucket).
-    "ALTER TABLE compacted_manifest ADD COLUMN in_bucket INTEGER NOT NULL DEFAULT 0",
-    # 3: per ledger of a view, its dead marks (compactor.view.marks).
-    """
-    CREATE TABLE compacted_marks (
-        topic TEXT NOT NULL,
-        ledger_id INTEGER NOT NULL,
-        entries INTEGER NOT NULL,
-        messages INTEGER NOT NULL,
-        keys INTEGER NOT NULL,
-        dead_messages INTEGER NOT NULL,
-        dead_keys INTEGER NOT NULL,
-        dead_entries BLOB NOT NULL,
-        dead_slots BLOB NOT NULL,
-        PRIMARY KEY (topic, ledger_id)
-    )
-    """,
-)
+MIGRATIONS = load_migrations("compactor.view", COMPONENT)
 TOPIC_TABLES = (TopicTable("compacted_manifest", "topic"), TopicTable("compacted_marks", "topic"))
 
 

@@ -20,7 +20,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.integration.wire.helpers import wait_until
 from tests.serve_process import PROCESS_TIMEOUT_S, ServeProcess
 
 pulsar = pytest.importorskip("pulsar")
@@ -37,7 +37,6 @@ pytestmark = pytest.mark.integration
 
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 WAIT_S = 30.0
-POLL_S = 0.05
 # Small ledgers: the topic has sealed ledgers and an open one when the backup is taken.
 FLAGS = ("--managed-ledger-max-entries-per-ledger", "25", "--managed-ledger-mark-delete-rate-limit", "0")
 COMPACTD = str(Path(sys.executable).with_name("compactd"))
@@ -61,15 +60,6 @@ def started(tmp_path: Path) -> Iterator[Callable[[Path], ServeProcess]]:
 def compactd(*arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([COMPACTD, *arguments], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S,
                           check=False)
-
-
-def wait_for(what: str, predicate: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {WAIT_S} s")
-        time.sleep(POLL_S)
-    return value
 
 
 class Producing:
@@ -125,7 +115,7 @@ def compact(http: httpx.Client, topic: str) -> None:
         status = http.get(topic_path(topic) + "/compaction").json()
         assert status["status"] != "ERROR", status
         return bool(status["status"] == "SUCCESS")
-    wait_for(f"compaction of {topic}", done)
+    wait_until(done, f"compaction of {topic}", WAIT_S)
 
 
 def prepare_compacted_topic(client: Any, http: httpx.Client, topic: str) -> dict[str, bytes]:
@@ -152,7 +142,7 @@ def acknowledge_first(client: Any, http: httpx.Client, topic: str, count: int) -
     def persisted() -> bool:
         cursor = http.get(topic_path(topic) + "/internalStats").json()["cursors"]["ops"]
         return bool(cursor["markDeletePosition"] == last)
-    wait_for("the acknowledgements to persist", persisted)
+    wait_until(persisted, "the acknowledgements to persist", WAIT_S)
     consumer.close()
 
 
@@ -166,12 +156,13 @@ def test_an_online_backup_taken_under_a_running_producer_restores_every_acknowle
     try:
         latest = prepare_compacted_topic(client, http, table)
         producing = Producing(client, live)
-        wait_for("60 messages acknowledged", lambda: len(producing.acked) >= 60)
+        wait_until(lambda: len(producing.acked) >= 60, "60 messages acknowledged", WAIT_S)
         acknowledge_first(client, http, live, 10)
         acked_before = list(producing.acked)
         result = compactd("backup", "--admin-url", serve.http_url, "--output", str(tmp_path / "backup"))
         sent_at_end_of_backup = len(producing.acked)
-        wait_for("the producer to go on after the backup", lambda: len(producing.acked) > sent_at_end_of_backup + 5)
+        wait_until(lambda: len(producing.acked) > sent_at_end_of_backup + 5,
+                   "the producer to go on after the backup", WAIT_S)
         producing.stop()
         assert producing.errors == []
         assert result.returncode == 0, result.stderr
@@ -196,7 +187,7 @@ def test_an_online_backup_taken_under_a_running_producer_restores_every_acknowle
         assert dict(read_all(client, table, compacted=True)) == latest
         view = client.create_table_view(table)
         try:
-            assert wait_for("the table view", lambda: len(view) == len(latest))
+            assert wait_until(lambda: len(view) == len(latest), "the table view", WAIT_S)
             assert {key: view.get(key) for key in latest} == latest
         finally:
             view.close()

@@ -35,6 +35,7 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli import app
+from tests.integration.wire.helpers import wait_until
 from tests.serve_process import ServeProcess
 
 pulsar = pytest.importorskip("pulsar")
@@ -42,7 +43,6 @@ pulsar = pytest.importorskip("pulsar")
 pytestmark = pytest.mark.integration
 
 RUN_TIMEOUT_S = 30.0
-POLL_S = 0.05
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 GAP_MS = 1500  # between the old and the young messages: far more than a trigger takes to start a run
 
@@ -117,17 +117,6 @@ def read(serve: Serve, topic: str, *, compacted: bool) -> list[tuple[str, bytes,
         pulsar_client.close()
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = RUN_TIMEOUT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout_s} s")
-        time.sleep(POLL_S)
-
-
 def admin(serve: Serve, *args: str) -> str:
     """``compactd admin`` in process against ``serve``; its stdout (exit 0 asserted)."""
     result = CliRunner().invoke(app, ["admin", "--admin-url", serve.http_url, *args])
@@ -153,7 +142,8 @@ def test_min_compaction_lag_leaves_young_updates_to_read_compacted_readers(start
     topic = unique("lag")
     produce(serve, topic, [("k", b"a1"), ("k", b"a2"), ("j", b"j1")])
     old = read(serve, topic, compacted=False)
-    wait_for("the gap between old and young messages", lambda: time.time() * 1000 >= old[-1][2] + GAP_MS)
+    wait_until(lambda: time.time() * 1000 >= old[-1][2] + GAP_MS,
+               "the gap between old and young messages", RUN_TIMEOUT_S)
     produce(serve, topic, [("k", b"b1"), ("k", b"b2")])
     everything = read(serve, topic, compacted=False)
     assert everything[3][2] - old[-1][2] >= GAP_MS

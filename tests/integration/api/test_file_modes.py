@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from ledger.backup import STAGING
-from tests.integration.api.test_backup_e2e import QUIET, WAIT_S, compact, compactd, wait_for
-from tests.integration.wire.helpers import unique_topic
+from tests.integration.api.test_backup_e2e import QUIET, WAIT_S, compact, compactd
+from tests.integration.wire.helpers import unique_topic, wait_until
 from tests.serve_process import ServeProcess
 
 pulsar = pytest.importorskip("pulsar")
@@ -69,8 +69,8 @@ def test_every_file_and_directory_of_a_full_workload_is_owner_only(tmp_path: Pat
         for index in range(2 * ENTRIES_PER_LEDGER + 10):  # two sealed ledgers and an open one
             producer.send_async(b"v%d" % index, None, partition_key=f"k{index % KEYS}")
         producer.flush()
-        wait_for("the key indexes of the sealed ledgers",
-                 lambda: len(list((data / "ledgers").glob("*.kidx"))) >= 2)
+        wait_until(lambda: len(list((data / "ledgers").glob("*.kidx"))) >= 2,
+                   "the key indexes of the sealed ledgers", WAIT_S)
         compact(http, topic)
         backup = compactd("backup", "--admin-url", serve.http_url, "--output", str(tmp_path / "backup"))
         assert backup.returncode == 0, backup.stderr

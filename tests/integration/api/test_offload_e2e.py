@@ -40,6 +40,7 @@ from typer.testing import CliRunner
 
 from api.cli import app
 from ledger.storage.object_fs import BucketConfig
+from tests.integration.wire.helpers import wait_until
 from tests.serve_process import ServeProcess
 
 pulsar = pytest.importorskip("pulsar")
@@ -47,7 +48,6 @@ pulsar = pytest.importorskip("pulsar")
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # two brokers per driver, each a few seconds
 
 WAIT_S = 30.0
-POLL_S = 0.05
 ENTRIES_PER_LEDGER = 4
 MESSAGES = 18  # ledgers of 4, 4, 4, 4 and 2 entries
 KEYS = 5
@@ -100,17 +100,6 @@ def start(tmp_path: Path, bucket: BucketConfig) -> Iterator[Callable[[], Serve]]
             assert serve.terminate() == 0, (serve.log_path.read_text())
         else:
             serve.kill()
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout_s} s")
-        time.sleep(POLL_S)
 
 
 def client(serve: Serve) -> Any:
@@ -218,17 +207,19 @@ def test_offloaded_ledgers_are_read_transparently_before_and_after_a_restart(
     result = CliRunner().invoke(app, ["admin", "--admin-url", serve.http_url, "topics", "offload", "-s", "0", topic])
     assert result.exit_code == 0, result.output
     assert f"messages before {ledgers[-1]['ledgerId']}:0" in result.stdout
-    wait_for("the second offload ends", lambda: serve.http.get(url + "/offload").json()["status"] == "SUCCESS")
+    wait_until(lambda: serve.http.get(url + "/offload").json()["status"] == "SUCCESS",
+               "the second offload ends", WAIT_S)
 
     # 4. deletion lag 0 on the namespace: the trim passes delete the local copies
     response = serve.http.put("/admin/v2/namespaces/public/default/offloadDeletionLagMs", json=0)
     assert response.status_code == 204, response.text
-    wait_for("the offloaded ledgers' local files are deleted",
-             lambda: not set(offloaded) & local_ledger_files(tmp_path / "data"))
+    wait_until(lambda: not set(offloaded) & local_ledger_files(tmp_path / "data"),
+               "the offloaded ledgers' local files are deleted", WAIT_S)
 
     # a compaction run reads its input from the bucket now (the local engine's worker process)
     assert serve.http.put(url + "/compaction").status_code == 204
-    wait_for("the compaction ends", lambda: serve.http.get(url + "/compaction").json()["status"] == "SUCCESS")
+    wait_until(lambda: serve.http.get(url + "/compaction").json()["status"] == "SUCCESS",
+               "the compaction ends", WAIT_S)
 
     # 5. every reader reads it all back, through the bucket
     def check_reads(serve: Serve) -> None:
@@ -252,8 +243,9 @@ def test_offloaded_ledgers_are_read_transparently_before_and_after_a_restart(
     assert serve.http.post(url + "/offloadThreshold", json=0).status_code == 204
     more = produce(serve, topic, [(f"k{index}", b"more") for index in range(2 * ENTRIES_PER_LEDGER)])
     sealed = {message_id.ledger_id() for message_id in more} - {serve_current(serve, url)}
-    wait_for("the ledgers sealed by roll-overs are offloaded", lambda: sealed <= {
-        ledger["ledgerId"] for ledger in internal_stats(serve, url)["ledgers"] if ledger["offloaded"]})
+    wait_until(lambda: sealed <= {
+        ledger["ledgerId"] for ledger in internal_stats(serve, url)["ledgers"] if ledger["offloaded"]},
+        "the ledgers sealed by roll-overs are offloaded", WAIT_S)
 
 
 def serve_current(serve: Serve, url: str) -> int:

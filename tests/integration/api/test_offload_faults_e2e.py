@@ -27,7 +27,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from ledger.storage.object_fs import BucketConfig
-from tests.integration.api.test_offload_e2e import QUIET, internal_stats, wait_for
+from tests.integration.api.test_offload_e2e import QUIET, WAIT_S, internal_stats
+from tests.integration.wire.helpers import wait_until
 from tests.s3_fault_proxy import Fault, FaultProxy
 from tests.s3_server import S3Server
 from tests.serve_process import ServeProcess
@@ -111,15 +112,16 @@ def _run(serve: Serve, proxy: FaultProxy, direct: BucketConfig, tmp_path: Path) 
         producing = threading.Thread(target=keep_producing, name="producer")
         producing.start()
         try:
-            wait_for("a few ledgers written", lambda: len(internal_stats(serve, url)["ledgers"]) >= 3)
+            wait_until(lambda: len(internal_stats(serve, url)["ledgers"]) >= 3,
+                       "a few ledgers written", WAIT_S)
             for _ in range(FAULT_ROUNDS):
                 _faults(proxy)
                 current = internal_stats(serve, url)["ledgers"][-1]["ledgerId"]
                 body = {"ledgerId": current, "entryId": 0, "partitionIndex": -1}
                 answer = serve.http.put(url + "/offload", json=body)
                 assert answer.status_code in (204, 409), answer.text  # 409: the previous job still runs
-                wait_for("the offload job ends", lambda: serve.http.get(url + "/offload").json()["status"]
-                         in ("SUCCESS", "ERROR"), timeout_s=120)
+                wait_until(lambda: serve.http.get(url + "/offload").json()["status"]
+                           in ("SUCCESS", "ERROR"), "the offload job ends", 120)
         finally:
             stop.set()
             producing.join(60)
@@ -128,14 +130,14 @@ def _run(serve: Serve, proxy: FaultProxy, direct: BucketConfig, tmp_path: Path) 
 
         # the proxy is clean again: a last offload takes every ledger before the current one
         proxy.clear()
-        wait_for("the last job of the faulty rounds ends",
-                 lambda: serve.http.get(url + "/offload").json()["status"] != "RUNNING", timeout_s=120)
+        wait_until(lambda: serve.http.get(url + "/offload").json()["status"] != "RUNNING",
+                   "the last job of the faulty rounds ends", 120)
         ledgers = internal_stats(serve, url)["ledgers"]
         current = ledgers[-1]["ledgerId"]
         body = {"ledgerId": current, "entryId": 0, "partitionIndex": -1}
         assert serve.http.put(url + "/offload", json=body).status_code == 204
-        wait_for("the clean offload succeeds",
-                 lambda: serve.http.get(url + "/offload").json()["status"] == "SUCCESS", timeout_s=120)
+        wait_until(lambda: serve.http.get(url + "/offload").json()["status"] == "SUCCESS",
+                   "the clean offload succeeds", 120)
         ledgers = internal_stats(serve, url)["ledgers"]
         flagged = [ledger["ledgerId"] for ledger in ledgers if ledger["offloaded"]]
         assert flagged == [ledger["ledgerId"] for ledger in ledgers

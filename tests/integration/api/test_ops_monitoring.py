@@ -24,9 +24,8 @@ import json
 import re
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from api.cli import app
+from tests.integration.wire.helpers import wait_until
 from tests.serve_process import PROCESS_TIMEOUT_S, ServeProcess
 
 pulsar = pytest.importorskip("pulsar")
@@ -44,7 +44,6 @@ pulsar = pytest.importorskip("pulsar")
 pytestmark = pytest.mark.integration
 
 WAIT_S = 10.0
-POLL_S = 0.05
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
@@ -76,14 +75,6 @@ def get_json(serve: ServeProcess, path: str) -> Any:
     return response.json()
 
 
-def wait_for(what: str, predicate: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what}: not within {WAIT_S} s"
-        time.sleep(POLL_S)
-    return value
-
-
 def admin(serve: ServeProcess, *args: str) -> str:
     """``compactd admin ARGS --admin-url URL`` in this process (the real HTTP client)."""
     result = CliRunner().invoke(app, ["admin", *args, "--admin-url", serve.http_url])
@@ -107,8 +98,8 @@ def test_stats_report_connected_clients_and_count_messages_not_entries(serve: Se
     producer = produce(client, topic, 20, batched=True)
     for _ in range(20):
         consumer.acknowledge(consumer.receive(int(WAIT_S * 1000)))
-    stats = wait_for("the consumer's messages counted",
-                     lambda: (s := get_json(serve, rest(topic) + "/stats"))["msgOutCounter"] == 20 and s)
+    stats = wait_until(lambda: (s := get_json(serve, rest(topic) + "/stats"))["msgOutCounter"] == 20 and s,
+                       "the consumer's messages counted", WAIT_S)
     entries = get_json(serve, rest(topic) + "/internalStats")["entriesAddedCounter"]
     assert stats["msgInCounter"] == 20 > entries  # batches: fewer entries than messages
     assert stats["bytesInCounter"] > 0 and stats["msgRateIn"] > 0 and stats["msgThroughputIn"] > 0
@@ -122,15 +113,16 @@ def test_stats_report_connected_clients_and_count_messages_not_entries(serve: Se
     assert reader["consumerName"] == "reader-1" and reader["msgOutCounter"] == 20
     assert subscription["msgOutCounter"] == 20 and subscription["msgRateOut"] > 0
     producer.close()
-    wait_for("the closed producer leaving the stats",
-             lambda: get_json(serve, rest(topic) + "/stats")["publishers"] == [])
+    wait_until(lambda: get_json(serve, rest(topic) + "/stats")["publishers"] == [],
+               "the closed producer leaving the stats", WAIT_S)
     consumer.close()
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
     for _ in range(20):
         reader.read_next(int(WAIT_S * 1000))
-    readers = wait_for("the reader's messages counted", lambda: [
+    readers = wait_until(lambda: [
         s for s in get_json(serve, rest(topic) + "/stats")["subscriptions"].values()
-        if not s["isDurable"] and s["msgOutCounter"] == 20])
+        if not s["isDurable"] and s["msgOutCounter"] == 20],
+        "the reader's messages counted", WAIT_S)
     assert len(readers) == 1 and len(readers[0]["consumers"]) == 1  # a reader's non-durable subscription
     reader.close()
 

@@ -45,6 +45,7 @@ import pytest
 
 from api.config import Settings
 from api.http import create_app
+from tests.integration.wire.helpers import wait_until
 from tests.serve_process import ServeProcess
 
 pulsar = pytest.importorskip("pulsar")
@@ -52,7 +53,6 @@ pulsar = pytest.importorskip("pulsar")
 pytestmark = pytest.mark.integration
 
 RUN_TIMEOUT_S = 30.0  # a compaction of these small topics ends within seconds
-POLL_S = 0.05
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
@@ -126,18 +126,6 @@ def produce(url: str, topic: str, pairs: list[tuple[str, str]], *, batched: bool
             producer.close()
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = RUN_TIMEOUT_S) -> Any:
-    """Poll ``predicate`` until it returns something truthy, for at most ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout_s} s")
-        time.sleep(POLL_S)
-
-
 def status_of(serve: Serve, topic: str) -> dict[str, Any]:
     response = serve.http.get(topic_url(topic) + "/compaction")
     assert response.status_code == 200, response.text
@@ -150,7 +138,7 @@ def wait_for_success(serve: Serve, topic: str, timeout_s: float = RUN_TIMEOUT_S)
         status = status_of(serve, topic)
         assert status["status"] != "ERROR", status
         return status["status"] == "SUCCESS"
-    wait_for(f"compaction of {topic} to succeed", done, timeout_s)
+    wait_until(done, f"compaction of {topic} to succeed", timeout_s)
 
 
 def read_compacted(url: str, topic: str) -> list[tuple[str, str]]:
@@ -287,7 +275,7 @@ def test_concurrent_runs_never_exceed_the_limit(start: Callable[..., Serve]) -> 
             return all(serve.http.get(topic_url(topic) + "/stats").json()["compaction"]
                        ["lastCompactionSucceedTimestamp"] > before[topic]["lastCompactionSucceedTimestamp"]
                        for topic in topics)
-        wait_for("the scheduler to compact every topic", all_ran_again, 4 * RUN_TIMEOUT_S)
+        wait_until(all_ran_again, "the scheduler to compact every topic", 4 * RUN_TIMEOUT_S)
     finally:
         serve.http.delete("/admin/v2/namespaces/public/default/compactionThreshold")
     assert max(observed) <= 1, observed

@@ -20,16 +20,15 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from api.config import Settings
+from tests.integration.wire.helpers import wait_until
 from tests.s3_fault_proxy import Fault, FaultProxy
 from tests.s3_server import AWS_ENV, S3Server
 from tests.serve_process import PROCESS_TIMEOUT_S, ServeProcess
@@ -42,18 +41,8 @@ QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 COMPACTD = str(Path(sys.executable).with_name("compactd"))
 SECRET = AWS_ENV["AWS_SECRET_ACCESS_KEY"]
 WAIT_S = 30.0
-POLL_S = 0.05
 MESSAGES = 12
 OFFLOAD_SETTING = "managed_ledger_offload_driver"
-
-
-def wait_for(what: str, predicate: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {WAIT_S} s")
-        time.sleep(POLL_S)
-    return value
 
 
 @pytest.fixture
@@ -106,7 +95,7 @@ def test_aws_credentials_never_reach_a_backup_to_s3(started: Callable[..., Serve
              "--endpoint", proxy.endpoint, "--region", "us-east-1"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            wait_for("the upload to reach the proxy", lambda: proxy.faults(Fault.TIMEOUT))
+            wait_until(lambda: proxy.faults(Fault.TIMEOUT), "the upload to reach the proxy", WAIT_S)
             backup_title = title(backup.pid)
             proxy.release()
             stdout, stderr = backup.communicate(timeout=PROCESS_TIMEOUT_S)
@@ -149,7 +138,7 @@ def test_aws_credentials_never_reach_an_offloading_brokers_logs_stats_or_title(
             def offloaded() -> bool:
                 ledgers = http.get(path + "/internalStats").json()["ledgers"]
                 return any(ledger.get("offloaded") for ledger in ledgers)
-            wait_for("a ledger offloaded", offloaded)
+            wait_until(offloaded, "a ledger offloaded", WAIT_S)
         seen = bodies(serve, topic, path + "/offload", "/admin/v2/namespaces/public/default/offloadThreshold",
                       "/admin/v2/namespaces/public/default/offloadDeletionLagMs", "/openapi.json")
         broker_title = title(serve.process.pid)

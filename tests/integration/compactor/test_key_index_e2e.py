@@ -16,7 +16,6 @@ and whole across kill -9 (issue 12, points 1 and 6).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from compactor.local.key_index import INDEX_SUFFIX, TEMP_SUFFIX, index_path, rea
 from ledger.storage.base import LedgerState
 from ledger.storage.file import FileLedgerStore
 from ledger.storage.sealed_writer import ledger_file_name
+from tests.integration.wire.helpers import wait_until
 from tests.serve_process import ServeProcess
 from tests.unit.compactor.test_key_index import ledger_facts, reference_index, same_index
 
@@ -38,17 +38,9 @@ pytestmark = pytest.mark.integration
 
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 WAIT_S = 60.0  # a worker process starts and indexes a few ledgers
-POLL_S = 0.02
 FLAGS = ("--managed-ledger-max-entries-per-ledger", str(INDEX_MIN_ENTRIES),
          "--compaction-monitor-interval-seconds", "0")
 KEYS = 150
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
-        time.sleep(POLL_S)
 
 
 def produce(url: str, topic: str, count: int) -> dict[str, bytes]:
@@ -64,7 +56,7 @@ def produce(url: str, topic: str, count: int) -> dict[str, bytes]:
             producer.send_async(value, lambda result, _id: results.append(result), partition_key=key)
             latest[key] = value
         producer.flush()
-        wait_for("every acknowledgement", lambda: len(results) == count)
+        wait_until(lambda: len(results) == count, "every acknowledgement", WAIT_S)
         assert set(results) == {pulsar.Result.Ok}
         producer.close()
     finally:
@@ -144,14 +136,15 @@ def test_sealed_ledgers_get_key_indexes_and_lose_them_with_their_topic(
     produce(serve.broker_url, topic, 3 * INDEX_MIN_ENTRIES + 40)
     sealed = sealed_ledgers(ledgers)
     assert len(sealed) == 3
-    wait_for("an index of every sealed ledger", lambda: indexed_exactly(ledgers, sealed))
+    wait_until(lambda: indexed_exactly(ledgers, sealed), "an index of every sealed ledger", WAIT_S)
     workers = children(serve.process.pid)
     assert workers and serve.process.pid not in workers  # built in a worker process
 
     with httpx.Client(base_url=serve.http_url, timeout=WAIT_S) as http:
         assert http.delete(topic_path(topic)).status_code == 204
-    wait_for("no index file left", lambda: not [
-        name for name in os.listdir(ledgers) if name.endswith((INDEX_SUFFIX, TEMP_SUFFIX))])
+    wait_until(lambda: not [
+        name for name in os.listdir(ledgers) if name.endswith((INDEX_SUFFIX, TEMP_SUFFIX))],
+        "no index file left", WAIT_S)
     assert not [name for name in os.listdir(ledgers) if name.endswith(".ledger")]
 
 
@@ -167,10 +160,11 @@ def test_a_broker_killed_while_it_indexes_restarts_and_compacts_as_the_reference
     def building() -> bool:
         return any(name.endswith((INDEX_SUFFIX, TEMP_SUFFIX)) for name in os.listdir(ledgers))
 
-    wait_for("a first index build", building)
+    wait_until(building, "a first index build", WAIT_S)
     workers = children(serve.process.pid)
     serve.kill()
-    wait_for("the index worker to die with the broker", lambda: not any(alive(pid) for pid in workers))
+    wait_until(lambda: not any(alive(pid) for pid in workers),
+               "the index worker to die with the broker", WAIT_S)
     sealed = sealed_ledgers(ledgers)
     assert len(sealed) == 6
     left = os.listdir(ledgers)
@@ -180,7 +174,8 @@ def test_a_broker_killed_while_it_indexes_restarts_and_compacts_as_the_reference
 
     serve = started()
     assert not set(os.listdir(ledgers)) & {name for name in left if name.endswith(TEMP_SUFFIX)}  # removed at start
-    wait_for("an index of every sealed ledger after the restart", lambda: indexed_exactly(ledgers, sealed))
+    wait_until(lambda: indexed_exactly(ledgers, sealed),
+               "an index of every sealed ledger after the restart", WAIT_S)
     with httpx.Client(base_url=serve.http_url, timeout=WAIT_S) as http:
         assert http.put(topic_path(topic) + "/compaction").status_code == 204
 
@@ -189,7 +184,7 @@ def test_a_broker_killed_while_it_indexes_restarts_and_compacts_as_the_reference
             assert status["status"] != "ERROR", status
             return bool(status["status"] == "SUCCESS")
 
-        wait_for("the compaction", compacted)
+        wait_until(compacted, "the compaction", WAIT_S)
     client = pulsar.Client(serve.broker_url, operation_timeout_seconds=30, logger=QUIET)
     try:
         reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)

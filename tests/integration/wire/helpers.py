@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pulsar
 
@@ -14,6 +14,8 @@ from ledger.position import Position
 RECEIVE_MS = 5_000  # how long a message that should come is waited for
 SILENCE_MS = 300  # how long "nothing more comes" is checked for
 POLL_S = 0.02  # how often a poll of the broker's state looks again
+
+T = TypeVar("T")
 
 
 def unique_topic(prefix: str) -> str:
@@ -42,12 +44,14 @@ def read_available(reader: Any, limit: int = 200) -> list[Any]:
     raise AssertionError(f"has_message_available still true after {limit} messages")
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = RECEIVE_MS / 1000) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` once ``timeout_s`` passed."""
+def wait_until(condition: Callable[[], T], what: str, timeout_s: float = RECEIVE_MS / 1000) -> T:
+    """Poll ``condition`` until it returns something true, and return that; fail naming
+    ``what`` once ``timeout_s`` passed."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
+    while not (value := condition()):
         assert time.monotonic() < deadline, f"{what}: not reached within {timeout_s} s"
         time.sleep(POLL_S)
+    return value
 
 
 def wait_for_mark_delete(broker: Any, topic: str, subscription: str, message_id: Any) -> None:

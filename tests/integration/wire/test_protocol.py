@@ -22,7 +22,7 @@ import pytest
 from api.wire.frames import FrameDecoder, encode_command
 from ledger.position import Position
 from message.proto import pulsar_api_pb2 as pb
-from tests.integration.wire.helpers import RECEIVE_MS, SILENCE_MS
+from tests.integration.wire.helpers import RECEIVE_MS, SILENCE_MS, wait_for_mark_delete, wait_until
 from tests.integration.wire.helpers import drain as _drain
 from tests.integration.wire.helpers import unique_topic as _topic
 
@@ -189,7 +189,7 @@ def test_live_consumer_survives_broker_restart(broker: Any, client: Any) -> None
     got = _receive_n(consumer, 6)
     consumer.acknowledge_cumulative(got[2])  # m0..m2
     # The client groups acks for up to 100 ms; wait until the broker has applied them.
-    _wait_for_mark_delete(broker, topic, "sub", got[2].message_id())
+    wait_for_mark_delete(broker, topic, "sub", got[2].message_id())
 
     broker.restart()
 
@@ -204,27 +204,13 @@ def test_live_consumer_survives_broker_restart(broker: Any, client: Any) -> None
 def _wait_for_acks(broker: Any, topic: str, subscription: str, message_ids: list[Any]) -> None:
     """Until the broker has applied an acknowledgement of each of ``message_ids``."""
     wanted = [Position(m.ledger_id(), m.entry_id()) for m in message_ids]
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def applied() -> bool:
         loaded = broker.service.registry.loaded.get(topic)
         sub = loaded.subscriptions.get(subscription) if loaded else None
-        if sub is not None and all(sub.cursor.is_acknowledged(p) for p in wanted):
-            return
-        time.sleep(0.02)
-    raise AssertionError("the broker never applied the acknowledgements")
+        return sub is not None and all(sub.cursor.is_acknowledged(p) for p in wanted)
 
-
-def _wait_for_mark_delete(broker: Any, topic: str, subscription: str, message_id: Any) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        loaded = broker.service.registry.loaded.get(topic)
-        sub = loaded.subscriptions.get(subscription) if loaded else None
-        if sub is not None:
-            md = sub.cursor.mark_delete_position
-            if (md.ledger_id, md.entry_id) >= (message_id.ledger_id(), message_id.entry_id()):
-                return
-        time.sleep(0.02)
-    raise AssertionError("the broker never applied the acknowledgement")
+    wait_until(applied, "the broker applying the acknowledgements")
 
 
 def test_tombstones_and_empty_payloads_reach_consumers(client: Any) -> None:
