@@ -7,9 +7,9 @@ Workload (``bench/_workload.py``, seeded): ``--messages`` messages over ``--keys
 uniformly, ``--value-bytes`` random bytes each, a ``--tombstones`` fraction of tombstones, in
 batch entries of ``--batch-size`` slots (a producer with batching on). It is written once
 into a data dir (``DataDir`` + ``ManagedLedger``, ``--entries-per-ledger`` entries a ledger,
-``SyncPolicy.NONE`` for setup speed), beside a ten-message warm-up topic, and its sealed
-ledgers are given their key indexes (``compactor.local.key_index``), as the broker's background
-builds give them (``--no-index``: left without, so the first run builds them); the data dir
+``SyncPolicy.NONE`` for setup speed), beside a warm-up topic of the same shape a tenth of its
+size, and their sealed ledgers are given their key indexes (``compactor.local.key_index``), as
+the broker's background builds give them (``--no-index``: left without, so the first run builds them); the data dir
 is copied afresh for each run.
 
 Each run is a fresh child process, the *broker*, that opens its copy and times
@@ -21,8 +21,9 @@ Each run is a fresh child process, the *broker*, that opens its copy and times
   so the run goes in rounds (``compactor.local.rounds``);
 * **spark**, once per master of ``--masters`` (``masters``): the run as Spark jobs on that
   master; the session is started and warmed by compacting the warm-up topic *before* the
-  timed run, and that start is reported apart (``session_s``): a broker keeps its session
-  for every run. The local engines are warmed alike (their worker process starts).
+  timed run (so that the JVM's JIT has compiled the run's paths, as in a broker that has
+  compacted before), and that start and warm-up are reported apart (``session_s``): a
+  broker keeps its session for every run. The local engines are warmed alike (their worker process starts).
 
 Figures per run (median of ``--runs``): wall time of the run, ``phase_one_s`` and
 ``phase_two_s`` (Spark: the key indexes' build stage, if any, and the aggregation; then the
@@ -65,7 +66,8 @@ from ledger.storage.file import FileLedgerStore
 
 TOPIC = "persistent://public/default/bench-spark"
 WARMUP_TOPIC = "persistent://public/default/bench-spark-warmup"
-WARMUP_MESSAGES = 10
+WARMUP_FRACTION = 10  # the warm-up topic: a tenth of the workload, of its shape
+WARMUP_MESSAGES_MIN = 10
 MIB = 1024 * 1024
 ENGINES = ("local", "local-bounded", "spark")
 LOCAL_ENGINE = "local_engine"
@@ -82,8 +84,12 @@ def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     data_dir = DataDir.open(spec["dir"], sync=SyncPolicy.NONE)
     warmup = ManagedLedger.open(WARMUP_TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
-    for data in Workload(WARMUP_MESSAGES, WARMUP_MESSAGES, value_bytes=10, batch_size=1, seed=0).encoded():
+    messages = max(WARMUP_MESSAGES_MIN, spec["messages"] // WARMUP_FRACTION)
+    for data in Workload(messages, max(1, spec["keys"] // WARMUP_FRACTION), value_bytes=spec["value_bytes"],
+                         tombstone_fraction=spec["tombstones"], batch_size=spec["batch_size"],
+                         seed=spec["seed"] + 1).encoded():
         warmup.append(data)
+    warmup_records = [record for record in warmup.ledger_list() if record.entries]
     warmup.close()
     ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
     size = 0
@@ -98,10 +104,10 @@ def child_setup(spec: dict[str, Any]) -> dict[str, Any]:
         store = FileLedgerStore(os.path.join(os.path.abspath(spec["dir"]), "ledgers"), sync=SyncPolicy.NONE,
                                 read_only=True)
         try:
-            for record in records:
+            for record in warmup_records + records:
                 if not record.is_open:
                     ensure_index(store, record.ledger_id, compacted=False)
-                    indexed += 1
+                    indexed += record in records
         finally:
             store.shutdown()
     data_dir.close()
@@ -155,8 +161,8 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     compactor = Compactor(_config(spec))
     jvm_pid = 0
     # Warm up as a broker's long-lived compactor is: the first run starts the worker process,
-    # or the JVM, the Python planner and workers and compiles the plans (seconds); later
-    # ones reuse them.
+    # or the JVM, the Python planner and workers, compiles the plans (seconds) and, on a topic
+    # of the workload's shape, lets the JVM's JIT compile the run's paths; later ones reuse them.
     started = time.perf_counter()
     warmup = ManagedLedger.open(WARMUP_TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
     compactor.compact(CompactedTopic.restore(warmup, cursors))
