@@ -372,7 +372,8 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
                      chunks_seen: Any = None) -> Callable[[Any], Any]:
     """The function ``mapInArrow`` runs on the executors over the pieces' numbers: each
     piece's phase-one keyed rows (``chunks``: its chunk rows) from its ledger's key index
-    (``compactor.spark.index_scan``). ``chunks_seen``, a Spark accumulator, is given the
+    (``compactor.spark.index_scan``), a key's earlier rows dropped across the task's pieces
+    (``index_scan.LatestRows``). ``chunks_seen``, a Spark accumulator, is given the
     count of each keyed piece's chunk rows (the driver skips the chunk pass when none)."""
     def read(batches: Any) -> Any:
         from compactor.spark import index_scan
@@ -381,6 +382,7 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
             columns: tuple[str, ...] = index_scan.CHUNK_COLUMNS
         else:
             columns = index_scan.PHASE_ONE_COLUMNS + (() if keep_tombstones_since_ms is None else ("publish_time",))
+        latest = index_scan.LatestRows()
         for batch in batches:
             for number in batch.column(0).to_pylist():
                 index = index_scan.PieceIndex(ledgers_root, pieces[number], columns, bucket)
@@ -390,9 +392,12 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
                     else:
                         if chunks_seen is not None:
                             chunks_seen.add(index_scan.chunk_rows(index))
-                        yield from index_scan.keyed_batches(index, number, keep_tombstones_since_ms)
+                        rows = index_scan.keyed_rows(index, number, keep_tombstones_since_ms)
                 finally:
                     index.close()
+                if not chunks:
+                    yield from latest.add(*rows)
+        yield from latest.flush()
 
     return read
 

@@ -70,6 +70,7 @@ __all__ = [
     "PHASE_ONE_ROWS_DDL",
     "PHASE_TWO_COLUMNS",
     "GroupDecisions",
+    "LatestRows",
     "PieceIndex",
     "chunk_batches",
     "chunk_rows",
@@ -77,6 +78,8 @@ __all__ = [
     "figures",
     "index_file",
     "keyed_batches",
+    "keyed_rows",
+    "latest_rows",
     "ledger_ids_without_index",
     "survivors",
 ]
@@ -86,6 +89,8 @@ Mask = npt.NDArray[np.bool_]
 
 # Rows per Arrow record batch handed to Spark (slices of one piece's arrays).
 ROWS_PER_BATCH_MAX = 65_536
+# Keyed rows a phase-one task holds to drop a key's earlier rows across its pieces.
+ROWS_PENDING_MAX = 2_000_000
 # Entries with a survivor read at once in phase two.
 READ_BATCH_ENTRIES_MAX = 1000
 # The index columns each phase reads (``publish_time`` too where tombstones may be young).
@@ -189,12 +194,11 @@ def _batches(h1: Any, h2: Any, v: Any) -> Iterator[pa.RecordBatch]:
         yield batch.slice(start, ROWS_PER_BATCH_MAX)
 
 
-def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int | None) -> Iterator[pa.RecordBatch]:
-    """Phase one's keyed rows of the piece ``index`` (``PHASE_ONE_ROWS``): each key's last
-    row in the piece, a keyed last chunk included. A key's earlier rows are left out here
-    already (they would lose Spark's aggregation) where its rows sort next to each other by
-    ``h1`` alone; a row may stay where keys share ``h1`` (Spark's aggregation still keeps
-    only the latest): one stable sort on one column, not two."""
+def keyed_rows(index: PieceIndex, piece: int,
+               keep_tombstones_since_ms: int | None) -> tuple[npt.NDArray[np.int64], ...]:
+    """Phase one's keyed rows of the piece ``index`` as arrays ``(h1, h2, v)``
+    (``PHASE_ONE_ROWS``), in stream order: one per live keyed message, a keyed last chunk
+    included (an earlier chunk is not a value)."""
     rows = index.rows
     flags = rows["flags"]
     chunk = (flags & FLAG_CHUNK) != 0
@@ -211,13 +215,63 @@ def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int |
         chunk_end = chunk[at]
     else:
         chunk_end = np.zeros(len(at), bool)
-    h1, h2 = _signed(rows["hash_high"][at]), _signed(rows["hash_low"][at])
-    order = np.argsort(h1, kind="stable")  # a key's rows in stream order, its last one last
+    return _signed(rows["hash_high"][at]), _signed(rows["hash_low"][at]), _v(piece, at, chunk_end, deletes)
+
+
+def latest_rows(h1: npt.NDArray[np.int64], h2: npt.NDArray[np.int64],
+                v: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], ...]:
+    """Rows ``(h1, h2, v)`` given in stream order (``v`` ascending), less the earlier rows
+    of a key that Spark's aggregation would drop anyway: one stable sort on ``h1`` alone
+    puts a key's rows next to each other, its last one last; where two keys share ``h1`` a
+    row may stay (the aggregation still keeps only the latest)."""
+    order = np.argsort(h1, kind="stable")
     h1, h2 = h1[order], h2[order]
     last = np.ones(len(order), bool)
     last[:-1] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
-    kept = order[last]
-    yield from _batches(h1[last], h2[last], _v(piece, at[kept], chunk_end[kept], deletes[kept]))
+    return h1[last], h2[last], v[order[last]]
+
+
+def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int | None) -> Iterator[pa.RecordBatch]:
+    """Phase one's keyed rows of the piece ``index`` (``PHASE_ONE_ROWS``), each key's last
+    one in the piece (``keyed_rows`` less ``latest_rows``'s drops)."""
+    yield from _batches(*latest_rows(*keyed_rows(index, piece, keep_tombstones_since_ms)))
+
+
+class LatestRows:
+    """A task's keyed rows over a run of pieces, in stream order, handed on as record
+    batches less the rows ``latest_rows`` drops across the pieces: held until
+    ``ROWS_PENDING_MAX`` rows (then, or at ``flush``, deduplicated and given out), so a
+    task's memory is bounded whatever its pieces (about 60 bytes a held row)."""
+
+    def __init__(self, rows_max: int = 0) -> None:
+        self._rows_max = rows_max or ROWS_PENDING_MAX
+        self._parts: list[tuple[npt.NDArray[np.int64], ...]] = []
+        self._held = 0
+        self._last_v: int | None = None
+
+    def add(self, h1: npt.NDArray[np.int64], h2: npt.NDArray[np.int64],
+            v: npt.NDArray[np.int64]) -> Iterator[pa.RecordBatch]:
+        """Hold a piece's rows (``keyed_rows``); the batches due, if any."""
+        if not len(v):
+            return
+        if self._last_v is not None and int(v[0]) <= self._last_v:  # not after the held: no merge across
+            yield from self.flush()
+        self._parts.append((h1, h2, v))
+        self._held += len(v)
+        self._last_v = int(v[-1])
+        if self._held >= self._rows_max:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        """The held rows, deduplicated, as batches; nothing is held after."""
+        if not self._parts:
+            return
+        parts, self._parts, self._held, self._last_v = self._parts, [], 0, None
+        if len(parts) == 1:
+            columns = parts[0]
+        else:
+            columns = tuple(np.concatenate([part[column] for part in parts]) for column in range(3))
+        yield from _batches(*latest_rows(*columns))
 
 
 def chunk_rows(index: PieceIndex) -> int:
