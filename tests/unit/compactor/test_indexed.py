@@ -39,7 +39,14 @@ from ledger import EARLIEST
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
-from tests.strategies import StreamEntry, any_entry, batch_entries, entries_of, stream_entries, streams
+from tests.strategies import (
+    StreamEntry,
+    any_entry,
+    batch_entries,
+    entries_of,
+    stream_entries,
+    streams,
+)
 from tests.unit.compactor.test_crash import _append, _workload
 
 PROPERTY = settings(max_examples=200, deadline=None)
