@@ -381,35 +381,75 @@ class OutputIndex:
     as ``compacted_entries`` yields each survivor (no parse): the rows of an entry copied
     whole are its input rows; a cut batch's dropped slots become ``compacted_out`` rows and
     its slot ends are those of the cut body. ``index`` gives it once the ledger is written;
-    it equals ``key_index.build_index`` over that ledger (``tests/unit/compactor/test_incremental.py``)."""
+    it equals ``key_index.build_index`` over that ledger (``tests/unit/compactor/test_incremental.py``,
+    ``tests/unit/compactor/test_indexed.py``).
+
+    ``add`` only notes each survivor (its span of input rows and a few scalars); the rows
+    of the entries taken from one input ``rows`` are made at once, as array work over all
+    of them, when the next survivor comes from other rows or at ``index``. Until then the
+    ``rows`` and ``keep`` arrays given to ``add`` must not change."""
+
+    _COPIED = ("batch_index", "batch_size", "hash_high", "hash_low", "flags", "publish_time", "slot_end")
 
     def __init__(self) -> None:
         self._parts: list[Rows] = []
         self.entries = 0
+        self._rows: Rows | None = None  # the input rows of the pending survivors
+        self._pending: list[tuple[int, int, bool, int, int, int]] = []  # start, end, whole, position, size
+        self._cut_keeps: list[Mask] = []  # each pending cut batch's kept rows, in order
 
     def add(self, rows: Rows, span: tuple[int, int], keep: Mask, whole: bool, survivor: CompactedEntry) -> None:
-        """The rows of ``survivor``, the next entry of the ledger, from its input rows ``span``."""
-        start, end = span
-        count = end - start
-        part = {name: np.array(rows[name][start:end]) for name in ("batch_index", "batch_size", "hash_high",
-                                                                    "hash_low", "flags", "publish_time", "slot_end")}
-        part["stored"] = np.full(count, self.entries, np.uint32)
-        part["ledger_id"] = np.full(count, survivor.position.ledger_id, np.uint64)
-        part["entry_id"] = np.full(count, survivor.position.entry_id, np.uint64)
-        part["entry_bytes"] = np.full(count, len(survivor.data), np.uint32)
-        if not whole:  # a cut batch: what ``_cut_body`` made of it
-            dropped = ~keep
-            part["hash_high"][dropped] = 0
-            part["hash_low"][dropped] = 0
-            part["flags"][dropped] = FLAG_COMPACTED_OUT | FLAG_KEYLESS
-            lengths = np.diff(part["slot_end"].astype(np.int64), prepend=0)
-            lengths[dropped] = len(COMPACTED_OUT_SLOT)
-            part["slot_end"] = np.cumsum(lengths).astype(np.uint32)
-        self._parts.append(part)
+        """Note ``survivor``, the next entry of the ledger, made from its input ``rows``
+        ``span`` (``start, end``): copied as stored when ``whole``, else a batch cut to the
+        rows ``keep`` (``keep[i]``: row ``start + i`` survives)."""
+        if rows is not self._rows:
+            self._flush()
+            self._rows = rows
+        position = survivor.position
+        self._pending.append((span[0], span[1], whole, position.ledger_id, position.entry_id, len(survivor.data)))
+        if not whole:
+            self._cut_keeps.append(keep)
         self.entries += 1
+
+    def _flush(self) -> None:
+        """Make the rows of the pending survivors (all from ``self._rows``) into one part."""
+        pending, rows = self._pending, self._rows
+        if not pending or rows is None:
+            return
+        starts_of, ends_of, whole_of, ledger_of, entry_of, size_of = zip(*pending, strict=True)
+        starts, ends = np.array(starts_of, np.int64), np.array(ends_of, np.int64)
+        counts = ends - starts
+        firsts = np.cumsum(counts) - counts  # each entry's first row in the part
+        gather = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - firsts, counts)
+        part = {name: rows[name][gather] for name in self._COPIED}
+        first_stored = self.entries - len(pending)
+        part["stored"] = np.repeat(np.arange(first_stored, self.entries, dtype=np.uint32), counts)
+        part["ledger_id"] = np.repeat(np.array(ledger_of, np.uint64), counts)
+        part["entry_id"] = np.repeat(np.array(entry_of, np.uint64), counts)
+        part["entry_bytes"] = np.repeat(np.array(size_of, np.uint32), counts)
+        cut = ~np.array(whole_of, dtype=bool)
+        if self._cut_keeps:  # the cut batches: what ``_cut_body`` made of them
+            at = np.flatnonzero(np.repeat(cut, counts))  # their rows, entry after entry
+            dropped = ~np.concatenate(self._cut_keeps)
+            part["hash_high"][at[dropped]] = 0
+            part["hash_low"][at[dropped]] = 0
+            part["flags"][at[dropped]] = FLAG_COMPACTED_OUT | FLAG_KEYLESS
+            cut_counts = counts[cut]
+            cut_firsts = np.cumsum(cut_counts) - cut_counts  # each cut batch's first row among ``at``
+            slot_ends = part["slot_end"][at].astype(np.int64)
+            lengths = np.diff(slot_ends, prepend=0)
+            lengths[cut_firsts] = slot_ends[cut_firsts]  # a batch's first slot starts at 0
+            lengths[dropped] = len(COMPACTED_OUT_SLOT)
+            sums = np.cumsum(lengths)
+            sums -= np.repeat(sums[cut_firsts] - lengths[cut_firsts], cut_counts)  # summed batch by batch
+            part["slot_end"][at] = sums.astype(np.uint32)
+        self._parts.append(part)
+        self._pending, self._cut_keeps = [], []
 
     def index(self, entry_offsets: Sequence[int], entry_lengths: Sequence[int]) -> KeyIndex:
         """The index, given the written ledger's layout (each entry's offset and length)."""
+        self._flush()
+        self._rows = None
         columns = {name: np.concatenate([part[name] for part in self._parts]) if self._parts
                    else np.empty(0, dtype) for name, dtype in COLUMNS[:-2]}
         where = columns["stored"].astype(np.intp)

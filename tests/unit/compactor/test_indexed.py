@@ -39,7 +39,14 @@ from ledger import EARLIEST
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
-from tests.strategies import StreamEntry, any_entry, entries_of, stream_entries, streams
+from tests.strategies import (
+    StreamEntry,
+    any_entry,
+    batch_entries,
+    entries_of,
+    stream_entries,
+    streams,
+)
 from tests.unit.compactor.test_crash import _append, _workload
 
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -131,6 +138,42 @@ def test_indexed_rounds_stop_count_and_write_what_parsing_rounds_do(
         view, horizon, _ = _both_rounds(raw[:end], view, horizon, capacity=capacity,
                                         retain_null_key=retain_null_key, cutoff=cutoff)
     assert view == compact(raw, retain_null_key=retain_null_key, keep_tombstones_since_ms=cutoff)
+
+
+@PROPERTY
+@given(stream_entries(st.one_of(batch_entries(), batch_entries(), any_entry), max_size=40, chunked=False),
+       st.integers(1, 6), st.booleans(), CUTOFFS, st.lists(st.integers(0, 40), max_size=3))
+def test_the_index_a_round_collects_is_the_index_of_the_ledger_it_writes(
+    stream: list[StreamEntry], capacity: int, retain_null_key: bool, cutoff: int | None, run_ends: list[int],
+) -> None:
+    """``OutputIndex`` over every round of several runs (each round's input: the previous
+    view and raw ledgers, so survivors copied whole and cut batches from several input
+    ledgers' rows; mostly batches, so that many are cut) equals ``build_index`` over the entries the round wrote, column by
+    column, dtypes included."""
+    raw = entries_of(stream)
+    view: list[CompactedEntry] = []
+    horizon = EARLIEST
+    for end in [*sorted(run_ends), len(raw)]:
+        while any(entry.position > horizon for entry in raw[:end]):
+            ledgers = _Ledgers(raw[:end], view, horizon)
+            over_indexes = IndexedRound(tuple(ledgers.ranges), capacity_keys=capacity,
+                                        keep_tombstones_since_ms=cutoff, retain_null_key=retain_null_key,
+                                        load=ledgers.load, read=ledgers.read)
+            over_indexes.plan()
+            output = indexed.OutputIndex()
+            view = list(over_indexes.survivors(output))
+            assert over_indexes.stop is not None and over_indexes.stop > horizon
+            horizon = over_indexes.stop
+            lengths = [len(encode_compacted_entry(entry)) for entry in view]
+            offsets = list(itertools.accumulate([0, *lengths[:-1]])) if view else []
+            expected = build_index(((stored, entry.position.ledger_id, entry.position.entry_id, entry.data)
+                                    for stored, entry in enumerate(view)), (offsets, lengths))
+            written = output.index(offsets, lengths)
+            assert written.entries == expected.entries == len(view)
+            assert written.columns.keys() == expected.columns.keys()
+            for name, column in expected.columns.items():
+                assert written[name].dtype == column.dtype, name
+                assert written[name].tolist() == column.tolist(), name
 
 
 @PROPERTY
