@@ -18,6 +18,15 @@ from typing import Any
 __all__ = ["current_rss_bytes", "peak_rss_bytes", "spawn"]
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds this machine's cores have been busy since boot (``/proc/stat``: all but
+    idle and iowait): the difference over a run, divided by its wall time, is how many
+    cores it kept busy (on a machine running nothing else)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_bytes(pid: int | str = "self") -> int:
     """Peak RSS (``VmHWM``) of process ``pid``; 0 when it cannot be read."""
     try:

@@ -28,7 +28,9 @@ Each run is a fresh child process, the *broker*, that opens its copy and times
 Figures per run (median of ``--runs``): wall time of the run, ``phase_one_s`` and
 ``phase_two_s`` (Spark: the key indexes' build stage, if any, and the aggregation; then the
 groups' rewrite job), ``records_per_s`` (messages read / wall time), ``speedup_vs_local1``
-(records/s over ``local[1]``'s, when it ran), ``broker_peak_rss_bytes`` (the broker's Python
+(records/s over ``local[1]``'s, when it ran), ``cores_busy`` (the machine's busy CPU
+seconds during the run over its wall time: how many cores the run kept busy, on a machine
+running nothing else), ``broker_peak_rss_bytes`` (the broker's Python
 process, ``VmHWM``), ``driver_peak_rss_bytes``: the Spark driver's Python process (the
 broker) plus its JVM (``local[N]`` runs the executors' JVM side in it too), and
 ``executors_peak_rss_bytes``: the executors' Python workers together (for the local engine,
@@ -53,7 +55,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import _child
-from bench._child import peak_rss_bytes
+from bench._child import busy_cpu_s, peak_rss_bytes
 from bench._workload import Workload
 from compactor.local.key_index import ensure_index
 from compactor.runs.runner import CompactionConfig, Compactor
@@ -171,9 +173,10 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
         jvm_pid = _jvm_pid()
     ledger = ManagedLedger.open(TOPIC, data_dir.ledgers, data_dir.metadata, _ledger_config(spec))
     topic = CompactedTopic.restore(ledger, cursors)
-    started = time.perf_counter()
+    busy, started = busy_cpu_s(), time.perf_counter()
     figures = compactor.compact(topic)
     wall_s = time.perf_counter() - started
+    cores_busy = (busy_cpu_s() - busy) / wall_s
     python_rss = peak_rss_bytes()
     jvm_rss = peak_rss_bytes(jvm_pid) if jvm_pid else 0
     if jvm_pid:  # the executors' Python workers (reused between tasks: alive after the job)
@@ -193,7 +196,7 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     phase_one_s = timings.get("phase_one_s", figures.phase_one_s)
     phase_two_s = wall_s - phase_one_s if timings else figures.phase_two_s
     return {
-        "wall_s": wall_s, "phase_one_s": phase_one_s, "phase_two_s": phase_two_s,
+        "wall_s": wall_s, "cores_busy": cores_busy, "phase_one_s": phase_one_s, "phase_two_s": phase_two_s,
         "index_build_s": timings.get("index_build_s", 0.0), "indexes_built": timings.get("indexes_built", 0),
         "session_s": session_s, "messages_read": figures.messages_read, "entries_read": figures.entries_read,
         "entries_written": figures.entries_written, "removed_events": figures.removed_events,
@@ -219,7 +222,7 @@ def _summary(runs: list[dict[str, Any]], messages: int) -> dict[str, Any]:
 
     python_rss, jvm_rss = int(median("python_rss")), int(median("jvm_rss"))
     return {
-        "records_per_s": messages / median("wall_s"), "wall_s": median("wall_s"),
+        "records_per_s": messages / median("wall_s"), "wall_s": median("wall_s"), "cores_busy": median("cores_busy"),
         "phase_one_s": median("phase_one_s"), "phase_two_s": median("phase_two_s"),
         "phase_one_records_per_s": messages / max(median("phase_one_s"), 1e-9),
         "index_build_s": median("index_build_s"),
@@ -238,12 +241,12 @@ def _print_table(args: argparse.Namespace, setup: dict[str, Any], runs: dict[str
     print(f"{os.cpu_count()} CPUs; load average {load[0]:.1f} before, {load[1]:.1f} after; median of {args.runs} "
           "run(s), each in a fresh process")
     print()
-    print(f"  {'run':<16} {'wall s':>7} {'p1 s':>7} {'p2 s':>7} {'rec/s':>10} {'x local[1]':>10} "
+    print(f"  {'run':<16} {'wall s':>7} {'p1 s':>7} {'p2 s':>7} {'cores':>5} {'rec/s':>10} {'x local[1]':>10} "
           f"{'broker MiB':>10} {'driver MiB':>10} {'exec MiB':>9} {'session s':>9}")
     for name, figures in runs.items():
         speedup = figures.get("speedup_vs_local1")
         print(f"  {name:<16} {figures['wall_s']:>7.2f} {figures['phase_one_s']:>7.2f} {figures['phase_two_s']:>7.2f} "
-              f"{figures['records_per_s']:>10,.0f} {'' if speedup is None else f'{speedup:.2f}':>10} "
+              f"{figures['cores_busy']:>5.2f} {figures['records_per_s']:>10,.0f} {'' if speedup is None else f'{speedup:.2f}':>10} "
               f"{figures['broker_peak_rss_bytes'] / MIB:>10,.0f} {figures['driver_peak_rss_bytes'] / MIB:>10,.0f} "
               f"{figures['executors_peak_rss_bytes'] / MIB:>9,.0f} {figures['session_s']:>9.1f}")
     print()
