@@ -243,3 +243,47 @@ def test_an_executor_with_only_the_bucket_reads_there_and_keeps_the_index_it_bui
 
     with mock.patch.object(key_index, "build_index", side_effect=AssertionError("parsed")):
         assert index_scan.ensure_ledger_index(None, whole.ledger_id, False, bucket) == 50  # read, not parsed
+
+
+@st.composite
+def _task_rows(draw: Any) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A task's pieces' keyed rows (``keyed_rows``' shape): per piece, ``v`` ascending; keys
+    drawn from a few, some sharing ``h1`` (a collision of the high half); pieces in
+    stream order, or, now and then, a piece out of order."""
+    keys = draw(st.lists(st.tuples(st.integers(-3, 3), st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=8))
+    pieces = []
+    for piece in draw(st.lists(st.integers(0, 40), min_size=1, max_size=6, unique=True)):
+        count = draw(st.integers(0, 30))
+        chosen = draw(st.lists(st.sampled_from(keys), min_size=count, max_size=count))
+        flags = draw(st.lists(st.integers(0, 3), min_size=count, max_size=count))
+        v = np.array([((piece << index_scan.ROW_BITS | row) << index_scan.FLAG_BITS) | flag
+                      for row, flag in enumerate(flags)], np.int64)
+        pieces.append((np.array([key[0] for key in chosen], np.int64), np.array([key[1] for key in chosen], np.int64), v))
+    return pieces if draw(st.booleans()) else sorted(pieces, key=lambda rows: rows[2][0] if len(rows[2]) else 0)
+
+
+@PROPERTY
+@given(_task_rows(), st.integers(1, 50))
+def test_a_task_hands_spark_each_keys_latest_row_and_drops_only_earlier_ones(
+        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_max: int) -> None:
+    """``LatestRows`` over a task's pieces (held up to ``rows_max`` rows): folded by key to
+    the greatest ``v``, as Spark's aggregation folds them, it gives every key's latest row;
+    a row it hands on is one of the input's, and it never hands on more rows than it was
+    given; with every piece in stream order, no flush between and no two keys sharing
+    ``h1``, one row per key."""
+    latest = index_scan.LatestRows(rows_max)
+    batches = [batch for rows in pieces for batch in latest.add(*rows)] + list(latest.flush())
+    out: dict[tuple[int, int], int] = {}
+    _latest(out, batches)
+    given_rows = {(int(h1), int(h2), int(v)) for rows in pieces for h1, h2, v in zip(*rows, strict=True)}
+    expected: dict[tuple[int, int], int] = {}
+    for h1, h2, v in given_rows:
+        expected[(h1, h2)] = max(expected.get((h1, h2), v), v)
+    assert out == expected
+    handed = pa.Table.from_batches(batches, schema=index_scan.PHASE_ONE_ROWS).to_pylist() if batches else []
+    assert all((row["h1"], row["h2"], row["v"]) in given_rows for row in handed)
+    assert len(handed) <= len(given_rows)
+    in_order = all(len(a[2]) == 0 or len(b[2]) == 0 or a[2][-1] < b[2][0] for a, b in itertools.pairwise(pieces))
+    shared_h1 = len({h1 for h1, _ in expected}) < len(expected)
+    if in_order and not shared_h1 and sum(len(rows[2]) for rows in pieces) < rows_max:
+        assert len(handed) == len(expected)
