@@ -35,7 +35,8 @@ and the run's last view is the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -380,23 +381,30 @@ class OutputIndex:
     """The key index of the compacted ledger a round writes, made from its input's index rows
     as ``compacted_entries`` yields each survivor (no parse): the rows of an entry copied
     whole are its input rows; a cut batch's dropped slots become ``compacted_out`` rows and
-    its slot ends are those of the cut body. ``index`` gives it once the ledger is written;
-    it equals ``key_index.build_index`` over that ledger (``tests/unit/compactor/test_incremental.py``,
-    ``tests/unit/compactor/test_indexed.py``).
+    its slot ends are those of the cut body. The rows, handed to ``write`` part after part,
+    in order, are ``key_index.build_index`` over the ledger written
+    (``tests/unit/compactor/test_indexed.py``, ``tests/unit/compactor/test_incremental.py``).
 
-    ``add`` only notes each survivor (its span of input rows and a few scalars); the rows
-    of the entries taken from one input ``rows`` are made at once, as array work over all
-    of them, when the next survivor comes from other rows or at ``index``. Until then the
-    ``rows`` and ``keep`` arrays given to ``add`` must not change."""
+    It never holds the round's rows, only one part's: ``add`` notes each survivor (its span
+    of input rows and a few scalars); the rows of the survivors taken from one input
+    ``rows`` are one part, made at once, as array work over all of them, when the next
+    survivor comes from other rows or at ``finish``, handed to ``write`` (every column of
+    ``key_index.COLUMNS``) and let go. Until then the ``rows`` and ``keep`` arrays given to
+    ``add`` must not change. The ledger's layout comes from its writer: ``placed`` is told
+    each survivor's record offset and stored size once the writer has taken it, before
+    the next survivor is asked for (``write_sealed_ledger``'s ``placed``); ``finish`` is
+    called once the ledger is written."""
 
     _COPIED = ("batch_index", "batch_size", "hash_high", "hash_low", "flags", "publish_time", "slot_end")
 
-    def __init__(self) -> None:
-        self._parts: list[Rows] = []
+    def __init__(self, write: Callable[[Rows], object]) -> None:
+        self._write = write
         self.entries = 0
+        self.rows_max = 0  # the most rows a part held (``tests/unit/compactor/test_indexed.py``)
         self._rows: Rows | None = None  # the input rows of the pending survivors
         self._pending: list[tuple[int, int, bool, int, int, int]] = []  # start, end, whole, position, size
         self._cut_keeps: list[Mask] = []  # each pending cut batch's kept rows, in order
+        self._offsets, self._lengths = array("q"), array("q")  # the pending survivors' layout, as placed
 
     def add(self, rows: Rows, span: tuple[int, int], keep: Mask, whole: bool, survivor: CompactedEntry) -> None:
         """Note ``survivor``, the next entry of the ledger, made from its input ``rows``
@@ -411,22 +419,39 @@ class OutputIndex:
             self._cut_keeps.append(keep)
         self.entries += 1
 
+    def placed(self, offset: int, length: int) -> None:
+        """The next survivor's record starts at ``offset`` in the ledger file and stores
+        ``length`` bytes."""
+        self._offsets.append(offset)
+        self._lengths.append(length)
+
+    def finish(self) -> None:
+        """Hand on the last part (every survivor was added and placed)."""
+        self._flush()
+        self._rows = None
+
     def _flush(self) -> None:
-        """Make the rows of the pending survivors (all from ``self._rows``) into one part."""
+        """Make the rows of the pending survivors (all from ``self._rows``) into one part
+        and hand it to ``write``."""
         pending, rows = self._pending, self._rows
         if not pending or rows is None:
             return
+        if len(self._offsets) != len(pending):
+            raise RuntimeError(f"{len(self._offsets)} survivors placed in the ledger, {len(pending)} expected")
         starts_of, ends_of, whole_of, ledger_of, entry_of, size_of = zip(*pending, strict=True)
         starts, ends = np.array(starts_of, np.int64), np.array(ends_of, np.int64)
         counts = ends - starts
         firsts = np.cumsum(counts) - counts  # each entry's first row in the part
         gather = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - firsts, counts)
         part = {name: rows[name][gather] for name in self._COPIED}
+        del gather
         first_stored = self.entries - len(pending)
         part["stored"] = np.repeat(np.arange(first_stored, self.entries, dtype=np.uint32), counts)
         part["ledger_id"] = np.repeat(np.array(ledger_of, np.uint64), counts)
         part["entry_id"] = np.repeat(np.array(entry_of, np.uint64), counts)
         part["entry_bytes"] = np.repeat(np.array(size_of, np.uint32), counts)
+        part["entry_offset"] = np.repeat(np.frombuffer(self._offsets, np.int64).astype(np.uint64), counts)
+        part["stored_bytes"] = np.repeat(np.frombuffer(self._lengths, np.int64).astype(np.uint32), counts)
         cut = ~np.array(whole_of, dtype=bool)
         if self._cut_keeps:  # the cut batches: what ``_cut_body`` made of them
             at = np.flatnonzero(np.repeat(cut, counts))  # their rows, entry after entry
@@ -443,19 +468,10 @@ class OutputIndex:
             sums = np.cumsum(lengths)
             sums -= np.repeat(sums[cut_firsts] - lengths[cut_firsts], cut_counts)  # summed batch by batch
             part["slot_end"][at] = sums.astype(np.uint32)
-        self._parts.append(part)
         self._pending, self._cut_keeps = [], []
-
-    def index(self, entry_offsets: Sequence[int], entry_lengths: Sequence[int]) -> KeyIndex:
-        """The index, given the written ledger's layout (each entry's offset and length)."""
-        self._flush()
-        self._rows = None
-        columns = {name: np.concatenate([part[name] for part in self._parts]) if self._parts
-                   else np.empty(0, dtype) for name, dtype in COLUMNS[:-2]}
-        where = columns["stored"].astype(np.intp)
-        columns["entry_offset"] = np.asarray(entry_offsets, dtype=np.uint64)[where]
-        columns["stored_bytes"] = np.asarray(entry_lengths, dtype=np.uint32)[where]
-        return KeyIndex(columns, self.entries)
+        self._offsets, self._lengths = array("q"), array("q")
+        self.rows_max = max(self.rows_max, len(part["stored"]))
+        self._write({name: part[name] for name, _ in COLUMNS})
 
 
 def _batch(position: Position, rows: Rows, start: int, end: int, keep: Mask, whole: bool, data: bytes) -> CompactedEntry:

@@ -55,9 +55,9 @@ import os
 import secrets
 import tempfile
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import crc32c
 import numpy as np
@@ -86,6 +86,7 @@ __all__ = [
     "INDEX_SUFFIX",
     "TEMP_SUFFIX",
     "CorruptIndexError",
+    "IndexWriter",
     "IndexedLedger",
     "KeyIndex",
     "build_index",
@@ -109,6 +110,8 @@ INDEX_SUFFIX = ".kidx"
 TEMP_SUFFIX = ".kidx-tmp"
 """A temporary file being written; never read, removed at the next start."""
 FORMAT = "compactd-key-index/3"
+ROW_GROUP_ROWS_MIN = 1 << 16
+"""``IndexWriter`` gathers smaller parts until they make this many rows (about 4.5 MB)."""
 
 FLAG_KEYLESS = 1
 """The message has no key (``retain_null_key`` decides)."""
@@ -136,6 +139,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 _COLUMNS = COLUMNS  # (name, numpy dtype) of every column, in the file's order; the last two: where entries are stored
+_PARQUET_OPTIONS: dict[str, Any] = {"compression": "lz4", "use_dictionary": False, "write_page_checksum": True}
 _TYPECODES = {"uint8": "B", "uint32": "I", "int32": "i", "uint64": "Q", "int64": "q"}
 
 
@@ -237,7 +241,32 @@ def index_path(ledger_file: str) -> str:
 
 
 def _checksum(column: npt.NDArray[Any]) -> str:
-    return str(crc32c.crc32c(np.ascontiguousarray(column).tobytes()))
+    return str(crc32c.crc32c(np.ascontiguousarray(column).data))
+
+
+def _metadata(ledger: IndexedLedger, checksums: Mapping[str, int]) -> dict[str, str]:
+    """The file's key-value metadata (module docstring): ``checksums`` is each column's CRC32C."""
+    return {
+        "format": FORMAT, "ledger_id": str(ledger.ledger_id), "entries": str(ledger.entries),
+        "size_bytes": str(ledger.size_bytes),
+        **{f"crc32c.{name}": str(checksums[name]) for name, _ in _COLUMNS},
+    }
+
+
+def _temporary(path: str) -> tuple[str, BinaryIO]:
+    """A fresh temporary file beside ``path``, owner-only (it holds message keys), and its name."""
+    temporary = f"{path}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    return temporary, open_private(temporary, exclusive=True)
+
+
+def _replace_durably(temporary: str, path: str) -> None:
+    """Rename the synced ``temporary`` over ``path`` and sync the directory."""
+    os.replace(temporary, path)
+    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
@@ -245,28 +274,103 @@ def write_index(path: str, index: KeyIndex, ledger: IndexedLedger) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    metadata = {
-        "format": FORMAT, "ledger_id": str(ledger.ledger_id), "entries": str(ledger.entries),
-        "size_bytes": str(ledger.size_bytes),
-        **{f"crc32c.{name}": _checksum(index.columns[name]) for name, _ in _COLUMNS},
-    }
-    table = pa.table({name: index.columns[name] for name, _ in _COLUMNS}).replace_schema_metadata(metadata)
-    temporary = f"{path}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    checksums = {name: crc32c.crc32c(np.ascontiguousarray(index.columns[name]).data) for name, _ in _COLUMNS}
+    table = pa.table({name: index.columns[name] for name, _ in _COLUMNS}).replace_schema_metadata(
+        _metadata(ledger, checksums))
+    temporary, sink = _temporary(path)
     try:
-        with open_private(temporary, exclusive=True) as sink:  # owner-only: it holds message keys
-            pq.write_table(table, sink, compression="lz4", use_dictionary=False, write_page_checksum=True)
+        with sink:
+            pq.write_table(table, sink, **_PARQUET_OPTIONS)
             sink.flush()
             os.fsync(sink.fileno())
-        os.replace(temporary, path)
+        _replace_durably(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+
+
+class IndexWriter:
+    """An index written part by part, never held whole (the key index of a ledger being
+    written: ``compactor.local.worker``): ``write`` each part's rows in stream order, then
+    ``commit`` the ledger the rows describe. The file reads back with ``read_index``
+    exactly as ``write_index``'s would (the same columns, types, key-value metadata and
+    checksums: each column's CRC32C runs on across the parts). Parts under
+    ``row_group_rows_min`` rows wait for the next ones (one row group of many small parts,
+    not many tiny ones), so the writer holds fewer rows than that besides the part it is
+    given. Atomic and durable as ``write_index``: the rows go to a temporary file
+    (``TEMP_SUFFIX``) that ``commit`` syncs and renames over ``path``; ``abort``, or a
+    ``write`` or ``commit`` that fails, removes it."""
+
+    def __init__(self, path: str, *, row_group_rows_min: int = ROW_GROUP_ROWS_MIN) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.path = path
+        self.row_group_rows_min = row_group_rows_min
+        self.rows = 0
+        self.waiting_rows = 0
+        self._schema = pa.schema([(name, pa.from_numpy_dtype(np.dtype(dtype))) for name, dtype in _COLUMNS])
+        self._checksums = {name: 0 for name, _ in _COLUMNS}
+        self._waiting: list[Any] = []  # pyarrow tables, each over a part's arrays
+        self._temporary, self._sink = _temporary(path)
+        try:
+            self._writer: Any = pq.ParquetWriter(self._sink, self._schema, **_PARQUET_OPTIONS)
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, columns: Mapping[str, npt.NDArray[Any]]) -> None:
+        """Append rows: every column (``COLUMNS``' names), of the same length."""
+        import pyarrow as pa
+
+        try:
+            arrays = [np.ascontiguousarray(columns[name], dtype=dtype) for name, dtype in _COLUMNS]
+            if len({len(array) for array in arrays}) != 1:
+                raise ValueError("the columns of a part differ in length")
+            for (name, _), array in zip(_COLUMNS, arrays, strict=True):
+                self._checksums[name] = crc32c.crc32c(array.data, self._checksums[name])
+            self._waiting.append(pa.Table.from_arrays(arrays, schema=self._schema))
+            self.rows += len(arrays[0])
+            self.waiting_rows += len(arrays[0])
+            if self.waiting_rows >= self.row_group_rows_min:
+                self._write_waiting()
+        except BaseException:
+            self.abort()
+            raise
+
+    def commit(self, ledger: IndexedLedger) -> None:
+        """Finish the file as the index of ``ledger`` and rename it over ``path``."""
+        try:
+            self._write_waiting()
+            self._writer.add_key_value_metadata(_metadata(ledger, self._checksums))
+            self._writer.close()
+            self._sink.flush()
+            os.fsync(self._sink.fileno())
+            self._sink.close()
+            _replace_durably(self._temporary, self.path)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Give the file up: the temporary file is removed (idempotent; nothing after a ``commit``)."""
+        self._waiting, self.waiting_rows = [], 0
+        with contextlib.suppress(Exception):
+            if hasattr(self, "_writer"):
+                self._writer.close()
+        with contextlib.suppress(OSError):
+            self._sink.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._temporary)
+
+    def _write_waiting(self) -> None:
+        import pyarrow as pa
+
+        if self._waiting:
+            waiting = self._waiting[0] if len(self._waiting) == 1 else pa.concat_tables(self._waiting)
+            self._waiting, self.waiting_rows = [], 0
+            self._writer.write_table(waiting)
 
 
 def read_index(

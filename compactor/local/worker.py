@@ -40,11 +40,11 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -177,10 +177,12 @@ def _round(store: FileLedgerStore, request: RoundRequest, throttle: Throttle) ->
 
 def _write(
     request: RoundRequest, stop: Position, survivors: Iterator[CompactedEntry], throttle: Throttle,
+    placed: Callable[[int, int], object] | None = None,
 ) -> tuple[int, list[int], SealedLedger]:
     """Write the survivors as the round's sealed ledger; gives the messages kept, the
     append latency counts and the ledger. Each entry's latency is the time the writer takes
-    to add it (the ledger is durable at its seal, as an in-process round's)."""
+    to add it (the ledger is durable at its seal, as an in-process round's). ``placed``: as
+    ``write_sealed_ledger``'s."""
     kept = 0
     latencies = [0] * (len(LATENCY_BUCKETS_MS) + 1)
 
@@ -196,7 +198,7 @@ def _write(
 
     metadata = {**dict(request.metadata), "compactedTo": str(stop)}
     written = write_sealed_ledger(request.ledgers_root, request.ledger_id, metadata, encoded(),
-                                  created_at_ms=int(time.time() * 1000))
+                                  created_at_ms=int(time.time() * 1000), placed=placed)
     return kept, latencies, written
 
 
@@ -218,11 +220,17 @@ def _indexed_round(
             return None
         stop = indexed.stop if indexed.filled and indexed.stop is not None else request.stop
         phase_one_s = time.monotonic() - started
-        output = OutputIndex()
-        kept, latencies, written = _write(request, stop, indexed.survivors(output), throttle)
+        index_file = _OutputIndexFile(request)
+        try:
+            output = OutputIndex(index_file.write)
+            kept, latencies, written = _write(request, stop, indexed.survivors(output), throttle, output.placed)
+            output.finish()
+        except BaseException:
+            index_file.abort()
+            raise
     finally:
         source.close()
-    _write_output_index(request, written, output)
+    index_file.commit(written)
     return RoundReport(
         stop=stop, figures=indexed.figures(written.ledger_id, written.entries, written.size_bytes, kept),
         key_map_bytes_max=indexed.key_map.nbytes_max, phase_one_s=phase_one_s, throttled_s=throttle.throttled_s,
@@ -232,16 +240,47 @@ def _indexed_round(
     )
 
 
-def _write_output_index(request: RoundRequest, written: SealedLedger, output: OutputIndex) -> None:
-    """Write the key index of the ledger the round wrote (``indexed.OutputIndex``: from the
-    input's rows, no parse), so that the next incremental run finds its keys without
-    reading it; a failure is only logged (the index is built when first needed)."""
-    try:
-        index = output.index(written.entry_offsets, written.entry_lengths)
-        key_index.write_index(key_index.index_path(key_index.ledger_path(request.ledgers_root, written.ledger_id)),
-                              index, key_index.IndexedLedger(written.ledger_id, written.entries, written.size_bytes))
-    except (OSError, ValueError) as error:
-        log.warning("could not write the key index of compacted ledger %d: %s", written.ledger_id, error)
+class _OutputIndexFile:
+    """The key index of the ledger a round writes (``indexed.OutputIndex``: from the
+    input's rows, no parse), written part by part as the round makes it
+    (``key_index.IndexWriter``: a part's rows are never kept for the round), so that the
+    next incremental run finds its keys without reading the ledger. A failure is only
+    logged and the index given up (it is built when first needed)."""
+
+    def __init__(self, request: RoundRequest) -> None:
+        self.ledger_id = request.ledger_id
+        path = key_index.index_path(key_index.ledger_path(request.ledgers_root, request.ledger_id))
+        self._writer: key_index.IndexWriter | None = None
+        try:
+            self._writer = key_index.IndexWriter(path)
+        except (OSError, ValueError) as error:
+            self._failed(error)
+
+    def write(self, part: dict[str, npt.NDArray[Any]]) -> None:
+        """Append the next part's rows (``OutputIndex``'s)."""
+        if self._writer is not None:
+            try:
+                self._writer.write(part)
+            except (OSError, ValueError) as error:  # the writer removed its file
+                self._failed(error)
+
+    def commit(self, written: SealedLedger) -> None:
+        """The ledger is written: the index is complete; rename it to its name."""
+        if self._writer is not None:
+            try:
+                self._writer.commit(key_index.IndexedLedger(written.ledger_id, written.entries, written.size_bytes))
+            except (OSError, ValueError) as error:
+                self._failed(error)
+
+    def abort(self) -> None:
+        """The round failed: remove the temporary file."""
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+
+    def _failed(self, error: Exception) -> None:
+        log.warning("could not write the key index of compacted ledger %d: %s", self.ledger_id, error)
+        self._writer = None
 
 
 def _stream(

@@ -25,7 +25,7 @@ import contextlib
 import os
 import secrets
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ledger.errors import LedgerError, LedgerIOError
@@ -66,9 +66,12 @@ def ledger_file_name(ledger_id: int) -> str:
 
 def write_sealed_ledger(
     root: str, ledger_id: int, metadata: Mapping[str, str], entries: Iterable[bytes], *, created_at_ms: int,
+    placed: Callable[[int, int], object] | None = None,
 ) -> SealedLedger:
     """Write ``entries`` as the sealed ledger ``ledger_id`` in the directory ``root`` (see
-    the module docstring). ``LedgerError`` for an entry over ``RECORD_BYTES_MAX``,
+    the module docstring). ``placed``, if given, is called with each entry's record offset
+    and payload length as the writer takes the entry, before it asks ``entries`` for the
+    next one. ``LedgerError`` for an entry over ``RECORD_BYTES_MAX``,
     ``LedgerIOError`` when the disk refuses; either way no ledger file is left changed and
     the temporary file is removed."""
     final = os.path.join(root, ledger_file_name(ledger_id))
@@ -79,7 +82,7 @@ def write_sealed_ledger(
         raise LedgerIOError(f"ledger {ledger_id}: cannot create {temporary}: {error}", ledger_id=ledger_id) from error
     try:
         try:
-            offsets, lengths = _write_records(fd, ledger_id, metadata, entries, created_at_ms)
+            offsets, lengths = _write_records(fd, ledger_id, metadata, entries, created_at_ms, placed)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -98,6 +101,7 @@ def write_sealed_ledger(
 
 def _write_records(
     fd: int, ledger_id: int, metadata: Mapping[str, str], entries: Iterable[bytes], created_at_ms: int,
+    placed: Callable[[int, int], object] | None,
 ) -> tuple[array[int], array[int]]:
     """MAGIC, META, the ENTRY records and SEAL, written in blocks: each entry's record
     offset and payload length."""
@@ -109,6 +113,8 @@ def _write_records(
             raise LedgerError(f"entry of {len(data)} bytes exceeds {RECORD_BYTES_MAX}", ledger_id=ledger_id)
         offsets.append(flushed + len(block))
         lengths.append(len(data))
+        if placed is not None:
+            placed(offsets[-1], lengths[-1])
         block += encode_record(RecordKind.ENTRY, data)
         if len(block) >= WRITE_BLOCK_BYTES:
             write_all(fd, block)

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +32,17 @@ from compactor.engine import KEY_MAP_BYTES_PER_KEY, LedgerRange
 from compactor.local import indexed
 from compactor.local.algorithm import CompactedEntry, compact
 from compactor.local.indexed import IndexedRound, IndexUnavailable
-from compactor.local.key_index import INDEX_SUFFIX, KeyIndex, build_index
+from compactor.local.key_index import (
+    INDEX_SUFFIX,
+    IndexedLedger,
+    IndexWriter,
+    KeyIndex,
+    build_index,
+    index_path,
+    ledger_path,
+    read_index,
+    write_index,
+)
 from compactor.local.rounds import round_phase_one, round_phase_two
 from compactor.runs.runner import CompactionConfig, Compactor, collect_orphans
 from compactor.view.topic import CompactedTopic
@@ -39,6 +52,7 @@ from ledger import EARLIEST
 from ledger.data_dir import DataDir
 from ledger.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
 from ledger.position import Position
+from ledger.storage.sealed_writer import write_sealed_ledger
 from tests.strategies import (
     StreamEntry,
     any_entry,
@@ -140,40 +154,91 @@ def test_indexed_rounds_stop_count_and_write_what_parsing_rounds_do(
     assert view == compact(raw, retain_null_key=retain_null_key, keep_tombstones_since_ms=cutoff)
 
 
+ROW_GROUP_ROWS_MIN = 3  # the streamed index's (small: parts wait, and row groups are many)
+
+
+def _file_metadata(path: str) -> dict[bytes, bytes]:
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(path) as parquet:
+        return dict(parquet.read(columns=["stored"]).schema.metadata or {})
+
+
+def _write_round(over_indexes: IndexedRound, root: str, ledger_id: int) -> list[CompactedEntry]:
+    """Phase two of ``over_indexes`` written as the sealed ledger ``ledger_id`` with its key
+    index streamed beside it, as the worker does (``OutputIndex`` handing each part to an
+    ``IndexWriter``); checks the index against ``build_index`` over the ledger written, and
+    that each part is handed on as soon as its survivors are written; the survivors."""
+    path = index_path(ledger_path(root, ledger_id))
+    writer = IndexWriter(path, row_group_rows_min=ROW_GROUP_ROWS_MIN)
+    parts: list[dict[str, Any]] = []
+    view: list[CompactedEntry] = []
+
+    def write(part: dict[str, Any]) -> None:
+        # every survivor of the part was written, and none after it was made: no more than
+        # a part is held, never the round's rows
+        assert len(part["stored"]) and int(part["stored"][-1]) + 1 == len(view)
+        parts.append(part)
+        writer.write(part)
+        assert writer.waiting_rows < ROW_GROUP_ROWS_MIN
+
+    output = indexed.OutputIndex(write)
+
+    def encoded() -> Iterator[bytes]:
+        for survivor in over_indexes.survivors(output):
+            view.append(survivor)
+            yield encode_compacted_entry(survivor)
+
+    written = write_sealed_ledger(root, ledger_id, {}, encoded(), created_at_ms=PUBLISHED_AT, placed=output.placed)
+    output.finish()
+    ledger = IndexedLedger(ledger_id, written.entries, written.size_bytes)
+    writer.commit(ledger)
+    assert int(parts[-1]["stored"][-1]) + 1 == len(view) if parts else not view
+    expected = build_index(((stored, entry.position.ledger_id, entry.position.entry_id, entry.data)
+                            for stored, entry in enumerate(view)), (written.entry_offsets, written.entry_lengths))
+    streamed = read_index(path, ledger)
+    assert streamed is not None
+    assert streamed.entries == expected.entries == len(view)
+    assert streamed.columns.keys() == expected.columns.keys()
+    for name, column in expected.columns.items():
+        handed = np.concatenate([part[name] for part in parts]) if parts else np.empty(0, column.dtype)
+        assert handed.dtype == streamed[name].dtype == column.dtype, name
+        assert handed.tolist() == streamed[name].tolist() == column.tolist(), name
+    reference = os.path.join(root, "reference.kidx")
+    write_index(reference, expected, ledger)  # the same metadata (format, ledger, every column's CRC32C)
+    assert _file_metadata(path).keys() - {b"ARROW:schema"} == _file_metadata(reference).keys() - {b"ARROW:schema"}
+    assert {key: value for key, value in _file_metadata(path).items() if key != b"ARROW:schema"} == {
+        key: value for key, value in _file_metadata(reference).items() if key != b"ARROW:schema"}
+    return view
+
+
 @PROPERTY
 @given(stream_entries(st.one_of(batch_entries(), batch_entries(), any_entry), max_size=40, chunked=False),
        st.integers(1, 6), st.booleans(), CUTOFFS, st.lists(st.integers(0, 40), max_size=3))
-def test_the_index_a_round_collects_is_the_index_of_the_ledger_it_writes(
+def test_the_index_a_round_streams_is_the_index_of_the_ledger_it_writes(
     stream: list[StreamEntry], capacity: int, retain_null_key: bool, cutoff: int | None, run_ends: list[int],
 ) -> None:
     """``OutputIndex`` over every round of several runs (each round's input: the previous
     view and raw ledgers, so survivors copied whole and cut batches from several input
-    ledgers' rows; mostly batches, so that many are cut) equals ``build_index`` over the entries the round wrote, column by
-    column, dtypes included."""
+    ledgers' rows; mostly batches, so that many are cut), streamed part by part through
+    ``IndexWriter`` beside the sealed ledger the round writes, reads back (``read_index``)
+    as ``build_index`` over that ledger, column by column, dtypes, metadata and checksums
+    included; each part is handed on before the next part's first survivor is made."""
     raw = entries_of(stream)
     view: list[CompactedEntry] = []
     horizon = EARLIEST
-    for end in [*sorted(run_ends), len(raw)]:
-        while any(entry.position > horizon for entry in raw[:end]):
-            ledgers = _Ledgers(raw[:end], view, horizon)
-            over_indexes = IndexedRound(tuple(ledgers.ranges), capacity_keys=capacity,
-                                        keep_tombstones_since_ms=cutoff, retain_null_key=retain_null_key,
-                                        load=ledgers.load, read=ledgers.read)
-            over_indexes.plan()
-            output = indexed.OutputIndex()
-            view = list(over_indexes.survivors(output))
-            assert over_indexes.stop is not None and over_indexes.stop > horizon
-            horizon = over_indexes.stop
-            lengths = [len(encode_compacted_entry(entry)) for entry in view]
-            offsets = list(itertools.accumulate([0, *lengths[:-1]])) if view else []
-            expected = build_index(((stored, entry.position.ledger_id, entry.position.entry_id, entry.data)
-                                    for stored, entry in enumerate(view)), (offsets, lengths))
-            written = output.index(offsets, lengths)
-            assert written.entries == expected.entries == len(view)
-            assert written.columns.keys() == expected.columns.keys()
-            for name, column in expected.columns.items():
-                assert written[name].dtype == column.dtype, name
-                assert written[name].tolist() == column.tolist(), name
+    with tempfile.TemporaryDirectory() as root:
+        ledger_ids = itertools.count(1)
+        for end in [*sorted(run_ends), len(raw)]:
+            while any(entry.position > horizon for entry in raw[:end]):
+                ledgers = _Ledgers(raw[:end], view, horizon)
+                over_indexes = IndexedRound(tuple(ledgers.ranges), capacity_keys=capacity,
+                                            keep_tombstones_since_ms=cutoff, retain_null_key=retain_null_key,
+                                            load=ledgers.load, read=ledgers.read)
+                over_indexes.plan()
+                view = _write_round(over_indexes, root, next(ledger_ids))
+                assert over_indexes.stop is not None and over_indexes.stop > horizon
+                horizon = over_indexes.stop
 
 
 @PROPERTY
@@ -302,14 +367,19 @@ def test_the_indexes_a_run_needed_are_written_beside_sealed_ledgers_and_read_by_
     _append(topic.ledger, _workload(2, 30))
     from compactor.local import key_index
     written: list[str] = []
-    real_write = key_index.write_index
+    real_write, real_commit = key_index.write_index, key_index.IndexWriter.commit
 
     def recording(path: str, index: KeyIndex, ledger: key_index.IndexedLedger) -> None:
         written.append(os.path.basename(path))
         real_write(path, index, ledger)
 
+    def recording_commit(writer: key_index.IndexWriter, ledger: key_index.IndexedLedger) -> None:
+        written.append(os.path.basename(writer.path))  # a round's compacted ledger's, streamed
+        real_commit(writer, ledger)
+
     before = {name for name in os.listdir(ledgers) if name.endswith(INDEX_SUFFIX)}
-    with mock.patch.object(key_index, "write_index", recording):
+    with mock.patch.object(key_index, "write_index", recording), \
+            mock.patch.object(key_index.IndexWriter, "commit", recording_commit):
         Compactor(CompactionConfig(engine="local")).compact(topic)
     after = {name for name in os.listdir(ledgers) if name.endswith(INDEX_SUFFIX)}
     assert before - replaceable < after  # the newly sealed ledgers (the compacted one goes with its ledger if merged)
