@@ -16,6 +16,7 @@ writes a correct index over it, as it does when the file is missing.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -43,6 +44,7 @@ from compactor.local.key_index import (
     TEMP_SUFFIX,
     CorruptIndexError,
     IndexedLedger,
+    IndexWriter,
     KeyIndex,
     build_index,
     ensure_index,
@@ -172,6 +174,73 @@ def test_an_index_reads_back_exactly_as_it_was_written(
     for name, column in index.columns.items():
         assert back[name].dtype == column.dtype and np.array_equal(back[name], column), name
     assert [name for name in os.listdir(tmp_path) if name.endswith(TEMP_SUFFIX)] == []
+
+
+def _metadata_of(path: str) -> dict[bytes, bytes]:
+    """A file's key-value metadata as ``read_index`` sees it (but the Arrow schema's own)."""
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(path) as parquet:
+        metadata = parquet.read(columns=["stored"]).schema.metadata or {}
+    return {key: value for key, value in metadata.items() if key != b"ARROW:schema"}
+
+
+@FILE_PROPERTY
+@given(st.lists(any_entries, max_size=8), st.lists(st.integers(0, 40), max_size=6), st.integers(1, 8))
+def test_an_index_streamed_in_parts_reads_back_as_the_index_written_whole(
+    tmp_path: Path, drafts: list[tuple[object, bytes, object, int]], cuts: list[int], rows_min: int,
+) -> None:
+    """``IndexWriter``: parts of any sizes (empty ones too) give the columns, dtypes,
+    metadata and checksums ``write_index`` gives; nothing is under the name before
+    ``commit``; fewer than ``row_group_rows_min`` rows ever wait, and no row group but the
+    last is smaller."""
+    import pyarrow.parquet as pq
+
+    entries = [draft[1] for draft in drafts]
+    index = build_index(((stored, LEDGER_ID, stored, data) for stored, data in enumerate(entries)),
+                        (list(range(len(entries))), [len(data) for data in entries]))
+    ledger = IndexedLedger(LEDGER_ID, len(entries), sum(map(len, entries)))
+    whole, streamed = str(tmp_path / "whole.kidx"), str(tmp_path / "streamed.kidx")
+    for path in (whole, streamed):
+        if os.path.exists(path):
+            os.unlink(path)
+    write_index(whole, index, ledger)
+    writer = IndexWriter(streamed, row_group_rows_min=rows_min)
+    bounds = sorted({0, len(index), *(min(cut, len(index)) for cut in cuts)})
+    for start, end in itertools.pairwise(bounds):
+        writer.write({name: column[start:end] for name, column in index.columns.items()})
+        assert writer.waiting_rows < rows_min
+    assert not os.path.exists(streamed)
+    writer.commit(ledger)
+    back, reference = read_index(streamed, ledger), read_index(whole, ledger)
+    assert back is not None and reference is not None and back.entries == reference.entries == index.entries
+    assert back.columns.keys() == reference.columns.keys()
+    for name, column in reference.columns.items():
+        assert back[name].dtype == column.dtype and np.array_equal(back[name], column), name
+    assert _metadata_of(streamed) == _metadata_of(whole)
+    with pq.ParquetFile(streamed) as parquet:
+        groups = [parquet.metadata.row_group(group).num_rows for group in range(parquet.metadata.num_row_groups)]
+    assert sum(groups) == len(index) and all(rows >= rows_min for rows in groups[:-1])
+    assert [name for name in os.listdir(tmp_path) if name.endswith(TEMP_SUFFIX)] == []
+
+
+def test_a_streamed_index_given_up_or_failing_leaves_the_previous_file_and_no_temporary(tmp_path: Path) -> None:
+    entries = [_entry(index) for index in range(6)]
+    index = build_index((stored, LEDGER_ID, stored, data) for stored, data in enumerate(entries))
+    ledger = IndexedLedger(LEDGER_ID, len(entries), sum(map(len, entries)))
+    path = str(tmp_path / "ledger.kidx")
+    write_index(path, index, ledger)
+    previous = Path(path).read_bytes()
+    part = {name: column[:3] for name, column in index.columns.items()}
+    given_up = IndexWriter(path, row_group_rows_min=1)
+    given_up.write(part)
+    assert [name for name in os.listdir(tmp_path) if name.endswith(TEMP_SUFFIX)]  # it was being written
+    given_up.abort()
+    failing = IndexWriter(path)
+    with pytest.raises(ValueError, match="length"):
+        failing.write({**part, "flags": index["flags"]})
+    assert Path(path).read_bytes() == previous
+    assert sorted(os.listdir(tmp_path)) == ["ledger.kidx"]
 
 
 def test_the_ledger_layer_knows_the_index_files_as_sidecars() -> None:
