@@ -38,7 +38,9 @@ None for a file that is missing, and raises ``CorruptIndexError`` for one that d
 read back whole and consistent; the caller then parses the ledger instead (and may write a
 fresh index). ``write_index`` writes a temporary file, fsyncs it, renames it over the final
 name and fsyncs the directory: a crash leaves the old file, the new one, or a temporary
-file (``TEMP_SUFFIX``), never half an index under the final name.
+file (``TEMP_SUFFIX``), never half an index under the final name. ``IndexWriter`` writes
+the same file part by part, never holding the index whole (the index of a ledger a round is
+writing), with the same guarantees.
 
 Where: a ledger's index is read through its store (``LedgerFiles.open_sidecar``: the local
 file, else the ledger's ``.kidx`` object in the store's bucket), and kept where the ledger

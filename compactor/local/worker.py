@@ -17,12 +17,15 @@ publishes:
    runs the round's phase one and phase two exactly as the in-process round does, with its
    own I/O throttle at the run's rate, and writes the survivors as one whole sealed ledger
    at the reserved id (``ledger.storage.sealed_writer``: temporary file, fsync, atomic
-   rename); it answers a ``RoundReport`` (the round's stop and figures);
+   rename), over key indexes with that ledger's key index beside it, streamed part by part
+   as the survivors are written (``_OutputIndexFile``: its memory is one input ledger's
+   rows, not the round's); it answers a ``RoundReport`` (the round's stop and figures);
 3. the broker publishes that ledger as the round's view (``Compactor._publish``).
 
 A child that fails, or is killed (``RoundWorkers.interrupt`` when the broker stops), leaves
-at worst a temporary file, which the next start removes, or a complete ledger at a reserved
-id that no manifest names: an orphan, collected at the next start. The children are
+at worst temporary files (the ledger's, its index's), which the next start removes, or a
+complete ledger at a reserved id that no manifest names: an orphan, collected at the next
+start. The children are
 started with the ``spawn`` method (no copy of the broker's threads or locks) and die with
 the broker (``PR_SET_PDEATHSIG`` on Linux).
 """
