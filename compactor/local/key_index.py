@@ -323,13 +323,17 @@ class IndexWriter:
             raise
 
     def write(self, columns: Mapping[str, npt.NDArray[Any]]) -> None:
-        """Append rows: every column (``COLUMNS``' names), of the same length."""
+        """Append rows: every column of ``COLUMNS``, of its type, all of the same length
+        (``ValueError`` otherwise)."""
         import pyarrow as pa
 
         try:
-            arrays = [np.ascontiguousarray(columns[name], dtype=dtype) for name, dtype in _COLUMNS]
+            arrays = [np.ascontiguousarray(columns[name]) for name, _ in _COLUMNS]
             if len({len(array) for array in arrays}) != 1:
                 raise ValueError("the columns of a part differ in length")
+            for (name, dtype), array in zip(_COLUMNS, arrays, strict=True):
+                if array.dtype != np.dtype(dtype) or array.ndim != 1:
+                    raise ValueError(f"column {name} of a part holds {array.dtype}, not {dtype}")
             for (name, _), array in zip(_COLUMNS, arrays, strict=True):
                 self._checksums[name] = crc32c.crc32c(array.data, self._checksums[name])
             self._waiting.append(pa.Table.from_arrays(arrays, schema=self._schema))
