@@ -400,7 +400,6 @@ class OutputIndex:
     def __init__(self, write: Callable[[Rows], object]) -> None:
         self._write = write
         self.entries = 0
-        self.rows_max = 0  # the most rows a part held (``tests/unit/compactor/test_indexed.py``)
         self._rows: Rows | None = None  # the input rows of the pending survivors
         self._pending: list[tuple[int, int, bool, int, int, int]] = []  # start, end, whole, position, size
         self._cut_keeps: list[Mask] = []  # each pending cut batch's kept rows, in order
@@ -470,7 +469,6 @@ class OutputIndex:
             part["slot_end"][at] = sums.astype(np.uint32)
         self._pending, self._cut_keeps = [], []
         self._offsets, self._lengths = array("q"), array("q")
-        self.rows_max = max(self.rows_max, len(part["stored"]))
         self._write({name: part[name] for name, _ in COLUMNS})
 
 

@@ -25,9 +25,8 @@ publishes:
 A child that fails, or is killed (``RoundWorkers.interrupt`` when the broker stops), leaves
 at worst temporary files (the ledger's, its index's), which the next start removes, or a
 complete ledger at a reserved id that no manifest names: an orphan, collected at the next
-start. The children are
-started with the ``spawn`` method (no copy of the broker's threads or locks) and die with
-the broker (``PR_SET_PDEATHSIG`` on Linux).
+start. The children are started with the ``spawn`` method (no copy of the broker's threads
+or locks) and die with the broker (``PR_SET_PDEATHSIG`` on Linux).
 """
 
 from __future__ import annotations

@@ -387,6 +387,46 @@ def test_the_indexes_a_run_needed_are_written_beside_sealed_ledgers_and_read_by_
     assert after - before <= set(written)  # (the run's compacted ledger's too: written by its round)
 
 
+@pytest.mark.parametrize("refused", ["disk", "part"])
+def test_a_round_whose_index_cannot_be_written_publishes_its_view_without_an_index_and_leaves_no_temporary(
+    tmp_path: Path, opened: list[DataDir], refused: str,
+) -> None:
+    """The compacted ledger's streamed index fails (the disk refuses Parquet's writes; the
+    writer refuses a part): the round's view is published all the same (the index is built
+    when first needed), with no index and no temporary file beside its ledger."""
+    import pyarrow.parquet as pq
+
+    from compactor.local import key_index
+    real_write = key_index.IndexWriter.write
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    def wrong_part(writer: key_index.IndexWriter, part: dict[str, Any]) -> None:
+        real_write(writer, {**part, "flags": part["flags"].astype(np.int64)})
+
+    fault = (mock.patch.object(pq.ParquetWriter, "write_table", disk_full) if refused == "disk"
+             else mock.patch.object(key_index.IndexWriter, "write", wrong_part))
+    views = {}
+    for with_index in (False, True):
+        topic = _open(tmp_path / str(with_index), opened)
+        _append(topic.ledger, _workload(1, 30))
+        if with_index:
+            for record in topic.ledger.ledger_list()[:-1]:  # the input's indexes, as the builder writes them
+                key_index.ensure_index(topic.ledger.store, record.ledger_id, compacted=False)  # type: ignore[arg-type]
+            with fault:
+                Compactor(CompactionConfig(engine="local")).compact(topic)
+            ledgers = os.listdir(tmp_path / "True" / "ledgers")
+            assert topic.view is not None and topic.view.ledger_ids
+            for ledger_id in topic.view.ledger_ids:
+                assert f"{ledger_id:020d}.ledger{INDEX_SUFFIX}" not in ledgers
+            assert not [name for name in ledgers if name.endswith(key_index.TEMP_SUFFIX)]
+        else:
+            Compactor(CompactionConfig(engine="local", key_index=False)).compact(topic)
+        views[with_index] = _view(topic)
+    assert views[True] == views[False]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
 def test_a_damaged_index_is_never_used_the_run_parses_that_ledger_and_writes_it_again(
     tmp_path: Path, opened: list[DataDir], damage: str,
