@@ -266,12 +266,12 @@ def _task_rows(draw: Any) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
 @given(_task_rows(), st.integers(1, 50))
 def test_a_task_hands_spark_each_keys_latest_row_and_drops_only_earlier_ones(
         pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_max: int) -> None:
-    """``LatestRows`` over a task's pieces (held up to ``rows_max`` rows): folded by key to
+    """``TaskKeyedRows`` over a task's pieces (held up to ``rows_max`` rows): folded by key to
     the greatest ``v``, as Spark's aggregation folds them, it gives every key's latest row;
     a row it hands on is one of the input's, and it never hands on more rows than it was
     given; with every piece in stream order, no flush between and no two keys sharing
     ``h1``, one row per key."""
-    latest = index_scan.LatestRows(rows_max)
+    latest = index_scan.TaskKeyedRows(rows_max)
     batches = [batch for rows in pieces for batch in latest.add(*rows)] + list(latest.flush())
     out: dict[tuple[int, int], int] = {}
     _latest(out, batches)
