@@ -387,10 +387,10 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
             columns: tuple[str, ...] = index_scan.CHUNK_COLUMNS
         else:
             columns = index_scan.PHASE_ONE_COLUMNS + (() if keep_tombstones_since_ms is None else ("publish_time",))
-        held = index_scan.TaskKeyedRows()
+        held, last = index_scan.TaskKeyedRows(), index_scan.LastIndex()
         for batch in batches:
             for number in batch.column(0).to_pylist():
-                index = index_scan.PieceIndex(ledgers_root, pieces[number], columns, bucket)
+                index = index_scan.PieceIndex(ledgers_root, pieces[number], columns, bucket, last)
                 try:
                     if chunks:
                         yield from index_scan.chunk_batches(index, number)

@@ -55,6 +55,7 @@ from compactor.local.key_index import (
     FLAGS_NOT_A_MESSAGE,
     FLAGS_NOT_A_VALUE,
     INDEX_SUFFIX,
+    KeyIndex,
     build_index,
     entry_starts,
     ledger_path,
@@ -74,6 +75,7 @@ __all__ = [
     "PHASE_ONE_ROWS_DDL",
     "PHASE_TWO_COLUMNS",
     "GroupDecisions",
+    "LastIndex",
     "PieceIndex",
     "TaskKeyedRows",
     "chunk_batches",
@@ -128,12 +130,32 @@ def ensure_ledger_index(ledgers_root: str | None, ledger_id: int, compacted: boo
         store.shutdown()
 
 
+class LastIndex:
+    """The key index of the last sealed ledger a task read (its ``columns``), for the
+    task's next piece of the same ledger: a ledger cut into several pieces has its index
+    read, and checked, once a task, not once a piece. Holds one ledger's index at most."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, bool, tuple[str, ...]] | None = None
+        self._index: KeyIndex | None = None
+
+    def get(self, sealed: SealedFile, store: Any, piece: LedgerRange, columns: tuple[str, ...]) -> KeyIndex:
+        """``key_index.sealed_index`` of ``piece``'s ledger, read again only for another ledger."""
+        key = (piece.ledger_id, piece.compacted, columns)
+        if self._key != key or self._index is None:
+            self._key, self._index = None, None  # the previous ledger's index is let go first
+            self._index = sealed_index(sealed, store, compacted=piece.compacted, columns=columns)
+            self._key = key
+        return self._index
+
+
 class PieceIndex:
     """One piece's index rows (``columns`` of them, and ``stored``) and its entries on
-    demand; see the module docstring. ``rows.open_store``'s arguments. Close it."""
+    demand; see the module docstring. ``rows.open_store``'s arguments; ``last``: the
+    task's ``LastIndex``, if it keeps one. Close it."""
 
     def __init__(self, ledgers_root: str | None, piece: LedgerRange, columns: tuple[str, ...],
-                 bucket: BucketConfig | None = None) -> None:
+                 bucket: BucketConfig | None = None, last: LastIndex | None = None) -> None:
         self.piece = piece
         self._store: Any = open_store(ledgers_root, bucket)
         self._sealed: SealedFile | None = None
@@ -142,6 +164,8 @@ class PieceIndex:
             if self._sealed is None:
                 index = build_index((piece.first_entry_id + offset, entry.position.ledger_id, entry.position.entry_id,
                                      entry.data) for offset, entry in enumerate(read_range(self._store, piece)))
+            elif last is not None:
+                index = last.get(self._sealed, self._store, piece, columns)
             else:
                 index = sealed_index(self._sealed, self._store, compacted=piece.compacted, columns=columns)
         except BaseException:
