@@ -19,12 +19,13 @@ __all__ = ["current_rss_bytes", "peak_rss_bytes", "spawn"]
 
 
 def busy_cpu_s() -> float:
-    """CPU seconds this machine's cores have been busy since boot (``/proc/stat``: all but
-    idle and iowait): the difference over a run, divided by its wall time, is how many
-    cores it kept busy (on a machine running nothing else)."""
+    """CPU seconds this machine's cores have been busy since boot (``/proc/stat``: user,
+    nice, system, irq and softirq; guest time is inside user, steal is not ours): the
+    difference over a run, divided by its wall time, is how many cores it kept busy (on a
+    machine running nothing else)."""
     with open("/proc/stat") as stat:
         ticks = [int(field) for field in stat.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[0:3]) + sum(ticks[5:7])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_bytes(pid: int | str = "self") -> int:

@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from compactor.spark.engine import SparkEngine
     from compactor.spark.shipping import register
-    from compactor.spark.source import CompactdDataSource, PhaseOneDataSource
+    from compactor.spark.source import CompactdDataSource
 
-__all__ = ["CompactdDataSource", "PhaseOneDataSource", "SparkEngine", "register"]
+__all__ = ["CompactdDataSource", "SparkEngine", "register"]
 
 _MODULES = {
     "CompactdDataSource": "compactor.spark.source",
-    "PhaseOneDataSource": "compactor.spark.source",
     "SparkEngine": "compactor.spark.engine",
     "register": "compactor.spark.shipping",
 }

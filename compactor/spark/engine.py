@@ -13,8 +13,9 @@ in parallel into new files, commit once.
 2. Phase one (executors): each task reads a contiguous run of pieces (at most
    ``PARTITIONS_PER_CORE`` tasks a core: a Python task's start costs tens of ms) through
    their ledgers' key indexes (``compactor.spark.index_scan``: Arrow columns, array work,
-   no message parsed), one keyed row per key and piece: the key's 128-bit hash and ``v``,
-   its place in the stream with two flag bits. Spark's own operators do the rest: the rows
+   no message parsed), one keyed row per key and task (``index_scan.TaskKeyedRows``: per
+   up to 2 M rows held): the key's 128-bit hash and ``v``, its place in the stream with
+   two flag bits. Spark's own operators do the rest: the rows
    are hash-partitioned by key into as many partitions as there are tasks, each key's
    greatest ``v`` (its last update) kept by Spark's hash aggregate, a key whose last update
    deletes it dropped; the result is kept on the executors (a local checkpoint). Chunked
@@ -105,6 +106,9 @@ log = logging.getLogger(__name__)
 PARTITION_ENTRIES_MAX = 10_000
 PARTITION_ENTRIES_MIN = 500
 PARTITIONS_PER_CORE = 2
+# Pieces a phase-one task reads at most (more tasks than PARTITIONS_PER_CORE a core when
+# the input is large): a failed or slow task redoes or delays at most this much.
+PIECES_PER_TASK_MAX = 16
 # Input entries per group (one output ledger each): large output ledgers, and a failed
 # task redoes at most this much.
 GROUP_ENTRIES_MAX = 1_000_000
@@ -324,7 +328,8 @@ class SparkEngine:
         started = time.monotonic()
         self._index_missing(request)
         indexed = time.monotonic()
-        tasks = self._cores() * PARTITIONS_PER_CORE
+        pieces = sum(len(spec.pieces) for spec in specs)
+        tasks = max(self._cores() * PARTITIONS_PER_CORE, -(-pieces // PIECES_PER_TASK_MAX))
         chunks_seen = spark.sparkContext.accumulator(0)
         latest = _latest(spark, request, specs, tasks, chunks_seen).localCheckpoint(eager=True)
         self.last_run.update(index_build_s=indexed - started, phase_one_s=time.monotonic() - started)
@@ -373,7 +378,7 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
     """The function ``mapInArrow`` runs on the executors over the pieces' numbers: each
     piece's phase-one keyed rows (``chunks``: its chunk rows) from its ledger's key index
     (``compactor.spark.index_scan``), a key's earlier rows dropped across the task's pieces
-    (``index_scan.LatestRows``). ``chunks_seen``, a Spark accumulator, is given the
+    (``index_scan.TaskKeyedRows``). ``chunks_seen``, a Spark accumulator, is given the
     count of each keyed piece's chunk rows (the driver skips the chunk pass when none)."""
     def read(batches: Any) -> Any:
         from compactor.spark import index_scan
@@ -382,22 +387,21 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
             columns: tuple[str, ...] = index_scan.CHUNK_COLUMNS
         else:
             columns = index_scan.PHASE_ONE_COLUMNS + (() if keep_tombstones_since_ms is None else ("publish_time",))
-        latest = index_scan.LatestRows()
+        held, last = index_scan.TaskKeyedRows(), index_scan.LastIndex()
         for batch in batches:
             for number in batch.column(0).to_pylist():
-                index = index_scan.PieceIndex(ledgers_root, pieces[number], columns, bucket)
+                index = index_scan.PieceIndex(ledgers_root, pieces[number], columns, bucket, last)
                 try:
                     if chunks:
                         yield from index_scan.chunk_batches(index, number)
-                    else:
-                        if chunks_seen is not None:
-                            chunks_seen.add(index_scan.chunk_rows(index))
-                        rows = index_scan.keyed_rows(index, number, keep_tombstones_since_ms)
+                        continue
+                    if chunks_seen is not None:
+                        chunks_seen.add(index_scan.chunk_rows(index))
+                    keyed = index_scan.keyed_rows(index, number, keep_tombstones_since_ms)
                 finally:
                     index.close()
-                if not chunks:
-                    yield from latest.add(*rows)
-        yield from latest.flush()
+                yield from held.add(*keyed)
+        yield from held.flush()
 
     return read
 

@@ -7,27 +7,31 @@ ledger), as the local engine's indexed rounds do (``compactor.local.indexed``):
 * ``PieceIndex`` opens a piece through a read-only store (``rows.open_store``: the ledger
   directory, or, with a bucket, the object store alone — an executor that shares nothing
   with the broker but the bucket): a **sealed** ledger (``LedgerFiles.open_sealed``: its
-  local file, else its object) has its index read as Arrow (``open_sidecar``), every
-  column read checked against its CRC32C (``key_index.read_index``); a missing or damaged
-  one is built by parsing the ledger once and kept for the next runs where the ledger is
-  (``key_index.store_index``: beside the file, or as the ledger's sidecar object). An **open** ledger (the topic's last) is parsed for the
-  piece's entries alone, and nothing is written. The rows are cut to the piece's entries;
-  its entries' stored bytes are read on demand at the offsets the index recorded
-  (``entry_offset``, ``stored_bytes``), each checked against its CRC32C.
-* ``phase_one_batches`` gives phase one's rows of a piece (``rows.PHASE_ONE_SCHEMA``, as
-  ``rows.phase_one_batches`` gives them by parsing) from the index columns with numpy: one
-  keyed row per live keyed message, a figures row per piece. Only a chunk's entry is read
-  and scanned (its uuid and whether it is the last chunk are not in the index): chunks
-  are large messages, few per ledger.
+  local file, else its object) has its index read as Arrow (``open_sidecar``), every column
+  read checked against its CRC32C (``key_index.read_index``); a missing or damaged one is
+  built by parsing the ledger once and kept for the next runs where the ledger is
+  (``key_index.store_index``: beside the file, or as the ledger's sidecar object). An
+  **open** ledger (the topic's last) is parsed for the piece's entries alone, and nothing is
+  written. The rows are cut to the piece's entries; its entries' stored bytes are read on
+  demand at the offsets the index recorded (``entry_offset``, ``stored_bytes``), each
+  checked against its CRC32C.
+* ``keyed_rows`` gives phase one's keyed rows of a piece (``PHASE_ONE_ROWS``: a key's
+  128-bit hash and its place in the stream) from the index columns with numpy, one per
+  live keyed message; ``TaskKeyedRows`` holds a task's pieces' rows (up to
+  ``ROWS_PENDING_MAX``) and hands Spark each key's last one among them (``latest_rows``);
+  ``chunk_batches`` gives a piece's chunk rows, hashed by uuid. Only a chunk's entry is
+  read and scanned (its uuid and whether it is the last chunk are not in the index):
+  chunks are large messages, few per ledger.
 * ``survivors`` is phase two of a piece given its group's decisions (``GroupDecisions``:
   retained positions, dropped chunks, packed into sorted ``uint64`` arrays, 8 bytes each):
-  the keep rule of ``rewrite.group_phase_two`` as array work (``compactor.local.slot_rule``); an entry all of whose live
-  messages survive is copied as stored, a batch that loses slots is rewritten
-  (``compactor.local.indexed``'s batch cut: one metadata parse, no slot parse), an entry with
-  no survivor is never read.
+  the keep rule of ``rewrite.group_phase_two`` as array work
+  (``compactor.local.slot_rule``); an entry all of whose live messages survive is copied as
+  stored, a batch that loses slots is rewritten (``compactor.local.indexed``'s batch cut:
+  one metadata parse, no slot parse), an entry with no survivor is never read.
 
 Memory: a piece's index columns (the ledger's, for the columns asked, while the piece is
-read) and its group's decisions; never a key count beyond the group's.
+read), a phase-one task's held rows (at most ``ROWS_PENDING_MAX``), and in phase two its
+group's decisions; never a key count beyond the group's.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from compactor.local.key_index import (
     FLAGS_NOT_A_MESSAGE,
     FLAGS_NOT_A_VALUE,
     INDEX_SUFFIX,
+    KeyIndex,
     build_index,
     entry_starts,
     ledger_path,
@@ -70,8 +75,9 @@ __all__ = [
     "PHASE_ONE_ROWS_DDL",
     "PHASE_TWO_COLUMNS",
     "GroupDecisions",
-    "LatestRows",
+    "LastIndex",
     "PieceIndex",
+    "TaskKeyedRows",
     "chunk_batches",
     "chunk_rows",
     "ensure_ledger_index",
@@ -124,12 +130,32 @@ def ensure_ledger_index(ledgers_root: str | None, ledger_id: int, compacted: boo
         store.shutdown()
 
 
+class LastIndex:
+    """The key index of the last sealed ledger a task read (its ``columns``), for the
+    task's next piece of the same ledger: a ledger cut into several pieces has its index
+    read, and checked, once a task, not once a piece. Holds one ledger's index at most."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, bool, tuple[str, ...]] | None = None
+        self._index: KeyIndex | None = None
+
+    def get(self, sealed: SealedFile, store: Any, piece: LedgerRange, columns: tuple[str, ...]) -> KeyIndex:
+        """``key_index.sealed_index`` of ``piece``'s ledger, read again only for another ledger."""
+        key = (piece.ledger_id, piece.compacted, columns)
+        if self._key != key or self._index is None:
+            self._key, self._index = None, None  # the previous ledger's index is let go first
+            self._index = sealed_index(sealed, store, compacted=piece.compacted, columns=columns)
+            self._key = key
+        return self._index
+
+
 class PieceIndex:
     """One piece's index rows (``columns`` of them, and ``stored``) and its entries on
-    demand; see the module docstring. ``rows.open_store``'s arguments. Close it."""
+    demand; see the module docstring. ``rows.open_store``'s arguments; ``last``: the
+    task's ``LastIndex``, if it keeps one. Close it."""
 
     def __init__(self, ledgers_root: str | None, piece: LedgerRange, columns: tuple[str, ...],
-                 bucket: BucketConfig | None = None) -> None:
+                 bucket: BucketConfig | None = None, last: LastIndex | None = None) -> None:
         self.piece = piece
         self._store: Any = open_store(ledgers_root, bucket)
         self._sealed: SealedFile | None = None
@@ -138,6 +164,8 @@ class PieceIndex:
             if self._sealed is None:
                 index = build_index((piece.first_entry_id + offset, entry.position.ledger_id, entry.position.entry_id,
                                      entry.data) for offset, entry in enumerate(read_range(self._store, piece)))
+            elif last is not None:
+                index = last.get(self._sealed, self._store, piece, columns)
             else:
                 index = sealed_index(self._sealed, self._store, compacted=piece.compacted, columns=columns)
         except BaseException:
@@ -237,11 +265,13 @@ def keyed_batches(index: PieceIndex, piece: int, keep_tombstones_since_ms: int |
     yield from _batches(*latest_rows(*keyed_rows(index, piece, keep_tombstones_since_ms)))
 
 
-class LatestRows:
+class TaskKeyedRows:
     """A task's keyed rows over a run of pieces, in stream order, handed on as record
     batches less the rows ``latest_rows`` drops across the pieces: held until
     ``ROWS_PENDING_MAX`` rows (then, or at ``flush``, deduplicated and given out), so a
-    task's memory is bounded whatever its pieces (about 60 bytes a held row)."""
+    task's memory is bounded whatever its pieces (about 100 bytes a held row at a flush:
+    the rows, their sort order and the kept copies). ``add`` and ``flush`` are generators:
+    iterate them."""
 
     def __init__(self, rows_max: int = 0) -> None:
         self._rows_max = rows_max or ROWS_PENDING_MAX
@@ -267,11 +297,12 @@ class LatestRows:
         if not self._parts:
             return
         parts, self._parts, self._held, self._last_v = self._parts, [], 0, None
-        if len(parts) == 1:
-            columns = parts[0]
-        else:
-            columns = tuple(np.concatenate([part[column] for part in parts]) for column in range(3))
-        yield from _batches(*latest_rows(*columns))
+        columns = parts[0] if len(parts) == 1 else tuple(
+            np.concatenate([part[column] for part in parts]) for column in range(3))
+        del parts
+        kept = latest_rows(*columns)
+        del columns
+        yield from _batches(*kept)
 
 
 def chunk_rows(index: PieceIndex) -> int:

@@ -217,8 +217,9 @@ def rewrite_group(job: RewriteJob, spec: GroupSpec, decisions: Any) -> GroupRepo
     columns = index_scan.PHASE_TWO_COLUMNS + (() if job.keep_tombstones_since_ms is None else ("publish_time",))
 
     def survivors() -> Iterator[CompactedEntry]:
+        last = index_scan.LastIndex()
         for number, piece in enumerate(spec.pieces, spec.first_piece):
-            index = index_scan.PieceIndex(job.ledgers_root, piece, columns, job.bucket)
+            index = index_scan.PieceIndex(job.ledgers_root, piece, columns, job.bucket, last)
             try:
                 for at, figure in enumerate(index_scan.figures(index.rows)):
                     figures[at] += figure

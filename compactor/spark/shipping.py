@@ -1,4 +1,4 @@
-"""``register(spark)``: compactd's data sources on a SparkSession, and its code on the executors.
+"""``register(spark)``: compactd's data source on a SparkSession, and its code on the executors.
 
 A PySpark data source runs in Python workers started by Spark (on the driver to plan a
 read, on the executors to read), with the interpreter of ``spark.pyspark.python`` /
@@ -174,18 +174,17 @@ def _check_workers(spark: Any) -> None:
 
 
 def register(spark: Any, *, check_workers: bool = True) -> None:
-    """Ship compactd to ``spark``'s workers and register the ``compactd`` and
-    ``compactd-phase-one`` data sources (``compactor.spark.source``) on it.
+    """Ship compactd to ``spark``'s workers and register the ``compactd`` data source
+    (``compactor.spark.source``) on it.
 
     On a ``local`` master with no worker interpreter chosen, the workers run the driver's
     interpreter. With ``check_workers`` (the default) a worker first imports what a read
     needs; ``SparkWorkerImportError`` names what it lacks (see the module docstring).
     """
-    from compactor.spark.source import CompactdDataSource, PhaseOneDataSource
+    from compactor.spark.source import CompactdDataSource
 
     _point_local_workers_at_driver(spark)
     ship_code(spark)
     if check_workers:
         _check_workers(spark)
     spark.dataSource.register(CompactdDataSource)
-    spark.dataSource.register(PhaseOneDataSource)

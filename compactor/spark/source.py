@@ -38,21 +38,16 @@ parallel. Options:
 ``spark.readStream.format("compactd")`` reads the same rows as a stream (the compacted
 snapshot, then the live tail): ``compactor.spark.stream``.
 
-``PhaseOneDataSource`` (format ``"compactd-phase-one"``) is the Spark engine's internal
-input: the pieces of one run and their groups (a JSON option) as
-``rows.PHASE_ONE_SCHEMA_DDL`` rows, one partition per piece.
-
 Only ``compactor.spark`` imports PySpark; this module is loaded on first use of
 ``compactor.spark.CompactdDataSource``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -68,7 +63,7 @@ from ledger.metadata import LedgerRecord, MetadataStore
 from ledger.position import Position
 from ledger.storage.object_fs import BucketConfig
 
-__all__ = ["CompactdDataSource", "CompactedSnapshot", "PhaseOneDataSource", "full_topic_name", "plan_ranges",
+__all__ = ["CompactdDataSource", "CompactedSnapshot", "full_topic_name", "plan_ranges",
            "topic_state"]
 
 METADATA_FILE = "metadata.db"  # ledger.data_dir's layout
@@ -200,53 +195,19 @@ class _MessageReader(DataSourceReader):
         yield from rows.message_batches(rows.ledgers_root_of(self.data_dir), ledger_range, self.bucket, marks)
 
 
-class _PhaseOneReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        lowered = {key.lower(): value for key, value in options.items()}
-        self.ledgers_root = lowered.get("ledgersroot") or None
-        self.bucket = rows.bucket_option(lowered)
-        self.pieces = [(LedgerRange(int(a), int(b), int(c), bool(d)), int(group))
-                       for a, b, c, d, group in json.loads(lowered["ranges"])]
-        cutoff = lowered.get("keeptombstonessincems")
-        self.keep_tombstones_since_ms = None if cutoff in (None, "") else int(cutoff)
-
-    def partitions(self) -> Sequence[InputPartition]:
-        return [InputPartition(piece) for piece in self.pieces]
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        if partition is None or partition.value is None:  # no range to read: Spark's one empty partition
-            return
-        ledger_range, group = partition.value
-        yield from rows.phase_one_batches(self.ledgers_root, ledger_range, group, self.keep_tombstones_since_ms,
-                                          self.bucket)
-
-
-class _BatchSource(DataSource):
-    """A batch data source: format ``FORMAT``, rows of ``SCHEMA_DDL``, read by a ``READER``
-    made from the options."""
-
-    FORMAT: ClassVar[str]
-    SCHEMA_DDL: ClassVar[str]
-    READER: ClassVar[Callable[..., DataSourceReader]]
+class CompactdDataSource(DataSource):
+    """Format ``"compactd"``: one row per message of a topic (see the module docstring)."""
 
     @classmethod
     def name(cls) -> str:
-        return cls.FORMAT
+        return "compactd"
 
     def schema(self) -> str:
-        return self.SCHEMA_DDL
+        return rows.MESSAGE_SCHEMA_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
         del schema
-        return self.READER(dict(self.options))
-
-
-class CompactdDataSource(_BatchSource):
-    """Format ``"compactd"``: one row per message of a topic (see the module docstring)."""
-
-    FORMAT = "compactd"
-    SCHEMA_DDL = rows.MESSAGE_SCHEMA_DDL
-    READER = _MessageReader
+        return _MessageReader(dict(self.options))
 
     def streamReader(self, schema: Any) -> Any:
         """``spark.readStream.format("compactd")``: ``compactor.spark.stream``."""
@@ -255,17 +216,3 @@ class CompactdDataSource(_BatchSource):
         del schema
         lowered = {key.lower(): str(value) for key, value in self.options.items()}
         return StreamReader(*_topic_of(lowered), lowered, topic_state)
-
-
-class PhaseOneDataSource(_BatchSource):
-    """Format ``"compactd-phase-one"``: the Spark engine's view of one run's stream.
-
-    Options: ``ledgersRoot`` (absent: the ``bucket`` option's ledgers alone), ``bucket``,
-    ``ranges`` (JSON list of ``[ledger_id, first_entry_id,
-    last_entry_id, compacted, group]``, one per piece) and ``keepTombstonesSinceMs``
-    (absent: every tombstone deletes).
-    """
-
-    FORMAT = "compactd-phase-one"
-    SCHEMA_DDL = rows.PHASE_ONE_SCHEMA_DDL
-    READER = _PhaseOneReader

@@ -100,10 +100,10 @@ def _columns(cutoff: int | None, columns: tuple[str, ...]) -> tuple[str, ...]:
 @PROPERTY
 @given(stream=streams(max_size=40), ledger_cuts=st.lists(st.integers(0, 40), max_size=2),
        piece_cuts=st.lists(st.integers(0, 40), max_size=3), seal_last=st.booleans(), retain_null_key=st.booleans(),
-       cutoff=CUTOFFS)
+       cutoff=CUTOFFS, task_keeps_last_index=st.booleans())
 def test_phase_one_from_the_index_keeps_the_local_keys_and_phase_two_writes_the_local_entries_byte_for_byte(
     stream: list[StreamEntry], ledger_cuts: list[int], piece_cuts: list[int], seal_last: bool,
-    retain_null_key: bool, cutoff: int | None,
+    retain_null_key: bool, cutoff: int | None, task_keeps_last_index: bool,
 ) -> None:
     with tempfile.TemporaryDirectory() as root:
         entries = _write(root, stream, ledger_cuts, seal_last)
@@ -112,9 +112,13 @@ def test_phase_one_from_the_index_keeps_the_local_keys_and_phase_two_writes_the_
         retained, dropped = decisions(entries, result, retain_null_key)
         pieces = [_range(piece) for piece in _pieces(entries, piece_cuts)]
 
+        def last() -> index_scan.LastIndex | None:  # a task's ledger index read once for its pieces
+            return index_scan.LastIndex() if task_keeps_last_index else None
+
         latest: dict[tuple[int, int], int] = {}
+        task = last()
         for number, whole in enumerate(pieces):  # phase one as the executors and Spark's max do it
-            index = index_scan.PieceIndex(root, whole, _columns(cutoff, index_scan.PHASE_ONE_COLUMNS))
+            index = index_scan.PieceIndex(root, whole, _columns(cutoff, index_scan.PHASE_ONE_COLUMNS), last=task)
             try:
                 _latest(latest, index_scan.keyed_batches(index, number, cutoff))
             finally:
@@ -123,8 +127,9 @@ def test_phase_one_from_the_index_keeps_the_local_keys_and_phase_two_writes_the_
         assert len(live) == len(retained)  # the local phase one's live keys
 
         rewritten, expected_live, expected_dropped = [], [], []
+        task = last()
         for number, whole in enumerate(pieces):
-            index = index_scan.PieceIndex(root, whole, _columns(cutoff, index_scan.PHASE_TWO_COLUMNS))
+            index = index_scan.PieceIndex(root, whole, _columns(cutoff, index_scan.PHASE_TWO_COLUMNS), last=task)
             try:
                 expected_live += _seqs(index, number, lambda ledger, entry, batch, flags: (
                     (ledger, entry, batch) in retained))
@@ -192,6 +197,30 @@ def test_a_missing_index_is_built_once_and_kept_and_a_damaged_one_is_rebuilt(tmp
     assert built.call_count == 1  # the CRC check caught it, the ledger was parsed again
     # and written back whole for the next run
     assert key_index.read_index(path, key_index.IndexedLedger(whole.ledger_id, 50, _size(tmp_path, whole))) is not None
+
+
+def test_a_task_reads_a_ledgers_index_once_for_its_pieces_and_each_piece_gets_its_own_rows(tmp_path: Path) -> None:
+    first, second = _sealed_ledger(tmp_path, 50), _sealed_ledger(tmp_path, 30)
+    for whole in (first, second):
+        index_scan.ensure_ledger_index(str(tmp_path), whole.ledger_id, False)
+    pieces = [LedgerRange(first.ledger_id, start, min(start + 19, 49)) for start in range(0, 50, 20)]
+    pieces += [LedgerRange(second.ledger_id, 0, 9), LedgerRange(second.ledger_id, 10, 29)]
+
+    def rows_of(last: index_scan.LastIndex | None) -> list[dict[str, list[int]]]:
+        read = []
+        for piece in pieces:
+            index = index_scan.PieceIndex(str(tmp_path), piece, index_scan.PHASE_TWO_COLUMNS, last=last)
+            try:
+                read.append({name: column.tolist() for name, column in index.rows.items()})
+            finally:
+                index.close()
+        return read
+
+    alone = rows_of(None)
+    with mock.patch.object(index_scan, "sealed_index", wraps=index_scan.sealed_index) as reads:
+        assert rows_of(index_scan.LastIndex()) == alone
+    assert reads.call_count == 2  # once a ledger, not once a piece
+    assert [rows["entry_id"][0] for rows in alone] == [0, 20, 40, 0, 10]  # each piece's own rows
 
 
 def _size(root: Path, whole: LedgerRange) -> int:
@@ -266,12 +295,12 @@ def _task_rows(draw: Any) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
 @given(_task_rows(), st.integers(1, 50))
 def test_a_task_hands_spark_each_keys_latest_row_and_drops_only_earlier_ones(
         pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_max: int) -> None:
-    """``LatestRows`` over a task's pieces (held up to ``rows_max`` rows): folded by key to
+    """``TaskKeyedRows`` over a task's pieces (held up to ``rows_max`` rows): folded by key to
     the greatest ``v``, as Spark's aggregation folds them, it gives every key's latest row;
     a row it hands on is one of the input's, and it never hands on more rows than it was
     given; with every piece in stream order, no flush between and no two keys sharing
     ``h1``, one row per key."""
-    latest = index_scan.LatestRows(rows_max)
+    latest = index_scan.TaskKeyedRows(rows_max)
     batches = [batch for rows in pieces for batch in latest.add(*rows)] + list(latest.flush())
     out: dict[tuple[int, int], int] = {}
     _latest(out, batches)
