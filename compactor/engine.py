@@ -88,11 +88,11 @@ SPARK_DRIVER_BYTES_PER_KEY = 0
 # Measured speeds (bench.spark, batches of 100 messages, both engines reading key indexes;
 # docs/benchmarks.md): input entries a second of the local engine, and of one Spark core;
 # what a Spark run costs more, whatever its size; the cores assumed of a cluster master.
-LOCAL_ENTRIES_PER_S = 12_900  # 4 M messages / 1 M keys: 40,000 entries in 3.09 s
-# local[2] on a 2-core machine (its cores shared with the driver's JVM and Python): 4.38 s
-# for the same, less the overhead; local[1]'s one core alone goes about 12,000.
-SPARK_ENTRIES_PER_S_PER_CORE = 6_100
-SPARK_RUN_OVERHEAD_S = 1.1  # local[1]: 1.52 s at 5,000 entries, 4.40 s at 40,000 (session kept)
+LOCAL_ENTRIES_PER_S = 14_800  # 4 M messages / 1 M keys: 40,000 entries in 2.70 s
+# local[2] on a 2-core machine (its cores shared with the driver's JVM and Python): 4.42 s
+# for the same, less the overhead; local[1]'s one core alone goes about 12,500.
+SPARK_ENTRIES_PER_S_PER_CORE = 6_000
+SPARK_RUN_OVERHEAD_S = 1.1  # local[1]: 1.52 s at 5,000 entries, 4.32 s at 40,000 (session kept)
 SPARK_CLUSTER_CORES = 16
 _LOCAL_MASTER = re.compile(r"local(?:\[(\d+|\*)(?:,\d+)?\])?$")
 
