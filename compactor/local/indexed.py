@@ -377,6 +377,11 @@ def compacted_entries(
                 output.add(rows, (start, end), keep[start:end], whole_of[entry] or not batched_of[entry], survivor)
             yield survivor
 
+# Rows of a compacted ledger's key index a round holds before handing them on as a part
+# (about 70 bytes a row): a large input ledger is not one part.
+OUTPUT_PART_ROWS_MAX = 262_144
+
+
 class OutputIndex:
     """The key index of the compacted ledger a round writes, made from its input's index rows
     as ``compacted_entries`` yields each survivor (no parse): the rows of an entry copied
@@ -387,8 +392,9 @@ class OutputIndex:
 
     It never holds the round's rows, only one part's: ``add`` notes each survivor (its span
     of input rows and a few scalars); the rows of the survivors taken from one input
-    ``rows`` are one part, made at once, as array work over all of them, when the next
-    survivor comes from other rows or at ``finish``, handed to ``write`` (every column of
+    ``rows``, at most ``part_rows_max`` of them (or one survivor's), are one part, made at
+    once, as array work over all of them, when the next survivor comes from other rows or
+    would pass that bound, or at ``finish``, handed to ``write`` (every column of
     ``key_index.COLUMNS``) and let go. Until then the ``rows`` and ``keep`` arrays given to
     ``add`` must not change. The ledger's layout comes from its writer: ``placed`` is told
     each survivor's record offset and stored size once the writer has taken it, before
@@ -397,10 +403,12 @@ class OutputIndex:
 
     _COPIED = ("batch_index", "batch_size", "hash_high", "hash_low", "flags", "publish_time", "slot_end")
 
-    def __init__(self, write: Callable[[Rows], object]) -> None:
+    def __init__(self, write: Callable[[Rows], object], part_rows_max: int = OUTPUT_PART_ROWS_MAX) -> None:
         self._write = write
+        self._part_rows_max = part_rows_max
         self.entries = 0
         self._rows: Rows | None = None  # the input rows of the pending survivors
+        self._pending_rows = 0
         self._pending: list[tuple[int, int, bool, int, int, int]] = []  # start, end, whole, position, size
         self._cut_keeps: list[Mask] = []  # each pending cut batch's kept rows, in order
         self._offsets, self._lengths = array("q"), array("q")  # the pending survivors' layout, as placed
@@ -409,11 +417,12 @@ class OutputIndex:
         """Note ``survivor``, the next entry of the ledger, made from its input ``rows``
         ``span`` (``start, end``): copied as stored when ``whole``, else a batch cut to the
         rows ``keep`` (``keep[i]``: row ``start + i`` survives)."""
-        if rows is not self._rows:
-            self._flush()
+        if rows is not self._rows or self._pending_rows >= self._part_rows_max:
+            self._flush()  # every pending survivor was placed: the writer took it before asking for this one
             self._rows = rows
         position = survivor.position
         self._pending.append((span[0], span[1], whole, position.ledger_id, position.entry_id, len(survivor.data)))
+        self._pending_rows += span[1] - span[0]
         if not whole:
             self._cut_keeps.append(keep)
         self.entries += 1
@@ -467,7 +476,7 @@ class OutputIndex:
             sums = np.cumsum(lengths)
             sums -= np.repeat(sums[cut_firsts] - lengths[cut_firsts], cut_counts)  # summed batch by batch
             part["slot_end"][at] = sums.astype(np.uint32)
-        self._pending, self._cut_keeps = [], []
+        self._pending, self._cut_keeps, self._pending_rows = [], [], 0
         self._offsets, self._lengths = array("q"), array("q")
         self._write({name: part[name] for name, _ in COLUMNS})
 

@@ -164,7 +164,8 @@ def _file_metadata(path: str) -> dict[bytes, bytes]:
         return dict(parquet.read(columns=["stored"]).schema.metadata or {})
 
 
-def _write_round(over_indexes: IndexedRound, root: str, ledger_id: int) -> list[CompactedEntry]:
+def _write_round(over_indexes: IndexedRound, root: str, ledger_id: int,
+                 part_rows_max: int = indexed.OUTPUT_PART_ROWS_MAX) -> list[CompactedEntry]:
     """Phase two of ``over_indexes`` written as the sealed ledger ``ledger_id`` with its key
     index streamed beside it, as the worker does (``OutputIndex`` handing each part to an
     ``IndexWriter``); checks the index against ``build_index`` over the ledger written, and
@@ -178,11 +179,13 @@ def _write_round(over_indexes: IndexedRound, root: str, ledger_id: int) -> list[
         # every survivor of the part was written, and none after it was made: no more than
         # a part is held, never the round's rows
         assert len(part["stored"]) and int(part["stored"][-1]) + 1 == len(view)
+        # at most ``part_rows_max`` rows before the part's last survivor's
+        assert int(np.count_nonzero(part["stored"] != part["stored"][-1])) < part_rows_max
         parts.append(part)
         writer.write(part)
         assert writer.waiting_rows < ROW_GROUP_ROWS_MIN
 
-    output = indexed.OutputIndex(write)
+    output = indexed.OutputIndex(write, part_rows_max)
 
     def encoded() -> Iterator[bytes]:
         for survivor in over_indexes.survivors(output):
@@ -214,16 +217,19 @@ def _write_round(over_indexes: IndexedRound, root: str, ledger_id: int) -> list[
 
 @PROPERTY
 @given(stream_entries(st.one_of(batch_entries(), batch_entries(), any_entry), max_size=40, chunked=False),
-       st.integers(1, 6), st.booleans(), CUTOFFS, st.lists(st.integers(0, 40), max_size=3))
+       st.integers(1, 6), st.booleans(), CUTOFFS, st.lists(st.integers(0, 40), max_size=3),
+       st.sampled_from([3, 20, indexed.OUTPUT_PART_ROWS_MAX]))
 def test_the_index_a_round_streams_is_the_index_of_the_ledger_it_writes(
     stream: list[StreamEntry], capacity: int, retain_null_key: bool, cutoff: int | None, run_ends: list[int],
+    part_rows_max: int,
 ) -> None:
     """``OutputIndex`` over every round of several runs (each round's input: the previous
     view and raw ledgers, so survivors copied whole and cut batches from several input
     ledgers' rows; mostly batches, so that many are cut), streamed part by part through
     ``IndexWriter`` beside the sealed ledger the round writes, reads back (``read_index``)
     as ``build_index`` over that ledger, column by column, dtypes, metadata and checksums
-    included; each part is handed on before the next part's first survivor is made."""
+    included; each part is handed on before the next part's first survivor is made, and
+    holds at most ``part_rows_max`` rows before its last survivor's."""
     raw = entries_of(stream)
     view: list[CompactedEntry] = []
     horizon = EARLIEST
@@ -236,7 +242,7 @@ def test_the_index_a_round_streams_is_the_index_of_the_ledger_it_writes(
                                             keep_tombstones_since_ms=cutoff, retain_null_key=retain_null_key,
                                             load=ledgers.load, read=ledgers.read)
                 over_indexes.plan()
-                view = _write_round(over_indexes, root, next(ledger_ids))
+                view = _write_round(over_indexes, root, next(ledger_ids), part_rows_max)
                 assert over_indexes.stop is not None and over_indexes.stop > horizon
                 horizon = over_indexes.stop
 
