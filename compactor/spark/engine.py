@@ -10,13 +10,14 @@ in parallel into new files, commit once.
    (``plan_groups``: at most ``GROUP_ENTRIES_MAX`` input entries each, at least one group
    per core when there are pieces enough). One ledger id per group is reserved in the
    broker's store (``OutputLedgers.reserve_ids``).
-2. Phase one (executors): each task reads a contiguous run of pieces (at most
-   ``PARTITIONS_PER_CORE`` tasks a core: a Python task's start costs tens of ms) through
+2. Phase one (executors): each task reads a contiguous run of pieces
+   (``PARTITIONS_PER_CORE`` tasks a core, more only where a task would read over
+   ``PIECES_PER_TASK_MAX`` pieces: a Python task's start costs tens of ms) through
    their ledgers' key indexes (``compactor.spark.index_scan``: Arrow columns, array work,
    no message parsed), one keyed row per key and task (``index_scan.TaskKeyedRows``: per
    up to 2 M rows held): the key's 128-bit hash and ``v``, its place in the stream with
-   two flag bits. Spark's own operators do the rest: the rows
-   are hash-partitioned by key into as many partitions as there are tasks, each key's
+   two flag bits. Spark's own operators do the rest: the rows are hash-partitioned by key
+   into as many partitions as there are tasks, each key's
    greatest ``v`` (its last update) kept by Spark's hash aggregate, a key whose last update
    deletes it dropped; the result is kept on the executors (a local checkpoint). Chunked
    messages (``compactor.local.chunks``), only when phase one saw a chunk (a Spark
