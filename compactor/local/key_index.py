@@ -491,7 +491,9 @@ def sealed_index(
     charge: Callable[[int], object] = lambda size: None, columns: Sequence[str] | None = None,
 ) -> KeyIndex:
     """``ensure_index`` of a sealed ledger already open (``files.open_sealed``);
-    ``columns`` as for ``read_index`` (an index built now has every column)."""
+    ``columns`` as for ``read_index`` (an index built now has every column). An index
+    built that cannot be kept (a full disk, a bucket refusing the upload) is logged and
+    still given: it is a cache, never a reason to fail the caller."""
     ledger = IndexedLedger(sealed.ledger_id, sealed.entries, sealed.size_bytes)
     name = sealed.path + INDEX_SUFFIX
     try:
@@ -507,7 +509,11 @@ def sealed_index(
     offsets, lengths = sealed.walk()
     index = build_index(_sealed_entries(sealed, offsets, lengths, compacted, charge), (offsets, lengths))
     if write:
-        store_index(files, index, ledger)
+        try:
+            store_index(files, index, ledger)
+        except (OSError, ValueError) as error:  # a cache: the caller goes on with the index built
+            log.warning("could not keep the key index of ledger %d (built again when next needed): %s",
+                        ledger.ledger_id, error)
     return index
 
 

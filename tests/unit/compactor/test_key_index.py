@@ -435,6 +435,27 @@ def test_a_missing_index_is_parsed_and_written(two_ledgers: tuple[str, list[int]
     store.shutdown()
 
 
+def test_an_index_that_cannot_be_kept_is_still_given_and_leaves_no_file(
+        two_ledgers: tuple[str, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while the built index is written: the caller still gets the index (a
+    run goes on with it), and neither the index nor its temporary file is left."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    store, ledger_ids, paths = _copy(two_ledgers, tmp_path)
+    os.unlink(paths[0])
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", full)
+    assert same_index(ensure_index(store, ledger_ids[0], compacted=False), reference_index(store, ledger_ids[0]))
+    assert not [name for name in os.listdir(os.path.dirname(paths[0]))
+                if name.startswith(os.path.basename(paths[0]))]
+    store.shutdown()
+
+
 def test_an_open_ledger_is_parsed_and_never_indexed_on_disk(tmp_path: Path) -> None:
     store = FileLedgerStore(str(tmp_path / "ledgers"))
     ledger_id = store.create()
