@@ -18,8 +18,8 @@ publishes:
    own I/O throttle at the run's rate, and writes the survivors as one whole sealed ledger
    at the reserved id (``ledger.storage.sealed_writer``: temporary file, fsync, atomic
    rename), over key indexes with that ledger's key index beside it, streamed part by part
-   as the survivors are written (``_OutputIndexFile``: its memory is one input ledger's
-   rows, not the round's); it answers a ``RoundReport`` (the round's stop and figures);
+   as the survivors are written (``_OutputIndexFile``: its memory is one part's rows,
+   ``indexed.OUTPUT_PART_ROWS_MAX`` at most, not the round's); it answers a ``RoundReport`` (the round's stop and figures);
 3. the broker publishes that ledger as the round's view (``Compactor._publish``).
 
 A child that fails, or is killed (``RoundWorkers.interrupt`` when the broker stops), leaves
