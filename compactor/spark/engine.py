@@ -330,7 +330,7 @@ class SparkEngine:
         self._index_missing(request)
         indexed = time.monotonic()
         pieces = sum(len(spec.pieces) for spec in specs)
-        tasks = max(self._cores() * PARTITIONS_PER_CORE, -(-pieces // PIECES_PER_TASK_MAX))
+        tasks = max(1, min(pieces, max(self._cores() * PARTITIONS_PER_CORE, -(-pieces // PIECES_PER_TASK_MAX))))
         chunks_seen = spark.sparkContext.accumulator(0)
         latest = _latest(spark, request, specs, tasks, chunks_seen).localCheckpoint(eager=True)
         self.last_run.update(index_build_s=indexed - started, phase_one_s=time.monotonic() - started)
@@ -409,15 +409,15 @@ def phase_one_reader(ledgers_root: str | None, pieces: Sequence[LedgerRange], ke
 
 def _pieces_frame(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], tasks: int, *, chunks: bool,
                   chunks_seen: Any = None) -> Any:
-    """Phase one's rows (``index_scan.PHASE_ONE_ROWS_DDL``) of every piece, read by at most
-    ``tasks`` tasks (each a contiguous run of pieces: a Python task's start costs tens of ms)."""
+    """Phase one's rows (``index_scan.PHASE_ONE_ROWS_DDL``) of every piece, read by ``tasks``
+    tasks (1 to the pieces' count; each a contiguous run of pieces: a Python task's start
+    costs tens of ms)."""
     from compactor.spark.index_scan import PHASE_ONE_ROWS_DDL
 
     pieces = [piece for spec in specs for piece in spec.pieces]
     read = phase_one_reader(_executor_root(request), pieces, request.keep_tombstones_since_ms, request.bucket,
                             chunks=chunks, chunks_seen=chunks_seen)
-    partitions = max(1, min(len(pieces), tasks))
-    return spark.range(0, len(pieces), 1, numPartitions=partitions).mapInArrow(read, PHASE_ONE_ROWS_DDL)
+    return spark.range(0, len(pieces), 1, numPartitions=tasks).mapInArrow(read, PHASE_ONE_ROWS_DDL)
 
 
 def _latest(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], tasks: int, chunks_seen: Any) -> Any:
@@ -426,7 +426,7 @@ def _latest(spark: Any, request: RewriteInput, specs: Sequence[GroupSpec], tasks
     from pyspark.sql import functions as F
 
     keyed = _pieces_frame(spark, request, specs, tasks, chunks=False, chunks_seen=chunks_seen)
-    keyed = keyed.repartition(max(1, min(tasks, sum(len(spec.pieces) for spec in specs))), "h1", "h2")
+    keyed = keyed.repartition(tasks, "h1", "h2")
     return keyed.groupBy("h1", "h2").agg(F.max("v").alias("v")).where(F.col("v").bitwiseAND(1) == 0).select("v")
 
 
